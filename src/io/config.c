@@ -1,0 +1,279 @@
+/* config.c - ModelArgs from reference or Hugging Face JSON, strictly validated. */
+#include "config.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void config_defaults(ds_config *c)
+{
+    *c = (ds_config){
+        .max_batch_size = 8, .max_seq_len = 4096 * 4, .dtype = DS_DTYPE_BF16, .scale_ue8m0 = false,
+        .vocab_size = 102400, .dim = 2048, .inter_dim = 10944, .moe_inter_dim = 1408, .n_layers = 27,
+        .n_dense_layers = 1, .n_heads = 16, .n_routed_experts = 64, .n_shared_experts = 2,
+        .n_activated_experts = 6, .n_expert_groups = 1, .n_limited_groups = 1,
+        .score_func = DS_SCORE_SOFTMAX, .route_scale = 1.0, .q_lora_rank = 0, .kv_lora_rank = 512,
+        .qk_nope_head_dim = 128, .qk_rope_head_dim = 64, .v_head_dim = 128, .original_seq_len = 4096,
+        .rope_theta = 10000.0, .rope_factor = 40, .beta_fast = 32, .beta_slow = 1, .mscale = 1.0,
+    };
+}
+
+typedef enum { F_INT, F_FLOAT } field_kind;
+typedef struct { const char *name; field_kind kind; size_t off; } field;
+
+#define FI(n) {#n, F_INT, offsetof(ds_config, n)}
+#define FF(n) {#n, F_FLOAT, offsetof(ds_config, n)}
+static const field k_fields[] = {
+    FI(max_batch_size), FI(max_seq_len), FI(vocab_size), FI(dim), FI(inter_dim), FI(moe_inter_dim),
+    FI(n_layers), FI(n_dense_layers), FI(n_heads), FI(n_routed_experts), FI(n_shared_experts),
+    FI(n_activated_experts), FI(n_expert_groups), FI(n_limited_groups), FF(route_scale),
+    FI(q_lora_rank), FI(kv_lora_rank), FI(qk_nope_head_dim), FI(qk_rope_head_dim), FI(v_head_dim),
+    FI(original_seq_len), FF(rope_theta), FF(rope_factor), FI(beta_fast), FI(beta_slow), FF(mscale),
+};
+#undef FI
+#undef FF
+
+static ds_status set_field(ds_config *c, const field *f, json_t *v, const char *label, const char *key)
+{
+    if (f->kind == F_INT) {
+        double d = json_is_integer(v) ? (double)json_integer_value(v) : json_is_real(v) ? json_real_value(v) : NAN;
+        if (!json_is_integer(v) && !(json_is_real(v) && d == floor(d)))
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"%s\" must be an integer", label, key);
+        if (d < -2147483647.0 || d > 2147483647.0)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"%s\" = %.0f is out of range", label, key, d);
+        *(int *)((char *)c + f->off) = (int)d;
+    } else {
+        if (!json_is_number(v)) return ds_errorf(DS_ERR_FORMAT, "%s: \"%s\" must be a number", label, key);
+        *(double *)((char *)c + f->off) = json_number_value(v);
+    }
+    return DS_OK;
+}
+
+static ds_status set_by_name(ds_config *c, const char *name, json_t *v, const char *label, const char *key)
+{
+    for (size_t i = 0; i < sizeof k_fields / sizeof *k_fields; i++)
+        if (!strcmp(k_fields[i].name, name)) return set_field(c, &k_fields[i], v, label, key);
+    return ds_errorf(DS_ERR_INTERNAL, "no field %s", name);
+}
+
+static ds_status set_enum(ds_config *c, const char *key, json_t *v, const char *label)
+{
+    const char *s = json_is_string(v) ? json_string_value(v) : NULL;
+    if (!strcmp(key, "dtype")) {
+        if (s && !strcmp(s, "bf16")) c->dtype = DS_DTYPE_BF16;
+        else if (s && !strcmp(s, "fp8")) c->dtype = DS_DTYPE_FP8;
+        else return ds_errorf(DS_ERR_FORMAT, "%s: \"dtype\" must be \"bf16\" or \"fp8\"", label);
+    } else if (!strcmp(key, "score_func")) {
+        if (s && !strcmp(s, "softmax")) c->score_func = DS_SCORE_SOFTMAX;
+        else if (s && !strcmp(s, "sigmoid")) c->score_func = DS_SCORE_SIGMOID;
+        else return ds_errorf(DS_ERR_FORMAT, "%s: \"score_func\" must be \"softmax\" or \"sigmoid\"", label);
+    } else if (!strcmp(key, "scale_fmt")) {
+        if (json_is_null(v)) c->scale_ue8m0 = false;
+        else if (s && !strcmp(s, "ue8m0")) c->scale_ue8m0 = true;
+        else return ds_errorf(DS_ERR_FORMAT, "%s: \"scale_fmt\" must be null or \"ue8m0\"", label);
+    } else {
+        return DS_ERR_ARG;
+    }
+    return DS_OK;
+}
+
+static ds_status parse_reference(ds_config *c, json_t *root, const char *label)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        ds_status s = set_enum(c, key, v, label);
+        if (s == DS_OK) continue;
+        if (s != DS_ERR_ARG) return s;
+        size_t i, n = sizeof k_fields / sizeof *k_fields;
+        for (i = 0; i < n; i++)
+            if (!strcmp(k_fields[i].name, key)) break;
+        if (i == n)
+            return ds_errorf(DS_ERR_FORMAT, "%s: unknown key \"%s\" (not a ModelArgs field; a typo?)", label, key);
+        if ((s = set_field(c, &k_fields[i], v, label, key))) return s;
+    }
+    return DS_OK;
+}
+
+/* Hugging Face config.json names -> ModelArgs names. Keys not listed are ignored:
+ * HF configs carry many fields that do not affect inference. */
+static const struct { const char *hf, *ref; } k_hf_map[] = {
+    {"vocab_size", "vocab_size"}, {"hidden_size", "dim"}, {"intermediate_size", "inter_dim"},
+    {"moe_intermediate_size", "moe_inter_dim"}, {"num_hidden_layers", "n_layers"},
+    {"first_k_dense_replace", "n_dense_layers"}, {"num_attention_heads", "n_heads"},
+    {"n_routed_experts", "n_routed_experts"}, {"n_shared_experts", "n_shared_experts"},
+    {"num_experts_per_tok", "n_activated_experts"}, {"n_group", "n_expert_groups"},
+    {"topk_group", "n_limited_groups"}, {"routed_scaling_factor", "route_scale"},
+    {"q_lora_rank", "q_lora_rank"}, {"kv_lora_rank", "kv_lora_rank"},
+    {"qk_nope_head_dim", "qk_nope_head_dim"}, {"qk_rope_head_dim", "qk_rope_head_dim"},
+    {"v_head_dim", "v_head_dim"}, {"rope_theta", "rope_theta"},
+    {"max_position_embeddings", "max_seq_len"},
+};
+
+static ds_status parse_hf(ds_config *c, json_t *root, const char *label)
+{
+    ds_status s;
+    for (size_t i = 0; i < sizeof k_hf_map / sizeof *k_hf_map; i++) {
+        json_t *v = json_object_get(root, k_hf_map[i].hf);
+        if (!v) continue;
+        if (json_is_null(v) && !strcmp(k_hf_map[i].hf, "q_lora_rank")) {
+            c->q_lora_rank = 0;
+            continue;
+        }
+        if ((s = set_by_name(c, k_hf_map[i].ref, v, label, k_hf_map[i].hf))) return s;
+    }
+    json_t *v = json_object_get(root, "scoring_func");
+    if (v && (s = set_enum(c, "score_func", v, label))) return s;
+    json_t *q = json_object_get(root, "quantization_config");
+    if (json_is_object(q)) {
+        c->dtype = DS_DTYPE_FP8;
+        json_t *sf = json_object_get(q, "scale_fmt");
+        if (sf && (s = set_enum(c, "scale_fmt", sf, label))) return s;
+    }
+    json_t *rs = json_object_get(root, "rope_scaling");
+    if (json_is_object(rs)) {
+        static const struct { const char *hf, *ref; } m[] = {
+            {"factor", "rope_factor"}, {"original_max_position_embeddings", "original_seq_len"},
+            {"beta_fast", "beta_fast"}, {"beta_slow", "beta_slow"}, {"mscale", "mscale"},
+        };
+        for (size_t i = 0; i < sizeof m / sizeof *m; i++) {
+            json_t *x = json_object_get(rs, m[i].hf);
+            if (x && (s = set_by_name(c, m[i].ref, x, label, m[i].hf))) return s;
+        }
+    } else if (!rs || json_is_null(rs)) {
+        /* no YaRN: make max_seq_len <= original_seq_len so it stays off */
+        c->original_seq_len = c->max_seq_len;
+    }
+    return DS_OK;
+}
+
+ds_status config_parse(ds_config *c, const char *text, const char *label)
+{
+    config_defaults(c);
+    json_error_t e;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+    if (!root) return ds_errorf(DS_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", label, e.text, e.line);
+    ds_status s;
+    if (!json_is_object(root)) s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", label);
+    else if (json_object_get(root, "hidden_size") || json_object_get(root, "model_type")) s = parse_hf(c, root, label);
+    else s = parse_reference(c, root, label);
+    json_decref(root);
+    return s ? s : config_validate(c, label);
+}
+
+ds_status config_load(ds_config *c, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open config", path);
+    char *buf = NULL;
+    size_t n = 0, cap = 0;
+    for (;;) {
+        if (n + 4096 > cap) {
+            if (cap > (16u << 20)) {
+                free(buf);
+                fclose(f);
+                return ds_errorf(DS_ERR_FORMAT, "%s: config larger than 16 MiB", path);
+            }
+            char *nb = realloc(buf, cap = cap * 2 + 8192);
+            if (!nb) break;
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (!buf || err) {
+        free(buf);
+        return ds_errorf(DS_ERR_IO, "%s: cannot read config", path);
+    }
+    buf[n] = 0;
+    ds_status s = config_parse(c, buf, path);
+    free(buf);
+    return s;
+}
+
+#define POS(f) if (c->f <= 0) return ds_errorf(DS_ERR_FORMAT, "%s: \"" #f "\" is %d but must be positive", label, c->f)
+#define NONNEG(f) if (c->f < 0) return ds_errorf(DS_ERR_FORMAT, "%s: \"" #f "\" is %d but must be >= 0", label, c->f)
+
+ds_status config_validate(const ds_config *c, const char *label)
+{
+    POS(max_batch_size); POS(max_seq_len); POS(vocab_size); POS(dim); POS(inter_dim);
+    POS(moe_inter_dim); POS(n_layers); POS(n_heads); POS(kv_lora_rank); POS(qk_nope_head_dim);
+    POS(qk_rope_head_dim); POS(v_head_dim); POS(original_seq_len); POS(n_expert_groups);
+    POS(n_limited_groups);
+    NONNEG(n_dense_layers); NONNEG(n_routed_experts); NONNEG(n_shared_experts);
+    NONNEG(n_activated_experts); NONNEG(q_lora_rank);
+    if (c->n_dense_layers > c->n_layers)
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"n_dense_layers\" is %d but n_layers is %d", label,
+                         c->n_dense_layers, c->n_layers);
+    if (c->n_dense_layers < c->n_layers) {
+        POS(n_routed_experts);
+        POS(n_activated_experts);
+        if (c->n_activated_experts > c->n_routed_experts)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"n_activated_experts\" is %d but n_routed_experts is %d",
+                             label, c->n_activated_experts, c->n_routed_experts);
+        if (c->n_routed_experts % c->n_expert_groups)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"n_expert_groups\" (%d) does not divide n_routed_experts (%d)",
+                             label, c->n_expert_groups, c->n_routed_experts);
+        if (c->n_limited_groups > c->n_expert_groups)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"n_limited_groups\" is %d but n_expert_groups is %d",
+                             label, c->n_limited_groups, c->n_expert_groups);
+        int per_group = c->n_routed_experts / c->n_expert_groups;
+        if (c->n_activated_experts > c->n_limited_groups * per_group)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"n_activated_experts\" (%d) exceeds the %d experts in "
+                             "n_limited_groups (%d) groups", label, c->n_activated_experts,
+                             c->n_limited_groups * per_group, c->n_limited_groups);
+    }
+    if (c->qk_rope_head_dim % 2)
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"qk_rope_head_dim\" is %d but must be even (rotary pairs)",
+                         label, c->qk_rope_head_dim);
+    if (!(c->route_scale > 0) || !isfinite(c->route_scale))
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"route_scale\" must be a positive number", label);
+    if (!(c->rope_theta > 1) || !isfinite(c->rope_theta))
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"rope_theta\" must be > 1", label);
+    if (!(c->rope_factor > 0) || !isfinite(c->rope_factor))
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"rope_factor\" must be positive", label);
+    if (!isfinite(c->mscale)) return ds_errorf(DS_ERR_FORMAT, "%s: \"mscale\" must be finite", label);
+    if (c->beta_fast <= 0 || c->beta_slow <= 0)
+        return ds_errorf(DS_ERR_FORMAT, "%s: \"beta_fast\" and \"beta_slow\" must be positive", label);
+    return DS_OK;
+}
+
+ds_status config_check_parallel(const ds_config *c, int ws)
+{
+    static const char *why = "must be divisible by the model-parallel degree";
+    if (ws < 1) return ds_errorf(DS_ERR_ARG, "model-parallel degree %d must be >= 1", ws);
+    if (c->vocab_size % ws) return ds_errorf(DS_ERR_ARG, "vocab_size %d %s %d", c->vocab_size, why, ws);
+    if (c->n_heads % ws) return ds_errorf(DS_ERR_ARG, "n_heads %d %s %d", c->n_heads, why, ws);
+    if (c->inter_dim % ws) return ds_errorf(DS_ERR_ARG, "inter_dim %d %s %d", c->inter_dim, why, ws);
+    if (c->n_dense_layers < c->n_layers) {
+        if (c->n_routed_experts % ws)
+            return ds_errorf(DS_ERR_ARG, "n_routed_experts %d %s %d", c->n_routed_experts, why, ws);
+        if ((c->n_shared_experts * c->moe_inter_dim) % ws)
+            return ds_errorf(DS_ERR_ARG, "n_shared_experts*moe_inter_dim %d %s %d",
+                             c->n_shared_experts * c->moe_inter_dim, why, ws);
+    }
+    return DS_OK;
+}
+
+char *config_to_json(const ds_config *c)
+{
+    json_t *o = json_object();
+    for (size_t i = 0; i < sizeof k_fields / sizeof *k_fields; i++) {
+        const field *f = &k_fields[i];
+        json_t *v = f->kind == F_INT ? json_integer(*(const int *)((const char *)c + f->off))
+                                     : json_real(*(const double *)((const char *)c + f->off));
+        json_object_set_new(o, f->name, v);
+    }
+    json_object_set_new(o, "dtype", json_string(c->dtype == DS_DTYPE_FP8 ? "fp8" : "bf16"));
+    json_object_set_new(o, "score_func", json_string(c->score_func == DS_SCORE_SIGMOID ? "sigmoid" : "softmax"));
+    json_object_set_new(o, "scale_fmt", c->scale_ue8m0 ? json_string("ue8m0") : json_null());
+    char *s = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return s;
+}
