@@ -1,0 +1,26 @@
+/* quant.h - the reference's FP8 kernels (kernel.py), scalar.
+ *
+ * act_quant: per 128-element block of a row, amax = max(|x|, 1e-4),
+ * s = amax / 448 (ue8m0: rounded up to a power of two), y = e4m3(x / s).
+ * fp8_gemm: out[m][n] = sum over K-blocks of (sum_k y[m][k] w[n][k]) * s_a[m][kb] * s_w[n/128][kb].
+ * weight_dequant: float32(w) * s for each 128x128 block. */
+#ifndef DS_QUANT_H
+#define DS_QUANT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* x [m][k] -> y [m][k] e4m3 bytes, s [m][ceil(k/128)]. */
+void act_quant_ref(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0);
+
+/* The scale for one block's amax, as act_quant computes it. */
+float act_quant_scale(float amax, bool ue8m0);
+
+/* y [m][k] e4m3 with s [m][kb]; w [n][k] e4m3 with ws [ceil(n/128)][kb] -> out [m][n] f32. */
+void fp8_gemm_ref(const uint8_t *y, const float *s, const uint8_t *w, const float *ws, int m, int n, int k,
+                  float *out);
+
+/* w [rows][cols] e4m3 with s [ceil(rows/128)][ceil(cols/128)] -> out f32. */
+void weight_dequant_ref(const uint8_t *w, const float *s, int rows, int cols, float *out);
+
+#endif

@@ -1,0 +1,392 @@
+/* forward.c - the transformer's forward pass, read beside the reference's
+ * model.py: Transformer.forward -> Block -> MLA / MLP / MoE.
+ *
+ * Shapes: n tokens in flight; h (n, dim) is the residual stream. All
+ * arithmetic goes through m->ops; only routing decisions (top-k) and the
+ * gathering of tokens per expert run here, on the host. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/numeric.h"
+#include "model/model.h"
+
+#define EPS 1e-6f
+
+typedef struct {
+    int n;
+    const int *seq, *pos;
+} batch;
+
+static float *scratch(const ds_model *m, size_t nfloats)
+{
+    return m->ops->alloc(nfloats * sizeof(float));
+}
+
+static ds_status all_reduce(ds_model *m, float *buf, size_t n)
+{
+    if (m->world_size == 1) return DS_OK;
+    return m->opt.comm->all_reduce(m->opt.comm, buf, n);
+}
+
+/* ParallelEmbedding: rows of this rank's vocabulary slice; others are zero
+ * and filled in by the all-reduce. */
+static ds_status embed(ds_model *m, float *h, int n, const int32_t *tok)
+{
+    int dim = m->cfg.dim;
+    for (int i = 0; i < n; i++) {
+        int r = tok[i] - m->vocab0;
+        float *hi = h + (size_t)i * dim;
+        if (r < 0 || r >= m->vocab_local) {
+            memset(hi, 0, sizeof(float) * (size_t)dim);
+            continue;
+        }
+        if (m->embed.fmt == DS_W_BF16) {
+            const uint16_t *e = (const uint16_t *)m->embed.data + (size_t)r * dim;
+            for (int j = 0; j < dim; j++) hi[j] = bf16_to_f32(e[j]);
+        } else {
+            memcpy(hi, (const float *)m->embed.data + (size_t)r * dim, sizeof(float) * (size_t)dim);
+        }
+    }
+    return all_reduce(m, h, (size_t)n * dim);
+}
+
+static void linear(const ds_model *m, float *y, const float *x, int n, const ds_weight *w)
+{
+    m->ops->matmul(y, x, n, w, 0, w->rows, m->opt.gemm, m->cfg.scale_ue8m0);
+}
+
+/* Copies column block [off, off+len) of each row of a (n, stride) matrix. */
+static void gather_cols(float *dst, const float *src, int n, int stride, int off, int len)
+{
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * len, src + (size_t)i * stride + off, sizeof(float) * (size_t)len);
+}
+
+static void scatter_cols(float *dst, const float *src, int n, int stride, int off, int len)
+{
+    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * stride + off, src + (size_t)i * len, sizeof(float) * (size_t)len);
+}
+
+/* MLA.forward: x (n, dim) -> out (n, dim). */
+static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const float *x, float *out)
+{
+    const ds_config *c = &m->cfg;
+    const ds_layer *l = &m->layers[li];
+    const ds_ops *ops = m->ops;
+    int n = b->n, H = m->n_local_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim;
+    int qk = m->qk_head_dim, vd = c->v_head_dim, R = c->kv_lora_rank, kva = R + rope;
+    ds_status s = DS_OK;
+
+    /* q = wq(x) or wq_b(q_norm(wq_a(x))): (n, H, qk) */
+    float *q = scratch(m, (size_t)n * H * qk), *qa = NULL;
+    float *kvx = scratch(m, (size_t)n * kva), *lat = scratch(m, (size_t)n * R);
+    float *o = scratch(m, (size_t)n * H * (R > vd ? R : vd)), *ov = scratch(m, (size_t)n * H * vd);
+    float *t1 = scratch(m, (size_t)n * (R > qk ? R : qk)), *t2 = scratch(m, (size_t)n * (R > qk ? R : qk));
+    if (c->q_lora_rank) qa = scratch(m, (size_t)n * c->q_lora_rank);
+    if (!q || !kvx || !lat || !o || !ov || !t1 || !t2 || (c->q_lora_rank && !qa)) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
+        goto done;
+    }
+    if (c->q_lora_rank == 0) {
+        linear(m, q, x, n, &l->wq);
+    } else {
+        linear(m, qa, x, n, &l->wq_a);
+        ops->rmsnorm(qa, qa, l->q_norm, n, c->q_lora_rank, EPS);
+        linear(m, q, qa, n, &l->wq_b);
+    }
+    ops->rope(q, n, H, qk, nope, rope, b->pos, m->cos_tab, m->sin_tab);
+
+    /* kv = wkv_a(x): latent (n, R) and k_pe (n, rope), rotary on k_pe */
+    linear(m, kvx, x, n, &l->wkv_a);
+    ops->rope(kvx, n, 1, kva, R, rope, b->pos, m->cos_tab, m->sin_tab);
+    gather_cols(lat, kvx, n, kva, 0, R);
+    ops->rmsnorm(lat, lat, l->kv_norm, n, R, EPS);
+
+    ds_attn_args a = {
+        .n_tokens = n, .seq = b->seq, .pos = b->pos, .n_heads = H, .nope = nope, .rope = rope,
+        .vdim = vd, .kv_rank = R, .softmax_scale = m->softmax_scale, .ctx = kv->ctx, .out = o,
+    };
+    if (kv->attn == DS_ATTN_ABSORB) {
+        float *kc = kv->kv[li], *pc = kv->pe[li];
+        for (int t = 0; t < n; t++) {
+            size_t row = (size_t)b->seq[t] * kv->ctx + b->pos[t];
+            memcpy(kc + row * R, lat + (size_t)t * R, sizeof(float) * (size_t)R);
+            memcpy(pc + row * rope, kvx + (size_t)t * kva + R, sizeof(float) * (size_t)rope);
+        }
+        /* q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe stays (n, H, rope) */
+        float *qc = scratch(m, (size_t)n * H * R), *qp = scratch(m, (size_t)n * H * rope);
+        if (!qc || !qp) {
+            ops->free(qc);
+            ops->free(qp);
+            s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
+            goto done;
+        }
+        for (int h = 0; h < H; h++) {
+            gather_cols(t1, q, n, H * qk, h * qk, nope);
+            ops->matmul_t(t2, t1, n, &l->wkv_b, h * (nope + vd), nope);
+            scatter_cols(qc, t2, n, H * R, h * R, R);
+            gather_cols(t1, q, n, H * qk, h * qk + nope, rope);
+            scatter_cols(qp, t1, n, H * rope, h * rope, rope);
+        }
+        a.q_c = qc;
+        a.q_pe = qp;
+        a.kv_cache = kc;
+        a.pe_cache = pc;
+        ops->attention(&a, DS_ATTN_ABSORB);
+        ops->free(qc);
+        ops->free(qp);
+        /* out_v[t, h] = o_c[t, h] @ wkv_b[h, nope:]^T  (n, H, vd) */
+        for (int h = 0; h < H; h++) {
+            gather_cols(t1, o, n, H * R, h * R, R);
+            ops->matmul(t2, t1, n, &l->wkv_b, h * (nope + vd) + nope, vd, DS_GEMM_BF16, false);
+            scatter_cols(ov, t2, n, H * vd, h * vd, vd);
+        }
+    } else {
+        /* naive: k = [k_nope, k_pe], v from wkv_b(kv_norm(latent)); cache full K and V */
+        float *kvb = scratch(m, (size_t)n * H * (nope + vd));
+        if (!kvb) {
+            s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
+            goto done;
+        }
+        linear(m, kvb, lat, n, &l->wkv_b);
+        float *kc = kv->k[li], *vc = kv->v[li];
+        for (int t = 0; t < n; t++) {
+            size_t row = (size_t)b->seq[t] * kv->ctx + b->pos[t];
+            for (int h = 0; h < H; h++) {
+                const float *src = kvb + ((size_t)t * H + h) * (nope + vd);
+                float *kd = kc + (row * H + h) * qk, *vdst = vc + (row * H + h) * vd;
+                memcpy(kd, src, sizeof(float) * (size_t)nope);
+                memcpy(kd + nope, kvx + (size_t)t * kva + R, sizeof(float) * (size_t)rope);
+                memcpy(vdst, src + nope, sizeof(float) * (size_t)vd);
+            }
+        }
+        ops->free(kvb);
+        a.q = q;
+        a.k_cache = kc;
+        a.v_cache = vc;
+        a.out = ov;
+        ops->attention(&a, DS_ATTN_NAIVE);
+    }
+    /* wo: RowParallelLinear, summed over ranks */
+    linear(m, out, ov, n, &l->wo);
+    s = all_reduce(m, out, (size_t)n * c->dim);
+done:
+    ops->free(q);
+    ops->free(qa);
+    ops->free(kvx);
+    ops->free(lat);
+    ops->free(o);
+    ops->free(ov);
+    ops->free(t1);
+    ops->free(t2);
+    return s;
+}
+
+/* MLP / Expert: w2(silu(w1(x)) * w3(x)), x (n, dim) -> y (n, dim). */
+static ds_status mlp(ds_model *m, const ds_weight *w1, const ds_weight *w2, const ds_weight *w3, const float *x,
+                     int n, float *y)
+{
+    int inter = w1->rows;
+    float *a = scratch(m, (size_t)n * inter), *g = scratch(m, (size_t)n * inter);
+    ds_status s = DS_OK;
+    if (!a || !g) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for MLP activations of %d tokens", n);
+    } else {
+        linear(m, a, x, n, w1);
+        linear(m, g, x, n, w3);
+        m->ops->silu_mul(a, g, (size_t)n * inter);
+        linear(m, y, a, n, w2);
+    }
+    m->ops->free(a);
+    m->ops->free(g);
+    return s;
+}
+
+/* Gate.forward for one token: scores (E) -> top-k indices and weights. The
+ * bias only steers the choice; weights come from the unbiased scores. */
+static void route(const ds_config *c, const float *bias, float *sc, float *biased, int *idx, float *wt)
+{
+    int E = c->n_routed_experts, G = c->n_expert_groups, per = E / G, K = c->n_activated_experts;
+    if (c->score_func == DS_SCORE_SOFTMAX) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, sc[e]);
+        for (int e = 0; e < E; e++) sum += (sc[e] = expf(sc[e] - mx));
+        for (int e = 0; e < E; e++) sc[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
+    }
+    for (int e = 0; e < E; e++) biased[e] = bias ? sc[e] + bias[e] : sc[e];
+    if (G > 1) {
+        /* group score: max without bias, sum of the top two with bias */
+        float gs[1024];
+        bool keep[1024];
+        for (int g = 0; g < G; g++) {
+            const float *p = biased + g * per;
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int j = 0; j < per; j++) {
+                if (p[j] > m1) { m2 = m1; m1 = p[j]; }
+                else if (p[j] > m2) m2 = p[j];
+            }
+            gs[g] = bias ? m1 + m2 : m1;
+            keep[g] = false;
+        }
+        for (int k = 0; k < c->n_limited_groups; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = true;
+        }
+        for (int g = 0; g < G; g++)
+            if (!keep[g])
+                for (int j = 0; j < per; j++) biased[g * per + j] = -INFINITY;
+    }
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++) taken |= idx[j] == e;
+            if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
+        }
+        idx[k] = best;
+        wt[k] = sc[best];
+        sum += wt[k];
+    }
+    for (int k = 0; k < K; k++) {
+        if (c->score_func == DS_SCORE_SIGMOID) wt[k] /= sum;
+        wt[k] *= (float)c->route_scale;
+    }
+}
+
+/* MoE.forward: routed experts of this rank (tokens grouped per expert) plus
+ * the shared experts; the routed part is summed over ranks. */
+static ds_status moe(ds_model *m, int li, const float *x, int n, float *y)
+{
+    const ds_config *c = &m->cfg;
+    const ds_layer *l = &m->layers[li];
+    int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
+    ds_status s = DS_OK;
+    float *sc = scratch(m, (size_t)n * E), *biased = malloc(sizeof(float) * (size_t)E);
+    int *idx = malloc(sizeof(int) * (size_t)n * K), *list = malloc(sizeof(int) * (size_t)n);
+    float *wt = malloc(sizeof(float) * (size_t)n * K), *lw = malloc(sizeof(float) * (size_t)n);
+    float *xs = scratch(m, (size_t)n * dim), *ys = scratch(m, (size_t)n * dim);
+    if (!sc || !biased || !idx || !list || !wt || !lw || !xs || !ys) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for MoE activations of %d tokens", n);
+        goto done;
+    }
+    m->ops->matmul(sc, x, n, &l->gate, 0, E, DS_GEMM_BF16, false);
+    for (int t = 0; t < n; t++) route(c, l->gate_bias, sc + (size_t)t * E, biased, idx + (size_t)t * K, wt + (size_t)t * K);
+    memset(y, 0, sizeof(float) * (size_t)n * dim);
+    for (int e = 0; e < m->n_local_experts; e++) {
+        int g = m->expert0 + e, cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (idx[(size_t)t * K + k] == g) {
+                    list[cnt] = t;
+                    lw[cnt++] = wt[(size_t)t * K + k];
+                }
+        if (!cnt) continue;
+        for (int i = 0; i < cnt; i++) memcpy(xs + (size_t)i * dim, x + (size_t)list[i] * dim, sizeof(float) * (size_t)dim);
+        if ((s = mlp(m, &l->ew1[e], &l->ew2[e], &l->ew3[e], xs, cnt, ys))) goto done;
+        for (int i = 0; i < cnt; i++) {
+            float *yt = y + (size_t)list[i] * dim;
+            const float *yi = ys + (size_t)i * dim;
+            for (int j = 0; j < dim; j++) yt[j] += yi[j] * lw[i];
+        }
+    }
+    if ((s = all_reduce(m, y, (size_t)n * dim))) goto done;
+    if (l->sw1.data) {
+        if ((s = mlp(m, &l->sw1, &l->sw2, &l->sw3, x, n, ys))) goto done;
+        if ((s = all_reduce(m, ys, (size_t)n * dim))) goto done;
+        m->ops->add(y, ys, (size_t)n * dim);
+    }
+done:
+    m->ops->free(sc);
+    m->ops->free(xs);
+    m->ops->free(ys);
+    free(biased);
+    free(idx);
+    free(list);
+    free(wt);
+    free(lw);
+    return s;
+}
+
+/* ColumnParallel head: each rank holds a vocabulary slice; gather the slices
+ * (rank, n_out, vocab_local) and interleave them into rows of the full vocabulary. */
+static ds_status gather_logits(ds_model *m, const float *part, int n_out, float *logits)
+{
+    size_t vl = (size_t)m->vocab_local, per = (size_t)n_out * vl;
+    float *all = scratch(m, per * m->world_size);
+    if (!all) return ds_errorf(DS_ERR_NOMEM, "out of memory gathering logits");
+    ds_status s = m->opt.comm->all_gather(m->opt.comm, part, per, all);
+    for (int r = 0; !s && r < m->world_size; r++)
+        for (int i = 0; i < n_out; i++)
+            memcpy(logits + (size_t)i * vl * m->world_size + r * vl, all + r * per + i * vl, sizeof(float) * vl);
+    m->ops->free(all);
+    return s;
+}
+
+static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                             const int *pos)
+{
+    for (int i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] >= m->cfg.vocab_size)
+            return ds_errorf(DS_ERR_RANGE, "token id %d is outside the vocabulary [0, %d)", tok[i], m->cfg.vocab_size);
+        if (seq[i] < 0 || seq[i] >= kv->n_seq)
+            return ds_errorf(DS_ERR_RANGE, "sequence %d is outside the KV cache's %d sequences", seq[i], kv->n_seq);
+        if (pos[i] < 0 || pos[i] >= kv->ctx)
+            return ds_errorf(DS_ERR_RANGE, "position %d is beyond the context of %d tokens%s", pos[i], kv->ctx,
+                             kv->ctx == m->cfg.max_seq_len ? " (max_seq_len)" : "");
+    }
+    return DS_OK;
+}
+
+ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                        const bool *want, float *logits)
+{
+    const ds_config *c = &m->cfg;
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
+    ds_status s = check_batch(m, kv, n, tok, seq, pos);
+    if (s) return s;
+    int dim = c->dim, n_out = 0;
+    for (int i = 0; i < n; i++) n_out += want[i];
+    float *h = scratch(m, (size_t)n * dim), *x = scratch(m, (size_t)n * dim), *y = scratch(m, (size_t)n * dim);
+    float *part = NULL;
+    if (!h || !x || !y) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+        goto done;
+    }
+    batch b = {n, seq, pos};
+    if ((s = embed(m, h, n, tok))) goto done;
+    for (int li = 0; li < c->n_layers; li++) {
+        const ds_layer *l = &m->layers[li];
+        m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
+        if ((s = mla(m, kv, li, &b, x, y))) goto done;
+        m->ops->add(h, y, (size_t)n * dim);
+        m->ops->rmsnorm(x, h, l->ffn_norm, n, dim, EPS);
+        s = l->moe ? moe(m, li, x, n, y) : mlp(m, &l->w1, &l->w2, &l->w3, x, n, y);
+        if (!s && !l->moe) s = all_reduce(m, y, (size_t)n * dim);
+        if (s) goto done;
+        m->ops->add(h, y, (size_t)n * dim);
+    }
+    if (n_out) {
+        int j = 0;
+        for (int i = 0; i < n; i++)
+            if (want[i]) memcpy(x + (size_t)j++ * dim, h + (size_t)i * dim, sizeof(float) * (size_t)dim);
+        m->ops->rmsnorm(x, x, m->norm, n_out, dim, EPS);
+        float *dst = logits;
+        if (m->world_size > 1 && !(dst = part = scratch(m, (size_t)n_out * m->vocab_local))) {
+            s = ds_errorf(DS_ERR_NOMEM, "out of memory for logits");
+            goto done;
+        }
+        m->ops->matmul(dst, x, n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+        if (m->world_size > 1) s = gather_logits(m, part, n_out, logits);
+    }
+done:
+    m->ops->free(h);
+    m->ops->free(x);
+    m->ops->free(y);
+    m->ops->free(part);
+    return s;
+}

@@ -1,0 +1,398 @@
+/* load.c - binds a checkpoint's tensors to the model's weights.
+ *
+ * Names follow the converted layout (the reference's model.py names:
+ * layers.L.attn.wq_a.weight, .scale, layers.L.ffn.experts.E.w1.weight, ...);
+ * a Hugging Face directory is read through the inverse of convert's renaming.
+ * Every tensor is checked for presence, dtype and the shape the config implies
+ * for this rank, so a config that does not match the checkpoint is reported
+ * before any compute, naming the tensor. Weights are not copied: they point
+ * into the mapped files. Norm vectors and the gate bias are small and are
+ * converted to float32 once. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "base/numeric.h"
+#include "model/model.h"
+
+/* Inverse of convert's renaming, one dotted segment at a time. */
+static const struct { const char *ref, *hf; } k_segments[] = {
+    {"attn", "self_attn"}, {"ffn", "mlp"}, {"wq", "q_proj"}, {"wq_a", "q_a_proj"},
+    {"q_norm", "q_a_layernorm"}, {"wq_b", "q_b_proj"}, {"wkv_a", "kv_a_proj_with_mqa"},
+    {"kv_norm", "kv_a_layernorm"}, {"wkv_b", "kv_b_proj"}, {"wo", "o_proj"}, {"w1", "gate_proj"},
+    {"w2", "down_proj"}, {"w3", "up_proj"}, {"attn_norm", "input_layernorm"},
+    {"ffn_norm", "post_attention_layernorm"}, {"scale", "weight_scale_inv"},
+    {"bias", "e_score_correction_bias"}, {"embed", "embed_tokens"},
+};
+
+static void hf_name(const char *ref, char *out, size_t cap)
+{
+    size_t n = 0;
+    if (!strncmp(ref, "head.", 5)) {
+        snprintf(out, cap, "lm_head.%s", ref + 5);
+        return;
+    }
+    n += (size_t)snprintf(out, cap, "model");
+    const char *p = ref;
+    while (*p && n < cap) {
+        const char *dot = strchr(p, '.');
+        size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        const char *seg = NULL;
+        for (size_t i = 0; i < sizeof k_segments / sizeof *k_segments; i++)
+            if (strlen(k_segments[i].ref) == len && !strncmp(k_segments[i].ref, p, len)) seg = k_segments[i].hf;
+        if (seg) n += (size_t)snprintf(out + n, cap - n, ".%s", seg);
+        else n += (size_t)snprintf(out + n, cap - n, ".%.*s", (int)len, p);
+        p += len + (dot != NULL);
+    }
+}
+
+static const st_tensor *find(const ds_model *m, const char *ref)
+{
+    if (!m->hf_names) return ckpt_find(m->ckpt, ref);
+    char hf[512];
+    hf_name(ref, hf, sizeof hf);
+    return ckpt_find(m->ckpt, hf);
+}
+
+static ds_status missing(const ds_model *m, const char *ref)
+{
+    char hf[512];
+    if (m->hf_names) hf_name(ref, hf, sizeof hf);
+    return ds_errorf(DS_ERR_FORMAT, "%s: checkpoint has no tensor '%s'%s%s%s (does the config match the checkpoint?)",
+                     m->ckpt->dir, m->hf_names ? hf : ref, m->hf_names ? " (" : "", m->hf_names ? ref : "",
+                     m->hf_names ? ")" : "");
+}
+
+static ds_status bad_shape(const ds_model *m, const char *ref, const st_tensor *t, int r, int c)
+{
+    char sh[128];
+    if (c > 0)
+        return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has shape %s but the config implies [%d, %d] for "
+                         "this rank (world size %d)", m->ckpt->dir, t->name, st_shape_str(t, sh, sizeof sh), r, c,
+                         m->world_size);
+    return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has shape %s but the config implies [%d]", m->ckpt->dir,
+                     t->name, st_shape_str(t, sh, sizeof sh), r);
+}
+
+/* Binds "<base>.weight" (and "<base>.scale" for FP8) as a (rows, cols) matrix. */
+static ds_status get_matrix(const ds_model *m, ds_weight *w, int rows, int cols, const char *fmt, ...)
+    DS_PRINTF(5, 6);
+
+static ds_status get_matrix(const ds_model *m, ds_weight *w, int rows, int cols, const char *fmt, ...)
+{
+    char base[256], name[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(base, sizeof base, fmt, ap);
+    va_end(ap);
+    snprintf(name, sizeof name, "%s.weight", base);
+    const st_tensor *t = find(m, name);
+    if (!t) return missing(m, name);
+    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) return bad_shape(m, name, t, rows, cols);
+    w->rows = rows;
+    w->cols = cols;
+    w->data = t->data;
+    w->scale = NULL;
+    w->dev = NULL;
+    switch (t->dtype) {
+    case ST_F32: w->fmt = DS_W_F32; return DS_OK;
+    case ST_BF16: w->fmt = DS_W_BF16; return DS_OK;
+    case ST_F8_E4M3: break;
+    default:
+        return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected BF16, F32 or F8_E4M3",
+                         m->ckpt->dir, t->name, st_dtype_name(t->dtype));
+    }
+    w->fmt = DS_W_FP8;
+    snprintf(name, sizeof name, "%s.scale", base);
+    const st_tensor *s = find(m, name);
+    if (!s) return ds_error_prefix(missing(m, name), "FP8 weight without its block scales");
+    int sr = (rows + DS_BLOCK - 1) / DS_BLOCK, sc = (cols + DS_BLOCK - 1) / DS_BLOCK;
+    if (s->ndim != 2 || s->shape[0] != sr || s->shape[1] != sc) return bad_shape(m, name, s, sr, sc);
+    if (s->dtype != ST_F32)
+        return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected F32 block scales", m->ckpt->dir,
+                         s->name, st_dtype_name(s->dtype));
+    if ((uintptr_t)s->data % sizeof(float))
+        return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' is not 4-byte aligned in its file", m->ckpt->dir, s->name);
+    w->scale = s->data;
+    return DS_OK;
+}
+
+/* A float32 copy of a 1-D tensor of length n (BF16 or F32). */
+static ds_status get_vector(const ds_model *m, float **out, int n, const char *fmt, ...) DS_PRINTF(4, 5);
+
+static ds_status get_vector(const ds_model *m, float **out, int n, const char *fmt, ...)
+{
+    char name[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const st_tensor *t = find(m, name);
+    if (!t) return missing(m, name);
+    if (t->ndim != 1 || t->shape[0] != n) return bad_shape(m, name, t, n, 0);
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return ds_errorf(DS_ERR_NOMEM, "out of memory loading %s", name);
+    if (t->dtype == ST_BF16) {
+        const uint8_t *p = t->data;
+        for (int i = 0; i < n; i++) v[i] = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
+    } else if (t->dtype == ST_F32) {
+        memcpy(v, t->data, sizeof(float) * (size_t)n);
+    } else {
+        free(v);
+        return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected BF16 or F32", m->ckpt->dir,
+                         t->name, st_dtype_name(t->dtype));
+    }
+    *out = v;
+    return DS_OK;
+}
+
+static ds_status load_attn(ds_model *m, ds_layer *l, int i)
+{
+    const ds_config *c = &m->cfg;
+    int H = m->n_local_heads, qk = m->qk_head_dim;
+    ds_status s;
+    if (c->q_lora_rank == 0) {
+        if ((s = get_matrix(m, &l->wq, H * qk, c->dim, "layers.%d.attn.wq", i))) return s;
+    } else {
+        if ((s = get_matrix(m, &l->wq_a, c->q_lora_rank, c->dim, "layers.%d.attn.wq_a", i))) return s;
+        if ((s = get_vector(m, &l->q_norm, c->q_lora_rank, "layers.%d.attn.q_norm.weight", i))) return s;
+        if ((s = get_matrix(m, &l->wq_b, H * qk, c->q_lora_rank, "layers.%d.attn.wq_b", i))) return s;
+    }
+    if ((s = get_matrix(m, &l->wkv_a, c->kv_lora_rank + c->qk_rope_head_dim, c->dim, "layers.%d.attn.wkv_a", i)))
+        return s;
+    if ((s = get_vector(m, &l->kv_norm, c->kv_lora_rank, "layers.%d.attn.kv_norm.weight", i))) return s;
+    if ((s = get_matrix(m, &l->wkv_b, H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank,
+                        "layers.%d.attn.wkv_b", i)))
+        return s;
+    if ((s = get_matrix(m, &l->wo, c->dim, H * c->v_head_dim, "layers.%d.attn.wo", i))) return s;
+    if ((s = get_vector(m, &l->attn_norm, c->dim, "layers.%d.attn_norm.weight", i))) return s;
+    return get_vector(m, &l->ffn_norm, c->dim, "layers.%d.ffn_norm.weight", i);
+}
+
+static ds_status load_ffn(ds_model *m, ds_layer *l, int i)
+{
+    const ds_config *c = &m->cfg;
+    int ws = m->world_size;
+    ds_status s;
+    if (i < c->n_dense_layers) {
+        int inter = c->inter_dim / ws;
+        if ((s = get_matrix(m, &l->w1, inter, c->dim, "layers.%d.ffn.w1", i))) return s;
+        if ((s = get_matrix(m, &l->w2, c->dim, inter, "layers.%d.ffn.w2", i))) return s;
+        return get_matrix(m, &l->w3, inter, c->dim, "layers.%d.ffn.w3", i);
+    }
+    l->moe = true;
+    if ((s = get_matrix(m, &l->gate, c->n_routed_experts, c->dim, "layers.%d.ffn.gate", i))) return s;
+    char bias[128];
+    snprintf(bias, sizeof bias, "layers.%d.ffn.gate.bias", i);
+    if (find(m, bias) && (s = get_vector(m, &l->gate_bias, c->n_routed_experts, "%s", bias))) return s;
+    int E = m->n_local_experts;
+    l->ew1 = calloc((size_t)E, sizeof(ds_weight));
+    l->ew2 = calloc((size_t)E, sizeof(ds_weight));
+    l->ew3 = calloc((size_t)E, sizeof(ds_weight));
+    if (!l->ew1 || !l->ew2 || !l->ew3) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d experts", E);
+    for (int e = 0; e < E; e++) {
+        int g = m->expert0 + e;
+        if ((s = get_matrix(m, &l->ew1[e], c->moe_inter_dim, c->dim, "layers.%d.ffn.experts.%d.w1", i, g))) return s;
+        if ((s = get_matrix(m, &l->ew2[e], c->dim, c->moe_inter_dim, "layers.%d.ffn.experts.%d.w2", i, g))) return s;
+        if ((s = get_matrix(m, &l->ew3[e], c->moe_inter_dim, c->dim, "layers.%d.ffn.experts.%d.w3", i, g))) return s;
+    }
+    int sh = c->n_shared_experts * c->moe_inter_dim / ws;
+    if (sh == 0) return DS_OK;
+    if ((s = get_matrix(m, &l->sw1, sh, c->dim, "layers.%d.ffn.shared_experts.w1", i))) return s;
+    if ((s = get_matrix(m, &l->sw2, c->dim, sh, "layers.%d.ffn.shared_experts.w2", i))) return s;
+    return get_matrix(m, &l->sw3, sh, c->dim, "layers.%d.ffn.shared_experts.w3", i);
+}
+
+/* The reference's precompute_freqs_cis: rotary frequencies with the YaRN
+ * correction when max_seq_len > original_seq_len, as cos/sin tables. */
+static ds_status rope_tables(ds_model *m)
+{
+    const ds_config *c = &m->cfg;
+    int dim = c->qk_rope_head_dim, half = dim / 2;
+    float *freqs = malloc(sizeof(float) * (size_t)half);
+    m->cos_tab = malloc(sizeof(float) * (size_t)c->max_seq_len * half);
+    m->sin_tab = malloc(sizeof(float) * (size_t)c->max_seq_len * half);
+    if (!freqs || !m->cos_tab || !m->sin_tab) {
+        free(freqs);
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for rotary tables (max_seq_len %d)", c->max_seq_len);
+    }
+    for (int i = 0; i < half; i++) freqs[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)dim);
+    if (c->max_seq_len > c->original_seq_len) {
+        double base = c->rope_theta, orig = c->original_seq_len;
+        double dlow = dim * log(orig / (c->beta_fast * 2 * M_PI)) / (2 * log(base));
+        double dhigh = dim * log(orig / (c->beta_slow * 2 * M_PI)) / (2 * log(base));
+        double low = floor(dlow), high = ceil(dhigh);
+        if (low < 0) low = 0;
+        if (high > dim - 1) high = dim - 1;
+        if (low == high) high += 0.001;
+        for (int i = 0; i < half; i++) {
+            float ramp = (float)(((float)i - (float)low) / (float)(high - low));
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            float smooth = 1 - ramp;
+            freqs[i] = freqs[i] / (float)c->rope_factor * (1 - smooth) + freqs[i] * smooth;
+        }
+    }
+    for (int p = 0; p < c->max_seq_len; p++)
+        for (int i = 0; i < half; i++) {
+            float a = (float)p * freqs[i];
+            m->cos_tab[(size_t)p * half + i] = cosf(a);
+            m->sin_tab[(size_t)p * half + i] = sinf(a);
+        }
+    free(freqs);
+    return DS_OK;
+}
+
+static int file_exists(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static ds_status open_ckpt(ds_model *m, const char *dir)
+{
+    char name[64];
+    snprintf(name, sizeof name, "model%d-mp%d.safetensors", m->rank, m->world_size);
+    char *path = ckpt_join(dir, name);
+    if (!path) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    ds_status s;
+    if (file_exists(path)) {
+        const char *paths[1] = {path};
+        s = ckpt_open_files(&m->ckpt, paths, 1);
+        if (!s) {
+            free(m->ckpt->dir);
+            m->ckpt->dir = path;
+            return DS_OK;
+        }
+        free(path);
+        return s;
+    }
+    free(path);
+    if (m->world_size > 1)
+        return ds_errorf(DS_ERR_IO, "%s: no %s (convert the checkpoint with --model-parallel %d)", dir, name,
+                         m->world_size);
+    if ((s = ckpt_open_dir(&m->ckpt, dir))) return s;
+    if (ckpt_find(m->ckpt, "model.embed_tokens.weight")) m->hf_names = true;
+    else if (!ckpt_find(m->ckpt, "embed.weight"))
+        return ds_errorf(DS_ERR_FORMAT, "%s: neither a converted checkpoint (model0-mp1.safetensors) nor a "
+                         "Hugging Face one (model.embed_tokens.weight)", dir);
+    return DS_OK;
+}
+
+ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
+{
+    ds_model *m = calloc(1, sizeof *m);
+    if (!m) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    m->cfg = *cfg;
+    if (opt) m->opt = *opt;
+    m->ops = m->opt.ops ? m->opt.ops : cpu_backend(true);
+    m->rank = m->opt.comm ? m->opt.comm->rank : 0;
+    m->world_size = m->opt.comm ? m->opt.comm->world_size : 1;
+    ds_status s = config_validate(cfg, "config");
+    if (!s) s = config_check_parallel(cfg, m->world_size);
+    if (s) goto fail;
+    const ds_config *c = &m->cfg;
+    m->n_local_heads = c->n_heads / m->world_size;
+    m->n_local_experts = c->n_routed_experts / m->world_size;
+    m->expert0 = m->rank * m->n_local_experts;
+    m->vocab_local = c->vocab_size / m->world_size;
+    m->vocab0 = m->rank * m->vocab_local;
+    m->qk_head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    m->softmax_scale = 1.0f / sqrtf((float)m->qk_head_dim);
+    if (c->max_seq_len > c->original_seq_len) {
+        float ms = (float)(0.1 * c->mscale * log(c->rope_factor) + 1.0);
+        m->softmax_scale *= ms * ms;
+    }
+    if ((s = open_ckpt(m, dir))) goto fail;
+    if ((s = get_matrix(m, &m->embed, m->vocab_local, c->dim, "embed"))) goto fail;
+    if (m->embed.fmt == DS_W_FP8) {
+        s = ds_errorf(DS_ERR_FORMAT, "%s: embed.weight is FP8; expected BF16 or F32", dir);
+        goto fail;
+    }
+    if ((s = get_matrix(m, &m->head, m->vocab_local, c->dim, "head"))) goto fail;
+    if ((s = get_vector(m, &m->norm, c->dim, "norm.weight"))) goto fail;
+    if (!(m->layers = calloc((size_t)c->n_layers, sizeof *m->layers))) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < c->n_layers; i++) {
+        if ((s = load_attn(m, &m->layers[i], i))) goto fail;
+        if ((s = load_ffn(m, &m->layers[i], i))) goto fail;
+    }
+    if ((s = rope_tables(m))) goto fail;
+    *out = m;
+    return DS_OK;
+fail:
+    model_free(m);
+    return s;
+}
+
+void model_free(ds_model *m)
+{
+    if (!m) return;
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
+        ds_layer *l = &m->layers[i];
+        free(l->q_norm);
+        free(l->kv_norm);
+        free(l->attn_norm);
+        free(l->ffn_norm);
+        free(l->gate_bias);
+        free(l->ew1);
+        free(l->ew2);
+        free(l->ew3);
+    }
+    free(m->layers);
+    free(m->norm);
+    free(m->cos_tab);
+    free(m->sin_tab);
+    ckpt_close(m->ckpt);
+    free(m);
+}
+
+ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx)
+{
+    const ds_config *c = &m->cfg;
+    if (n_seq < 1 || ctx < 1)
+        return ds_errorf(DS_ERR_ARG, "KV cache needs at least one sequence and one position (got %d, %d)", n_seq, ctx);
+    if (ctx > c->max_seq_len)
+        return ds_errorf(DS_ERR_RANGE, "context of %d positions exceeds max_seq_len %d", ctx, c->max_seq_len);
+    ds_kvcache *kv = calloc(1, sizeof *kv);
+    if (!kv) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    kv->n_seq = n_seq;
+    kv->ctx = ctx;
+    kv->attn = m->opt.attn;
+    kv->n_layers = c->n_layers;
+    kv->ops = m->ops;
+    float ***a = kv->attn == DS_ATTN_ABSORB ? &kv->kv : &kv->k;
+    float ***b = kv->attn == DS_ATTN_ABSORB ? &kv->pe : &kv->v;
+    size_t per = (size_t)n_seq * ctx, H = (size_t)m->n_local_heads;
+    size_t na = kv->attn == DS_ATTN_ABSORB ? per * c->kv_lora_rank : per * H * m->qk_head_dim;
+    size_t nb = kv->attn == DS_ATTN_ABSORB ? per * c->qk_rope_head_dim : per * H * c->v_head_dim;
+    *a = calloc((size_t)c->n_layers, sizeof(float *));
+    *b = calloc((size_t)c->n_layers, sizeof(float *));
+    if (!*a || !*b) goto oom;
+    for (int i = 0; i < c->n_layers; i++) {
+        (*a)[i] = m->ops->alloc(na * sizeof(float));
+        (*b)[i] = m->ops->alloc(nb * sizeof(float));
+        if (!(*a)[i] || !(*b)[i]) goto oom;
+    }
+    *out = kv;
+    return DS_OK;
+oom:
+    kvcache_free(kv);
+    return ds_errorf(DS_ERR_NOMEM, "out of memory for a KV cache of %d sequences x %d positions (%.1f MiB)", n_seq,
+                     ctx, (double)(na + nb) * 4 * c->n_layers / 1048576.0);
+}
+
+void kvcache_free(ds_kvcache *kv)
+{
+    if (!kv) return;
+    float **bufs[4] = {kv->kv, kv->pe, kv->k, kv->v};
+    for (int j = 0; j < 4; j++) {
+        for (int i = 0; bufs[j] && i < kv->n_layers; i++) kv->ops->free(bufs[j][i]);
+        free(bufs[j]);
+    }
+    free(kv);
+}

@@ -1,0 +1,79 @@
+/* model.h - the DeepSeek-V3 transformer (the reference's model.py) on top of
+ * the backend operation table.
+ *
+ * A forward pass takes any set of tokens, each with its sequence (a row of the
+ * KV cache) and position: a prefill is one sequence's prompt, a decode step is
+ * one token per sequence, and a batch may mix sequences of different lengths.
+ * Each token attends to positions 0..pos of its own sequence. Logits are
+ * produced for the tokens the caller marks. */
+#ifndef DS_MODEL_H
+#define DS_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "dist/comm.h"
+#include "io/ckpt.h"
+#include "io/config.h"
+
+typedef struct {
+    ds_weight wq, wq_a, wq_b, wkv_a, wkv_b, wo;  /* wq: (H*qk, dim) or wq_a (q_lora, dim) + wq_b (H*qk, q_lora) */
+    float *q_norm, *kv_norm;                     /* (q_lora), (kv_lora_rank) */
+    float *attn_norm, *ffn_norm;                 /* (dim) */
+    bool moe;
+    ds_weight w1, w2, w3;                        /* dense MLP: (inter, dim), (dim, inter), (inter, dim) */
+    ds_weight gate;                              /* (n_routed_experts, dim) */
+    float *gate_bias;                            /* (n_routed_experts) or NULL */
+    ds_weight *ew1, *ew2, *ew3;                  /* local routed experts: (moe_inter, dim), (dim, moe_inter), ... */
+    ds_weight sw1, sw2, sw3;                     /* shared experts: (n_shared*moe_inter, dim), ... */
+} ds_layer;
+
+typedef struct {
+    ds_attn_impl attn;
+    ds_gemm_impl gemm;
+    const ds_ops *ops;     /* NULL: the CPU backend with fast kernels */
+    ds_comm *comm;         /* NULL: a single process */
+} ds_model_opts;
+
+typedef struct {
+    ds_config cfg;
+    ds_model_opts opt;
+    const ds_ops *ops;
+    int rank, world_size;
+    int n_local_heads, n_local_experts, expert0, vocab_local, vocab0;
+    int qk_head_dim;
+    float softmax_scale;
+    ds_ckpt *ckpt;
+    bool hf_names;
+    ds_weight embed, head;   /* (vocab_local, dim) */
+    float *norm;             /* (dim) */
+    ds_layer *layers;
+    float *cos_tab, *sin_tab;/* (max_seq_len, rope/2) */
+} ds_model;
+
+typedef struct {
+    int n_seq, ctx;          /* sequences (rows) and positions per sequence */
+    ds_attn_impl attn;
+    float **kv, **pe;        /* absorb, per layer: (n_seq, ctx, kv_rank), (n_seq, ctx, rope) */
+    float **k, **v;          /* naive, per layer: (n_seq, ctx, H, qk), (n_seq, ctx, H, vdim) */
+    int n_layers;
+    const ds_ops *ops;
+} ds_kvcache;
+
+/* Loads the weights for this rank from dir: model{rank}-mp{ws}.safetensors as
+ * written by `dsv3 convert`, or (one process) a Hugging Face checkpoint
+ * directory. Every tensor's presence, dtype and shape is checked against cfg. */
+ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt);
+void model_free(ds_model *m);
+
+/* A cache for n_seq sequences of up to ctx positions (ctx <= max_seq_len). */
+ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx);
+void kvcache_free(ds_kvcache *kv);
+
+/* Runs n tokens. want[i] marks tokens whose logits are wanted; logits receives
+ * one row of vocab_size floats per marked token, in order. */
+ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                        const int *pos, const bool *want, float *logits);
+
+#endif

@@ -1,0 +1,2 @@
+dsv3_unit_test(model_fp8_kernels ${CMAKE_CURRENT_LIST_DIR}/test_fp8_kernels.c)
+dsv3_unit_test(model_golden ${CMAKE_CURRENT_LIST_DIR}/test_golden.c)
