@@ -13,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include "base/numeric.h"
+#include "dist/dist.h"
 #include "model/model.h"
 
 /* Inverse of convert's renaming, one dotted segment at a time. */
@@ -251,6 +253,24 @@ static int file_exists(const char *p)
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+/* The model-parallel degree of a converted checkpoint in dir other than ws
+ * (the smallest K with a model0-mpK.safetensors), or 0 if there is none. */
+static int converted_for(const char *dir, int ws)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int best = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        int k = 0, used = 0;
+        if (sscanf(e->d_name, "model0-mp%d.safetensors%n", &k, &used) == 1 && e->d_name[used] == '\0' && k > 0 &&
+            k != ws && (!best || k < best))
+            best = k;
+    }
+    closedir(d);
+    return best;
+}
+
 static ds_status open_ckpt(ds_model *m, const char *dir)
 {
     char name[64];
@@ -270,6 +290,14 @@ static ds_status open_ckpt(ds_model *m, const char *dir)
         return s;
     }
     free(path);
+    char *index = ckpt_join(dir, "model.safetensors.index.json");
+    bool hf = m->world_size == 1 && index && file_exists(index);
+    free(index);
+    int other = hf ? 0 : converted_for(dir, m->world_size);
+    if (other)
+        return ds_errorf(DS_ERR_ARG, "%s: the checkpoint was converted for %d rank%s (model0-mp%d.safetensors) but "
+                         "this run has %d; start %d ranks (mpirun -np %d) or convert with --model-parallel %d", dir,
+                         other, other > 1 ? "s" : "", other, m->world_size, other, other, m->world_size);
     if (m->world_size > 1)
         return ds_errorf(DS_ERR_IO, "%s: no %s (convert the checkpoint with --model-parallel %d)", dir, name,
                          m->world_size);
@@ -281,7 +309,7 @@ static ds_status open_ckpt(ds_model *m, const char *dir)
     return DS_OK;
 }
 
-ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
+static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
 {
     ds_model *m = calloc(1, sizeof *m);
     if (!m) return ds_errorf(DS_ERR_NOMEM, "out of memory");
@@ -327,6 +355,37 @@ ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, cons
 fail:
     model_free(m);
     return s;
+}
+
+/* With several ranks, every rank must know before any compute whether all of
+ * them loaded their shard with the same config; otherwise the ranks that did
+ * would wait forever in the first all-reduce for those that did not. */
+ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
+{
+    *out = NULL;
+    ds_model *m = NULL;
+    ds_status s = load_rank(&m, dir, cfg, opt);
+    ds_comm *comm = opt ? opt->comm : NULL;
+    if (!comm || comm->world_size == 1) {
+        if (!s) *out = m;
+        return s;
+    }
+    /* a config that differs between ranks is the likelier root cause of a failed load, so it wins */
+    char *json = config_to_json(cfg);
+    ds_status same = dist_check_same(comm, json ? json : "", json ? strlen(json) : 0, "the model config");
+    if (!json && !same) same = ds_errorf(DS_ERR_NOMEM, "out of memory comparing the config across ranks");
+    free(json);
+    if (same) s = same;
+    if (comm->failed) {
+        model_free(m);
+        return s;
+    }
+    if ((s = dist_agree(comm, s))) {
+        model_free(m);
+        return s;
+    }
+    *out = m;
+    return DS_OK;
 }
 
 void model_free(ds_model *m)

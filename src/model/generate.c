@@ -1,0 +1,149 @@
+/* generate.c - prefill with prefix reuse, batched decode, the generation loop. */
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PREFILL_CHUNK 256
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx)
+{
+    ds_gen *g = calloc(1, sizeof *g);
+    if (!g) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    g->m = m;
+    g->n_seq = n_seq;
+    g->ctx = ctx;
+    g->vocab = m->cfg.vocab_size;
+    ds_status s = kvcache_new(&g->kv, m, n_seq, ctx);
+    if (s) {
+        free(g);
+        return s;
+    }
+    g->cached = calloc((size_t)n_seq, sizeof *g->cached);
+    g->n_cached = calloc((size_t)n_seq, sizeof *g->n_cached);
+    g->logits = malloc(sizeof(float) * (size_t)n_seq * g->vocab);
+    for (int i = 0; g->cached && i < n_seq; i++)
+        if (!(g->cached[i] = malloc(sizeof(int32_t) * (size_t)ctx))) break;
+    if (!g->cached || !g->n_cached || !g->logits || !g->cached[n_seq - 1]) {
+        gen_free(g);
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for %d sequences of %d tokens", n_seq, ctx);
+    }
+    *out = g;
+    return DS_OK;
+}
+
+void gen_free(ds_gen *g)
+{
+    if (!g) return;
+    for (int i = 0; g->cached && i < g->n_seq; i++) free(g->cached[i]);
+    free(g->cached);
+    free(g->n_cached);
+    free(g->logits);
+    kvcache_free(g->kv);
+    free(g);
+}
+
+ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
+{
+    if (n < 1) return ds_errorf(DS_ERR_ARG, "empty prompt");
+    if (n > g->ctx)
+        return ds_errorf(DS_ERR_RANGE, "prompt of %d tokens exceeds the context of %d tokens%s", n, g->ctx,
+                         g->ctx == g->m->cfg.max_seq_len ? " (max_seq_len)" : " (raise --ctx-size)");
+    int keep = 0, have = g->n_cached[seq];
+    while (keep < have && keep < n && g->cached[seq][keep] == toks[keep]) keep++;
+    if (keep == n) keep = n - 1; /* recompute the last token to get its logits */
+    g->n_cached[seq] = keep;
+    int *sq = malloc(sizeof(int) * PREFILL_CHUNK), *pos = malloc(sizeof(int) * PREFILL_CHUNK);
+    bool *want = calloc(PREFILL_CHUNK, 1);
+    ds_status s = DS_OK;
+    if (!sq || !pos || !want) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    double t0 = now_s();
+    for (int i = keep; !s && i < n; i += PREFILL_CHUNK) {
+        int c = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+        for (int j = 0; j < c; j++) {
+            sq[j] = seq;
+            pos[j] = i + j;
+            want[j] = i + j == n - 1;
+        }
+        s = model_forward(g->m, g->kv, c, toks + i, sq, pos, want, g->logits + (size_t)seq * g->vocab);
+        if (!s) {
+            memcpy(g->cached[seq] + i, toks + i, sizeof(int32_t) * (size_t)c);
+            g->n_cached[seq] = i + c;
+        }
+    }
+    g->prefill_s += now_s() - t0;
+    g->prefill_tokens += n - keep;
+    free(sq);
+    free(pos);
+    free(want);
+    return s;
+}
+
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks)
+{
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    bool *want = malloc((size_t)n);
+    float *lg = malloc(sizeof(float) * (size_t)n * g->vocab);
+    ds_status s = DS_OK;
+    if (!pos || !want || !lg) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < n; i++) {
+        pos[i] = g->n_cached[seqs[i]];
+        want[i] = true;
+        if (pos[i] >= g->ctx) s = ds_errorf(DS_ERR_RANGE, "sequence %d reached the context end (%d tokens)", seqs[i], g->ctx);
+    }
+    double t0 = now_s();
+    if (!s) s = model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
+    g->decode_s += now_s() - t0;
+    for (int i = 0; !s && i < n; i++) {
+        memcpy(g->logits + (size_t)seqs[i] * g->vocab, lg + (size_t)i * g->vocab, sizeof(float) * (size_t)g->vocab);
+        g->cached[seqs[i]][g->n_cached[seqs[i]]++] = toks[i];
+        g->decode_tokens++;
+    }
+    free(pos);
+    free(want);
+    free(lg);
+    return s;
+}
+
+ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *lens, int max_new, int32_t eos_id,
+                  ds_sampler *samplers, gen_token_fn on_token, void *ud, int32_t **out, int *n_out)
+{
+    ds_status s = DS_OK;
+    int *active = malloc(sizeof(int) * (size_t)n);
+    int32_t *next = malloc(sizeof(int32_t) * (size_t)n);
+    if (!active || !next) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        out[i] = malloc(sizeof(int32_t) * (size_t)(max_new > 0 ? max_new : 1));
+        n_out[i] = 0;
+        if (!out[i]) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
+    int n_active = 0;
+    for (int i = 0; i < n; i++) active[n_active++] = i;
+    for (int step = 0; !s && step < max_new && n_active > 0; step++) {
+        int k = 0;
+        for (int a = 0; a < n_active; a++) {
+            int i = active[a];
+            int32_t t = sampler_pick(&samplers[i], g->logits + (size_t)i * g->vocab, g->cached[i], g->n_cached[i]);
+            if (t == eos_id) continue;
+            out[i][n_out[i]++] = t;
+            int stop = on_token ? on_token(ud, i, t) : 0;
+            if (stop || n_out[i] >= max_new || g->n_cached[i] >= g->ctx) continue;
+            active[k] = i;
+            next[k++] = t;
+        }
+        n_active = k;
+        if (n_active) s = gen_step(g, n_active, active, next);
+    }
+    free(active);
+    free(next);
+    return s;
+}

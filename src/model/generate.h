@@ -1,0 +1,46 @@
+/* generate.h - the generation loop: prompts in, tokens out, streamed.
+ *
+ * A ds_gen owns the KV cache rows of up to n_seq sequences and remembers which
+ * tokens each row holds, so a new prompt that extends a row's tokens (the next
+ * turn of a chat) only computes the new suffix. Prefill runs in chunks; decode
+ * steps batch one token of every active sequence. */
+#ifndef DS_GENERATE_H
+#define DS_GENERATE_H
+
+#include "model/model.h"
+#include "model/sampler.h"
+
+typedef struct {
+    ds_model *m;
+    ds_kvcache *kv;
+    int n_seq, ctx, vocab;
+    int32_t **cached;      /* per sequence: the tokens whose KV is in the cache */
+    int *n_cached;
+    float *logits;         /* per sequence: logits after its last token (n_seq, vocab) */
+    /* statistics for the tokens/s report */
+    long prefill_tokens, decode_tokens;
+    double prefill_s, decode_s;
+} ds_gen;
+
+ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx);
+void gen_free(ds_gen *g);
+
+/* Makes row `seq` hold exactly toks[0..n): keeps the longest common prefix with
+ * what it holds and computes the rest. Leaves the last token's logits in
+ * g->logits[seq]. A prompt longer than the context is DS_ERR_RANGE. */
+ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n);
+
+/* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. */
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks);
+
+/* Called for each new token of sequence seq; return non-zero to stop it. */
+typedef int (*gen_token_fn)(void *ud, int seq, int32_t tok);
+
+/* Generates for n prompts at once (n <= n_seq): prefill each, then decode in
+ * lockstep until every sequence has produced eos_id or max_new tokens, or
+ * reached the context end. out[i] receives the completion (eos excluded,
+ * malloc'ed), n_out[i] its length. */
+ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *lens, int max_new, int32_t eos_id,
+                  ds_sampler *samplers, gen_token_fn on_token, void *ud, int32_t **out, int *n_out);
+
+#endif

@@ -1,0 +1,43 @@
+/* sampler.h - choosing the next token from logits.
+ *
+ * temperature <= 0 is greedy (argmax, as the reference). Otherwise, in order:
+ * repetition penalty on tokens already in the sequence (CTRL's rule: a
+ * positive logit is divided by the penalty, a negative one multiplied),
+ * division by the temperature, top-k, top-p (the smallest set of tokens whose
+ * probability reaches p), then a draw from the renormalised distribution. The
+ * reference's draw (softmax, then argmax of p / Exp(1)) is the same
+ * distribution; --seed makes the draws reproducible. */
+#ifndef DS_SAMPLER_H
+#define DS_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/rng.h"
+#include "base/status.h"
+
+typedef struct {
+    float temperature;        /* 0: greedy */
+    int top_k;                /* 0: off */
+    float top_p;              /* 1: off */
+    float repetition_penalty; /* 1: off */
+} ds_sampling;
+
+typedef struct {
+    ds_sampling p;
+    rng_state rng;
+    int vocab;
+    float *probs;             /* scratch (vocab) */
+    int *order;               /* scratch (vocab) */
+} ds_sampler;
+
+/* Returns DS_ERR_ARG for impossible settings (negative temperature is allowed
+ * and means greedy; top_p outside (0, 1]; top_k < 0; penalty <= 0). */
+ds_status sampler_init(ds_sampler *s, const ds_sampling *p, uint64_t seed, int vocab);
+void sampler_free(ds_sampler *s);
+
+/* Picks a token. logits (vocab) may be modified. history: tokens seen so far
+ * in this sequence (for the repetition penalty). */
+int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history);
+
+#endif

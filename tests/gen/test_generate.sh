@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# test_generate.sh - dsv3 generate end to end on a synthetic checkpoint with
+# DeepSeek-V3's real tokenizer:
+#  - greedy batch generation equals the argmax chain of `dsv3 logits` run step
+#    by step (the model issue's logits path), for several prompts at once;
+#  - the REPL driven through a pipe: turns, /clear, /exit and end of input;
+#  - bad input: empty input file, unknown flag, prompt longer than
+#    max_seq_len, invalid UTF-8, missing tokenizer files.
+set -u
+bin=${DSV3_BIN:-build/dsv3}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+fails=0; passes=0
+ok() { passes=$((passes+1)); }
+bad() { echo "FAIL: $*" >&2; fails=$((fails+1)); }
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+
+tokdir="$root/.cache/tokenizer"
+[ -f "$tokdir/tokenizer.json" ] || "$root/scripts/fetch_tokenizer.sh" "$tokdir" >/dev/null 2>&1
+[ -f "$tokdir/tokenizer.json" ] || { echo "FAIL: no tokenizer files (scripts/fetch_tokenizer.sh)"; echo "generate: 0 passed, 1 failed"; exit 1; }
+
+cfg="$root/configs/config_demo.json"
+"$bin" synth --config "$cfg" --out "$tmp/m" --dtype fp8 --seed 7 --tokenizer "$tokdir" >/dev/null 2>&1 || bad "synth"
+
+# 1. greedy batch generation == step-by-step argmax of dsv3 logits
+printf 'Hello, who are you?\nWrite a haiku about the sea.\n' > "$tmp/p.txt"
+N=6
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/p.txt" --temperature 0 \
+    --max-new-tokens $N --print-ids > "$tmp/gen.out" 2> "$tmp/gen.err" || bad "generate batch: $(cat "$tmp/gen.err")"
+i=0
+while IFS= read -r prompt; do
+  i=$((i+1))
+  printf '[{"role":"user","content":%s}]' "$(node -e 'console.log(JSON.stringify(process.argv[1]))' "$prompt")" > "$tmp/chat.json"
+  ids=$("$bin" tokenize --tokenizer "$tmp/m" --chat "$tmp/chat.json" --add-generation-prompt) || { bad "tokenize"; continue; }
+  seq=$(echo $ids | tr ' ' ',')
+  want=""
+  for s in $(seq 1 $N); do
+    "$bin" logits --ckpt-path "$tmp/m" --config "$cfg" --tokens "$seq" --out "$tmp/l.st" 2>/dev/null || { bad "logits"; break; }
+    t=$(node "$root/tests/gen/argmax.js" "$tmp/l.st")
+    [ "$t" = 1 ] && break   # eos
+    want="$want $t"; seq="$seq,$t"
+  done
+  got=$(grep '^Ids:' "$tmp/gen.out" | sed -n "${i}p" | sed 's/^Ids://')
+  if [ "$(echo $got)" = "$(echo $want)" ]; then ok; else bad "prompt $i: generate gave [$got], logits path [$want]"; fi
+done < "$tmp/p.txt"
+grep -q '^Prompt: Hello, who are you?$' "$tmp/gen.out" && grep -q '^Completion: ' "$tmp/gen.out" && ok || bad "batch output format"
+grep -q 'tokens/s' "$tmp/gen.err" && ok || bad "speed report on stderr"
+grep -q 'tokens/s' "$tmp/gen.out" && bad "speed report leaked to stdout" || ok
+
+# more prompts than max_batch_size (4 in config_demo): processed in batches
+for k in 1 2 3 4 5 6; do echo "prompt number $k"; done > "$tmp/p6.txt"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/p6.txt" --max-new-tokens 2 --seed 3 > "$tmp/g6.out" 2>/dev/null \
+  && [ "$(grep -c '^Prompt:' "$tmp/g6.out")" = 6 ] && ok || bad "6 prompts with max_batch_size 4"
+
+# 2. REPL through a pipe
+out=$(printf 'hi\n/clear\nhello again\n/exit\nnever read\n' | "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" \
+      --interactive --max-new-tokens 3 --temperature 0 2>"$tmp/repl.err"); rc=$?
+[ $rc = 0 ] && ok || bad "REPL exit code $rc: $(cat "$tmp/repl.err")"
+[ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 4 ] && ok || bad "REPL prompts: $out"
+out=$(printf 'hi\n' | "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --interactive --max-new-tokens 2 2>/dev/null); rc=$?
+[ $rc = 0 ] && ok || bad "REPL end of input exit code $rc"
+
+# 3. bad input
+: > "$tmp/empty.txt"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/empty.txt" 2>"$tmp/e" >/dev/null
+[ $? -ne 0 ] && grep -q 'no prompts' "$tmp/e" && ok || bad "empty input file: $(cat "$tmp/e")"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --interactive --bogus 2>"$tmp/e" >/dev/null
+[ $? -ne 0 ] && grep -q "unknown flag '--bogus'" "$tmp/e" && ok || bad "unknown flag"
+node -e 'const c=require(process.argv[1]);c.max_seq_len=16;console.log(JSON.stringify(c))' "$cfg" > "$tmp/short.json"
+echo "this prompt is certainly longer than sixteen tokens once the chat template has wrapped it in markup" > "$tmp/long.txt"
+"$bin" generate --ckpt-path "$tmp/m" --config "$tmp/short.json" --input-file "$tmp/long.txt" 2>"$tmp/e" >/dev/null
+[ $? -ne 0 ] && grep -q 'exceeds' "$tmp/e" && ok || bad "prompt longer than max_seq_len: $(cat "$tmp/e")"
+out=$(printf 'this prompt is certainly longer than sixteen tokens once wrapped\nhi\n/exit\n' | "$bin" generate --ckpt-path "$tmp/m" \
+      --config "$tmp/short.json" --interactive --max-new-tokens 1 2>"$tmp/e"); rc=$?
+[ $rc = 0 ] && grep -q 'exceeds' "$tmp/e" && [ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 3 ] && ok \
+  || bad "REPL: long prompt should give a message and the next prompt ($rc, $(cat "$tmp/e"))"
+printf 'caf\xe9 \xff\xfe invalid utf-8\n' > "$tmp/bad_utf8.txt"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/bad_utf8.txt" --max-new-tokens 2 >/dev/null 2>"$tmp/e" \
+  && ok || bad "invalid UTF-8 prompt should be encoded by the replacement rule: $(cat "$tmp/e")"
+mkdir "$tmp/notok"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --tokenizer "$tmp/notok" --interactive 2>"$tmp/e" </dev/null >/dev/null
+[ $? -ne 0 ] && grep -q 'tokenizer.json' "$tmp/e" && ok || bad "missing tokenizer: $(cat "$tmp/e")"
+echo '{"model": ' > "$tmp/notok/tokenizer.json"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --tokenizer "$tmp/notok" --interactive 2>"$tmp/e" </dev/null >/dev/null
+[ $? -ne 0 ] && grep -q 'tokenizer.json' "$tmp/e" && ok || bad "malformed tokenizer: $(cat "$tmp/e")"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" 2>"$tmp/e" >/dev/null
+[ $? -eq 2 ] && ok || bad "neither --interactive nor --input-file"
+
+echo "generate: $passes passed, $fails failed"
+[ $fails = 0 ]
