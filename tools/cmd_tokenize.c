@@ -1,0 +1,111 @@
+/* cmd_tokenize.c - `dsv3 tokenize`: print the token ids of a text or of a
+ * chat rendered with the tokenizer's chat template. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "cmds.h"
+#include "tok/tokenizer.h"
+
+static const char usage[] =
+    "--tokenizer DIR (--text S | --chat FILE [--add-generation-prompt]) [--pieces]";
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
+    size_t n = 0, cap = 4096;
+    char *b = malloc(cap);
+    while (b) {
+        n += fread(b + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        char *nb = realloc(b, cap *= 2);
+        if (!nb) free(b);
+        b = nb;
+    }
+    int err = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!b || err) {
+        free(b);
+        return NULL;
+    }
+    b[n] = '\0';
+    *len = n;
+    return b;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    const char *dir = NULL, *text = NULL, *chat = NULL, *tmpl_path = NULL, *vars = NULL;
+    bool gen = false, pieces = false, plain = false, parse_all = false, render_only = false;
+    const arg_spec specs[] = {
+        {"--tokenizer", ARG_STR, &dir, true, "DIR  directory with tokenizer.json and tokenizer_config.json"},
+        {"--text", ARG_STR, &text, false, "S  text to encode (special-token strings become their ids)"},
+        {"--plain", ARG_BOOL, &plain, false, "with --text: special-token strings are plain text"},
+        {"--chat", ARG_STR, &chat, false, "FILE  JSON array of messages ('-' for stdin)"},
+        {"--add-generation-prompt", ARG_BOOL, &gen, false, "with --chat: end with the assistant prompt"},
+        {"--template", ARG_STR, &tmpl_path, false, "FILE  chat template to use instead of tokenizer_config's"},
+        {"--vars", ARG_STR, &vars, false, "JSON  extra template variables, e.g. '{\"thinking\": true}'"},
+        {"--parse-all", ARG_BOOL, &parse_all, false, "with --chat: parse special tokens in message content too"},
+        {"--render", ARG_BOOL, &render_only, false, "with --chat: print the rendered text instead of ids"},
+        {"--pieces", ARG_BOOL, &pieces, false, "also print one \"id<TAB>token\" line per token"},
+    };
+    int n_specs = (int)(sizeof specs / sizeof *specs);
+    int rc = args_parse(argc, argv, specs, n_specs, usage);
+    if (rc) return rc == 1 ? 0 : rc;
+    if (!!text == !!chat) {
+        fprintf(stderr, "dsv3 tokenize: give exactly one of --text and --chat\n");
+        args_usage(argv[0], usage, specs, n_specs);
+        return 2;
+    }
+    tok_tokenizer *t;
+    if (tok_load(&t, dir)) return args_fail(argv[0]);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ds_status s;
+    char *tmpl = NULL;
+    if (text) {
+        s = tok_encode(t, text, strlen(text), plain ? 0 : TOK_PARSE_SPECIAL, &ids, &n);
+    } else {
+        size_t len;
+        char *msgs = slurp(chat, &len);
+        if (!msgs) {
+            fprintf(stderr, "dsv3 tokenize: --chat %s: cannot read the file\n", chat);
+            tok_free(t);
+            return 1;
+        }
+        if (tmpl_path && !(tmpl = slurp(tmpl_path, &len))) {
+            fprintf(stderr, "dsv3 tokenize: --template %s: cannot read the file\n", tmpl_path);
+            free(msgs);
+            tok_free(t);
+            return 1;
+        }
+        tok_chat_opts o = {.add_generation_prompt = gen, .extra_vars_json = vars, .template_text = tmpl,
+                           .parse_all = parse_all};
+        char *out = NULL;
+        s = tok_encode_chat(t, msgs, &o, &ids, &n, render_only ? &out : NULL);
+        if (!s && render_only) fputs(out, stdout);
+        free(out);
+        free(msgs);
+        if (!s && render_only) {
+            free(ids);
+            free(tmpl);
+            tok_free(t);
+            return 0;
+        }
+    }
+    free(tmpl);
+    if (s) {
+        rc = args_fail(argv[0]);
+        tok_free(t);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    if (pieces)
+        for (size_t i = 0; i < n; i++) printf("%d\t%s\n", ids[i], tok_id_to_piece(t, ids[i]));
+    free(ids);
+    tok_free(t);
+    return 0;
+}
