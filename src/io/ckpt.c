@@ -132,8 +132,10 @@ static ds_status read_index(const char *path, json_t **map_out)
     json_t *v;
     json_object_foreach(wm, k, v) {
         if (!json_is_string(v)) {
+            /* format before the decref: k points into root */
+            ds_status s = ds_errorf(DS_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name string", path, k);
             json_decref(root);
-            return ds_errorf(DS_ERR_FORMAT, "%s: weight_map entry '%s' is not a file name string", path, k);
+            return s;
         }
         if (!ckpt_safe_name(json_string_value(v))) {
             ds_status s = ds_errorf(DS_ERR_FORMAT, "%s: weight_map entry '%s' names '%s', which is not a "
@@ -167,14 +169,14 @@ ds_status ckpt_open_dir(ds_ckpt **out, const char *dir)
         strmap seen = {0};
         const char *k;
         json_t *v;
+        if (!names) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
         json_object_foreach(wm, k, v) {
             const char *fn = json_string_value(v);
-            if (!strmap_get(&seen, fn)) {
-                strmap_put(&seen, fn, (void *)fn);
-                names[n++] = fn;
-            }
+            if (s || strmap_get(&seen, fn)) continue;
+            if ((s = strmap_put(&seen, fn, (void *)fn))) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+            else names[n++] = fn;
         }
-        s = ckpt_new(&c, dir, n);
+        if (!s) s = ckpt_new(&c, dir, n);
         for (size_t i = 0; !s && i < n; i++) {
             char *p = ckpt_join(dir, names[i]);
             s = p ? add_file(c, p) : ds_errorf(DS_ERR_NOMEM, "out of memory");

@@ -18,7 +18,7 @@ tokdir="$root/.cache/tokenizer"
 [ -f "$tokdir/tokenizer.json" ] || "$root/scripts/fetch_tokenizer.sh" "$tokdir" >/dev/null 2>&1
 [ -f "$tokdir/tokenizer.json" ] || { echo "FAIL: no tokenizer files (scripts/fetch_tokenizer.sh)"; echo "generate: 0 passed, 1 failed"; exit 1; }
 
-cfg="$root/configs/config_demo.json"
+cfg="$root/tests/gen/config_gen.json"
 "$bin" synth --config "$cfg" --out "$tmp/m" --dtype fp8 --seed 7 --tokenizer "$tokdir" >/dev/null 2>&1 || bad "synth"
 
 # 1. greedy batch generation == step-by-step argmax of dsv3 logits
@@ -58,6 +58,29 @@ out=$(printf 'hi\n/clear\nhello again\n/exit\nnever read\n' | "$bin" generate --
 [ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 4 ] && ok || bad "REPL prompts: $out"
 out=$(printf 'hi\n' | "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --interactive --max-new-tokens 2 2>/dev/null); rc=$?
 [ $rc = 0 ] && ok || bad "REPL end of input exit code $rc"
+
+# the REPL in a terminal: tmux types, reads the screen, /clear, /exit
+if command -v tmux >/dev/null; then
+  sock="$tmp/tmux.sock"
+  tmux -S "$sock" new-session -d -x 200 -y 50 "$bin generate --ckpt-path $tmp/m --config $cfg --interactive --max-new-tokens 3 --temperature 0; echo EXITED \$?; sleep 30"
+  wait_for() { for _ in $(seq 1 100); do tmux -S "$sock" capture-pane -p | grep -q "$1" && return 0; sleep 0.2; done; return 1; }
+  wait_for '>>>' && ok || bad "tmux: no prompt"
+  tmux -S "$sock" send-keys 'Hello there' Enter
+  for _ in $(seq 1 100); do [ "$(tmux -S "$sock" capture-pane -p | grep -c '^>>>')" -ge 2 ] && break; sleep 0.2; done
+  [ "$(tmux -S "$sock" capture-pane -p | grep -c '^>>>')" -ge 2 ] && ok || bad "tmux: no second prompt after a reply"
+  tmux -S "$sock" send-keys '/clear' Enter
+  for _ in $(seq 1 50); do [ "$(tmux -S "$sock" capture-pane -p | grep -c '^>>>')" -ge 3 ] && break; sleep 0.2; done
+  tmux -S "$sock" send-keys '/exit' Enter
+  wait_for 'EXITED 0' && ok || bad "tmux: /exit did not end the REPL cleanly: $(tmux -S "$sock" capture-pane -p)"
+  tmux -S "$sock" kill-server 2>/dev/null
+  # Ctrl-D at the prompt
+  tmux -S "$sock" new-session -d -x 200 -y 50 "$bin generate --ckpt-path $tmp/m --config $cfg --interactive; echo EXITED \$?; sleep 30"
+  wait_for '>>>' && tmux -S "$sock" send-keys C-d
+  wait_for 'EXITED 0' && ok || bad "tmux: Ctrl-D did not exit cleanly"
+  tmux -S "$sock" kill-server 2>/dev/null
+else
+  bad "tmux is not installed (scripts/setup.sh installs it)"
+fi
 
 # 3. bad input
 : > "$tmp/empty.txt"
