@@ -44,5 +44,15 @@ test)
   cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
+  # The CUDA backend must keep compiling where nvcc exists; its tests skip
+  # without a GPU (scripts/gpu_check.sh runs them on a GPU machine).
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+  if [ -n "$nvcc" ]; then
+    cmake -S . -B build-cuda -DDSV3_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build build-cuda -j"$jobs"
+    ctest --test-dir build-cuda --output-on-failure -R cuda
+  else
+    echo "setup: nvcc not found; the CUDA backend was not built" >&2
+  fi
   ;;
 esac

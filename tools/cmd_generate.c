@@ -11,6 +11,7 @@
 
 #include "args.h"
 #include "cmds.h"
+#include "device.h"
 #include "dist/dist.h"
 #include "model/generate.h"
 #include "tok/tokenizer.h"
@@ -18,7 +19,7 @@
 #define USAGE "--ckpt-path DIR --config FILE (--interactive | --input-file FILE) [flags]"
 
 typedef struct {
-    const char *ckpt, *config, *input_file, *tokenizer_dir, *system_prompt, *attn, *gemm;
+    const char *ckpt, *config, *input_file, *tokenizer_dir, *system_prompt, *attn, *gemm, *device;
     bool interactive, print_ids, parse_special, ref_kernels;
     int max_new, top_k, ctx;
     double temperature, top_p, rep_penalty;
@@ -280,7 +281,7 @@ static int batch(gen_ctx *c)
 
 int cmd_generate(int argc, char **argv)
 {
-    gen_ctx c = {.attn = "absorb", .gemm = "bf16", .max_new = 200, .temperature = 0.2, .top_p = 1.0,
+    gen_ctx c = {.attn = "absorb", .gemm = "bf16", .device = "auto", .max_new = 200, .temperature = 0.2, .top_p = 1.0,
                  .rep_penalty = 1.0, .seed = 965};
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &c.ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
@@ -300,7 +301,8 @@ int cmd_generate(int argc, char **argv)
         {"--gemm-impl", ARG_STR, &c.gemm, false, "bf16|fp8"},
         {"--print-ids", ARG_BOOL, &c.print_ids, false, "      batch mode: also print the completion's token ids"},
         {"--parse-special", ARG_BOOL, &c.parse_special, false, "      let special-token text in messages act as control tokens (reference behaviour)"},
-        {"--ref-kernels", ARG_BOOL, &c.ref_kernels, false, "      use the scalar reference kernels"},
+        {"--device", ARG_STR, &c.device, false, "cpu|cuda|auto (auto: CUDA when built in and a GPU is present)"},
+        {"--ref-kernels", ARG_BOOL, &c.ref_kernels, false, "      use the scalar reference kernels (CPU)"},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
     if (rc) return rc == 1 ? 0 : rc;
@@ -313,14 +315,14 @@ int cmd_generate(int argc, char **argv)
         return 2;
     }
     ds_model_opts o = {.attn = strcmp(c.attn, "naive") ? DS_ATTN_ABSORB : DS_ATTN_NAIVE,
-                       .gemm = strcmp(c.gemm, "fp8") ? DS_GEMM_BF16 : DS_GEMM_FP8, .ops = cpu_backend(!c.ref_kernels)};
+                       .gemm = strcmp(c.gemm, "fp8") ? DS_GEMM_BF16 : DS_GEMM_FP8};
     if ((strcmp(c.attn, "absorb") && strcmp(c.attn, "naive")) || (strcmp(c.gemm, "bf16") && strcmp(c.gemm, "fp8"))) {
         fprintf(stderr, "dsv3 generate: --attn-impl is absorb|naive and --gemm-impl is bf16|fp8\n");
         return 2;
     }
     ds_config cfg;
     rc = 1;
-    if (dist_init(&argc, &argv, &c.comm) || config_load(&cfg, c.config) ||
+    if (dist_init(&argc, &argv, &c.comm) || tool_backend(c.device, c.ref_kernels, &o.ops) || config_load(&cfg, c.config) ||
         tok_load(&c.tok, c.tokenizer_dir ? c.tokenizer_dir : c.ckpt))
         goto fail;
     o.comm = c.comm;
@@ -351,6 +353,7 @@ fail:
 done:
     gen_free(c.g);
     model_free(c.m);
+    tool_backend_release(o.ops);
     tok_free(c.tok);
     dist_finish(c.comm);
     return rc;

@@ -6,12 +6,13 @@
 
 #include "args.h"
 #include "cmds.h"
+#include "device.h"
 #include "dist/dist.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 
 #define USAGE "--ckpt-path DIR --config FILE --tokens 1,2,3 --out FILE [--all] [--stepwise] " \
-              "[--attn-impl absorb|naive] [--gemm-impl bf16|fp8] [--ref-kernels]"
+              "[--attn-impl absorb|naive] [--gemm-impl bf16|fp8] [--device cpu|cuda|auto] [--ref-kernels]"
 
 static ds_status write_logits(const char *path, const float *x, int rows, int vocab)
 {
@@ -30,6 +31,7 @@ static ds_status write_logits(const char *path, const float *x, int rows, int vo
 int cmd_logits(int argc, char **argv)
 {
     const char *ckpt = NULL, *config = NULL, *tokens = NULL, *out = NULL, *attn = "absorb", *gemm = "bf16";
+    const char *device = "auto";
     bool all = false, stepwise = false, ref = false;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
@@ -40,7 +42,8 @@ int cmd_logits(int argc, char **argv)
         {"--stepwise", ARG_BOOL, &stepwise, false, "     feed one token at a time through the KV cache"},
         {"--attn-impl", ARG_STR, &attn, false, "absorb|naive  attention form (default absorb)"},
         {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8  GEMM path for FP8 weights (default bf16)"},
-        {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
+        {"--device", ARG_STR, &device, false, "cpu|cuda|auto  backend (auto: CUDA when built in and a GPU is present)"},
+        {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels (CPU)"},
     };
     ds_comm *comm = NULL;
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
@@ -64,7 +67,6 @@ int cmd_logits(int argc, char **argv)
         fprintf(stderr, "dsv3 logits: --tokens must be comma-separated integers, got '%s'\n", tokens);
         return 2;
     }
-    o.ops = cpu_backend(!ref);
     ds_config cfg;
     ds_model *m = NULL;
     ds_kvcache *kv = NULL;
@@ -79,7 +81,7 @@ int cmd_logits(int argc, char **argv)
         pos[i] = i;
         want[i] = all || i == n - 1;
     }
-    if (dist_init(&argc, &argv, &comm) || config_load(&cfg, config)) goto fail;
+    if (dist_init(&argc, &argv, &comm) || tool_backend(device, ref, &o.ops) || config_load(&cfg, config)) goto fail;
     o.comm = comm;
     if (n > cfg.max_seq_len) {
         ds_errorf(DS_ERR_RANGE, "%d tokens exceed max_seq_len %d", n, cfg.max_seq_len);
@@ -87,7 +89,10 @@ int cmd_logits(int argc, char **argv)
     }
     if (model_load(&m, ckpt, &cfg, &o) || kvcache_new(&kv, m, 1, n)) goto fail;
     int rows = all ? n : 1;
-    if (!(logits = malloc(sizeof(float) * (size_t)rows * cfg.vocab_size))) goto done;
+    if (!(logits = malloc(sizeof(float) * (size_t)rows * cfg.vocab_size))) {
+        ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of logits", rows);
+        goto fail;
+    }
     if (stepwise) {
         for (int i = 0, r = 0; i < n; i++) {
             if (model_forward(m, kv, 1, tok + i, seq, pos + i, want + i, logits + (size_t)r * cfg.vocab_size)) goto fail;
@@ -96,14 +101,16 @@ int cmd_logits(int argc, char **argv)
     } else if (model_forward(m, kv, n, tok, seq, pos, want, logits)) {
         goto fail;
     }
+    if (tool_backend_status(o.ops)) goto fail;
     if (dist_rank(comm) == 0 && write_logits(out, logits, rows, cfg.vocab_size)) goto fail;
     rc = 0;
     goto done;
 fail:
-    rc = args_fail("logits");
+    rc = dist_fail(comm, "logits");
 done:
     kvcache_free(kv);
     model_free(m);
+    tool_backend_release(o.ops);
     dist_finish(comm);
     free(ids);
     free(tok);

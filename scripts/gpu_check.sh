@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# gpu_check.sh - on the GPU machine, runs the prebuilt CUDA tests (and, later,
+# benchmarks) from a build directory made elsewhere and carried along, and
+# prints one table of results. Nothing is compiled here.
+#
+#   scripts/gpu_check.sh [BUILD_DIR]       (default build-cuda)
+#
+# Build first, on the development machine:
+#   cmake -B build-cuda -DDSV3_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j
+# GPU_CHECK_SANITIZE=1 also runs test_cuda_ops under compute-sanitizer (memcheck).
+# Full logs go to $OUT/ when OUT is set (the device tool's output folder), else /tmp.
+# Then bench_cuda_ops prints per-op times at DeepSeek-V3 shapes against the HBM roofline.
+# Exit status: the number of failing programs (0: all passed).
+set -u
+cd "$(dirname "$0")/.."
+build=${1:-build-cuda}
+logdir=${OUT:-/tmp}
+mkdir -p "$logdir"
+export DSV3_GOLDEN=$PWD/tests/golden DSV3_TESTS=$PWD/tests
+
+if [ ! -d "$build" ]; then
+  echo "gpu_check: no build directory '$build' (carry it with the run)" >&2
+  exit 2
+fi
+
+# The CUDA runtime the binaries were linked against may live elsewhere here.
+find_prog() { find "$build" -maxdepth 3 -type f -name "$1" -perm -u+x | head -n1; }
+first=$(find_prog test_cuda_ops)
+if [ -n "$first" ] && ldd "$first" | grep -q "not found"; then
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/lib64 \
+           $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cu13", "lib") for p in nvidia.__path__))' 2>/dev/null); do
+    [ -d "$d" ] && LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d
+  done
+  export LD_LIBRARY_PATH
+  ldd "$first" | grep "not found" >&2 && echo "gpu_check: libraries still missing (above)" >&2
+fi
+
+echo "== device"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.sm,clocks.mem,temperature.gpu \
+  --format=csv,noheader 2>&1 | sed 's/^/   /'
+
+results=()
+fails=0
+run_prog() { # label name [wrapper...]
+  local label=$1 name=$2; shift 2
+  local bin; bin=$(find_prog "$name")
+  if [ -z "$bin" ]; then
+    results+=("$(printf '%-26s %-8s %s' "$label" MISSING "not in $build")")
+    fails=$((fails + 1))
+    return
+  fi
+  echo "== $label"
+  local log=$logdir/$label.log t0=$EPOCHREALTIME rc
+  "$@" "$bin" >"$log" 2>&1
+  rc=$?
+  local secs; secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  cat "$log"
+  local status=PASS
+  [ $rc -ne 0 ] && { status="FAIL($rc)"; fails=$((fails + 1)); }
+  grep -q "skipped: no GPU" "$log" && status=SKIPPED
+  results+=("$(printf '%-26s %-8s %6s s  %s' "$label" "$status" "$secs" \
+    "$(grep -E '^[a-z_0-9]+: [0-9]+ passed, [0-9]+ failed|ERROR SUMMARY' "$log" | tail -n1)")")
+}
+
+run_prog test_cuda_ops test_cuda_ops
+run_prog test_cuda_golden test_cuda_golden
+run_prog bench_cuda_ops bench_cuda_ops
+if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ]; then
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
+  if [ -n "$cs" ]; then
+    run_prog test_cuda_ops.memcheck test_cuda_ops "$cs" --tool memcheck --error-exitcode 99
+  else
+    results+=("$(printf '%-26s %-8s %s' test_cuda_ops.memcheck MISSING "no compute-sanitizer")")
+  fi
+fi
+
+echo "== summary ($build)"
+printf '%s\n' "${results[@]}"
+exit $fails

@@ -1,0 +1,424 @@
+/* cuda_gemm.cu - the products of the CUDA backend: matmul (F32, BF16 and FP8
+ * block-scaled weights against float32 activations), the FP8 GEMM path
+ * (act_quant + block-scaled e4m3 x e4m3 product), and matmul_t.
+ *
+ * Two kernels per product, both plain CUDA cores in float32:
+ *   gemv:  n <= 8 tokens (decode). One block of 4 warps per 4 weight rows
+ *          (1 row for n > 2), the warps splitting K; each lane reads 16 bytes
+ *          of each row at a time (4 F32, 8 BF16 or 16 FP8 weights) and applies them to every
+ *          token, so the weights stream once. Rows whose byte length is not a
+ *          multiple of 16 take a scalar-load variant.
+ *   tiled: n > 8 (prefill). 64 tokens x 64 rows per block through shared
+ *          memory, 4x4 outputs per thread; no tensor cores yet.
+ * The FP8 path keeps one byte per weight and per activation: a K-tile of 32
+ * lies inside one 128-block, so partial sums are scaled by s_x[i][kb] *
+ * s_w[r/128][kb] once per block, as the reference's fp8_gemm does.
+ *
+ * Cost (decode): a weight of R x K bytes is read once per call; for V3's
+ * expert matrices that is the whole of the time. Nothing here reaches HBM
+ * roofline yet: no split-K for short grids, no CUDA graphs, one launch per
+ * op and a device synchronisation after each. */
+#include <math.h>
+
+#include "cuda_internal.cuh"
+
+#define GEMV_NMAX 8
+#define GEMV_WARPS 4
+#define GEMV_ROWS 4
+#define TILE_M 64
+#define TILE_N 64
+#define TILE_K 32
+
+/* ---- act_quant: per 128-block of a row, s = max(amax, 1e-4) / 448, y = e4m3(x / s) */
+
+__device__ float act_scale(float amax, bool ue8m0)
+{
+    if (!(amax >= 1e-4f)) amax = 1e-4f;
+    float s = amax * (1.0f / 448.0f); /* the reciprocal, as Triton folds it (quant.c) */
+    if (ue8m0) {
+        int e;
+        float m = frexpf(s, &e);
+        s = m == 0.5f ? s : ldexpf(1.0f, e);
+    }
+    return s;
+}
+
+/* One warp per (row, block). */
+__global__ void act_quant_kernel(const float *__restrict__ x, int m, int k, uint8_t *__restrict__ y,
+                                 float *__restrict__ s, bool ue8m0)
+{
+    int gw = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    if (gw >= m * kb) return;
+    int i = gw / kb, b = gw % kb, k0 = b * DS_BLOCK, k1 = min(k0 + DS_BLOCK, k);
+    const float *xi = x + (size_t)i * k;
+    float amax = 0;
+    for (int j = k0 + lane; j < k1; j += 32) amax = fmaxf(amax, fabsf(xi[j]));
+    amax = cu_warp_max(amax);
+    float sc = act_scale(amax, ue8m0);
+    if (lane == 0) s[(size_t)i * kb + b] = sc;
+    for (int j = k0 + lane; j < k1; j += 32)
+        y[(size_t)i * k + j] = (uint8_t)__nv_cvt_float_to_fp8(xi[j] / sc, __NV_SATFINITE, __NV_E4M3);
+}
+
+/* ---- gemv: y[i][r] = sum_k x[i][k] W[row0 + r][k] for i < n <= 8 */
+
+/* Activations i .. i+E of a token: float32, or (QA) e4m3 bytes without their scale. */
+template <bool QA, bool VEC, int E>
+__device__ __forceinline__ void xload(const void *x, size_t i, float *out)
+{
+    if (QA) {
+        const uint8_t *p = (const uint8_t *)x + i;
+        if (VEC && E == 16) {
+            cu_wload16<DS_W_FP8>(p, 0, out);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) out[e] = cu_e4m3(p[e]);
+        }
+    } else {
+        const float *p = (const float *)x + i;
+        if (VEC) {
+            #pragma unroll
+            for (int e = 0; e < E; e += 4) {
+                float4 v = *(const float4 *)(p + e);
+                out[e] = v.x;
+                out[e + 1] = v.y;
+                out[e + 2] = v.z;
+                out[e + 3] = v.w;
+            }
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) out[e] = p[e];
+        }
+    }
+}
+
+/* The raw 16 bytes (VEC) or one element at element index i of a weight. */
+template <int F, bool VEC>
+__device__ __forceinline__ uint4 wraw(const void *w, size_t i)
+{
+    if (VEC) return *(const uint4 *)((const uint8_t *)w + i * cu_wsize<F>::v);
+    uint4 u = {0, 0, 0, 0};
+    if (F == DS_W_F32) u.x = ((const uint32_t *)w)[i];
+    else if (F == DS_W_BF16) u.x = ((const uint16_t *)w)[i];
+    else u.x = ((const uint8_t *)w)[i];
+    return u;
+}
+
+/* The E elements held in raw (see wraw) as float32. */
+template <int F, int E>
+__device__ __forceinline__ void wdecode(uint4 raw, float *out)
+{
+    if (E > 1) {
+        cu_wload16<F>(&raw, 0, out);
+    } else if (F == DS_W_F32) {
+        out[0] = __uint_as_float(raw.x);
+    } else if (F == DS_W_BF16) {
+        out[0] = cu_bf16((uint16_t)raw.x);
+    } else {
+        out[0] = cu_e4m3((uint8_t)raw.x);
+    }
+}
+
+/* One block of GEMV_WARPS warps per GEMV_ROWS weight rows, the warps splitting
+ * K. Each activation chunk is loaded once and applied to GEMV_ROWS rows, so
+ * activation traffic (4 bytes per FP8 weight byte per token) is divided by
+ * GEMV_ROWS, and each lane keeps GEMV_ROWS 16-byte weight loads in flight.
+ * F: weight format; QA: x is act_quant output (e4m3 bytes + xs scales), F == FP8;
+ * VEC: 16-byte loads (K * size(F) % 16 == 0 and x 16-byte aligned). */
+template <int F, bool QA, bool VEC, int NT, int RW>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
+            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows)
+{
+    constexpr int E = VEC ? 16 / cu_wsize<F>::v : 1;
+    __shared__ float red[GEMV_WARPS][RW][NT];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int r0 = blockIdx.x * RW, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    size_t base[RW];
+    const float *srow[RW];
+    #pragma unroll
+    for (int rr = 0; rr < RW; rr++) {
+        int gr = row0 + min(r0 + rr, rows - 1); /* past the end: repeat the last row, never written */
+        base[rr] = (size_t)gr * k;
+        srow[rr] = F == DS_W_FP8 ? ws + (size_t)(gr / DS_BLOCK) * kb : nullptr;
+    }
+    float acc[RW][NT];
+    #pragma unroll
+    for (int rr = 0; rr < RW; rr++)
+        #pragma unroll
+        for (int i = 0; i < NT; i++) acc[rr][i] = 0;
+    for (int c = threadIdx.x * E; c < k; c += GEMV_WARPS * 32 * E) {
+        uint4 raw[RW];
+        #pragma unroll
+        for (int rr = 0; rr < RW; rr++) raw[rr] = wraw<F, VEC>(w, base[rr] + c);
+        float s[RW];
+        #pragma unroll
+        for (int rr = 0; rr < RW; rr++) s[rr] = F == DS_W_FP8 ? srow[rr][c / DS_BLOCK] : 1.0f;
+        #pragma unroll
+        for (int i = 0; i < NT; i++) {
+            if (i >= n) break;
+            float xv[E];
+            xload<QA, VEC, E>(x, (size_t)i * k + c, xv);
+            float xsc = QA ? xs[(size_t)i * kb + c / DS_BLOCK] : 1.0f;
+            #pragma unroll
+            for (int rr = 0; rr < RW; rr++) {
+                float wv[E];
+                wdecode<F, E>(raw[rr], wv);
+                float part = 0;
+                #pragma unroll
+                for (int e = 0; e < E; e++) part += xv[e] * wv[e];
+                if (QA) part *= xsc;
+                acc[rr][i] += F == DS_W_FP8 ? part * s[rr] : part;
+            }
+        }
+    }
+    #pragma unroll
+    for (int rr = 0; rr < RW; rr++)
+        #pragma unroll
+        for (int i = 0; i < NT; i++) {
+            if (i >= n) break;
+            float v = cu_warp_sum(acc[rr][i]);
+            if (lane == 0) red[warp][rr][i] = v;
+        }
+    __syncthreads();
+    for (int o = threadIdx.x; o < RW * n; o += blockDim.x) {
+        int rr = o % RW, i = o / RW;
+        if (r0 + rr >= rows) continue;
+        float v = 0;
+        #pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][rr][i];
+        y[(size_t)i * rows + r0 + rr] = v;
+    }
+}
+
+/* ---- tiled: the same product for n > 8, 64 x 64 outputs per block of 256 threads */
+
+template <int F, bool QA>
+__global__ void __launch_bounds__(256)
+tiled_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
+             const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows)
+{
+    __shared__ float as[TILE_K][TILE_M + 4]; /* x tile, transposed: as[k][token] */
+    __shared__ float bs[TILE_K][TILE_N + 4]; /* weight tile, transposed: bs[k][row] */
+    int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    int i0 = blockIdx.y * TILE_M, r0 = blockIdx.x * TILE_N, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    float acc[4][4], part[4][4];
+    #pragma unroll
+    for (int a = 0; a < 4; a++)
+        #pragma unroll
+        for (int b = 0; b < 4; b++) acc[a][b] = part[a][b] = 0;
+    for (int k0 = 0; k0 < k; k0 += TILE_K) {
+        for (int e = threadIdx.x; e < TILE_M * TILE_K; e += blockDim.x) {
+            int i = e / TILE_K, kk = e % TILE_K, gi = i0 + i, gk = k0 + kk;
+            float v = 0;
+            if (gi < n && gk < k)
+                v = QA ? cu_e4m3(((const uint8_t *)x)[(size_t)gi * k + gk]) : ((const float *)x)[(size_t)gi * k + gk];
+            as[kk][i] = v;
+        }
+        for (int e = threadIdx.x; e < TILE_N * TILE_K; e += blockDim.x) {
+            int r = e / TILE_K, kk = e % TILE_K, gr = r0 + r, gk = k0 + kk;
+            float v = 0;
+            if (gr < rows && gk < k) {
+                v = cu_wload<F>(w, (size_t)(row0 + gr) * k + gk);
+                /* bf16 path: exact dequantisation, as cpu_dequant_row */
+                if (F == DS_W_FP8 && !QA) v *= ws[(size_t)((row0 + gr) / DS_BLOCK) * kb + gk / DS_BLOCK];
+            }
+            bs[kk][r] = v;
+        }
+        __syncthreads();
+        #pragma unroll 8
+        for (int kk = 0; kk < TILE_K; kk++) {
+            float av[4], bv[4];
+            #pragma unroll
+            for (int a = 0; a < 4; a++) av[a] = as[kk][ty * 4 + a];
+            #pragma unroll
+            for (int b = 0; b < 4; b++) bv[b] = bs[kk][tx * 4 + b];
+            #pragma unroll
+            for (int a = 0; a < 4; a++)
+                #pragma unroll
+                for (int b = 0; b < 4; b++) part[a][b] += av[a] * bv[b];
+        }
+        __syncthreads();
+        /* FP8 path: close the 128-block with both scales */
+        if (QA && ((k0 + TILE_K) % DS_BLOCK == 0 || k0 + TILE_K >= k)) {
+            int b0 = k0 / DS_BLOCK;
+            #pragma unroll
+            for (int a = 0; a < 4; a++)
+                #pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    int gi = i0 + ty * 4 + a, gr = r0 + tx * 4 + b;
+                    if (gi < n && gr < rows)
+                        acc[a][b] += part[a][b] * xs[(size_t)gi * kb + b0] * ws[(size_t)((row0 + gr) / DS_BLOCK) * kb + b0];
+                    part[a][b] = 0;
+                }
+        }
+    }
+    #pragma unroll
+    for (int a = 0; a < 4; a++)
+        #pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int gi = i0 + ty * 4 + a, gr = r0 + tx * 4 + b;
+            if (gi < n && gr < rows) y[(size_t)gi * rows + gr] = QA ? acc[a][b] : part[a][b];
+        }
+}
+
+/* ---- launchers */
+
+/* NT: tokens the kernel is compiled for (n rounded up), so registers match the
+ * batch; RW rows per block: 4 shares each activation load among 4 rows, but
+ * with many tokens the unrolled accumulators and activations would spill, so
+ * larger batches take one row per block. */
+template <int F, bool QA, int NT>
+static void launch_gemv(float *y, const void *x, const float *xs, int n, const cu_weight *w, int k, int row0,
+                        int rows)
+{
+    constexpr int RW = NT <= 2 ? GEMV_ROWS : 1;
+    bool vec = (size_t)k * cu_wsize<F>::v % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
+    dim3 grid(cu_blocks((size_t)rows, RW));
+    if (vec) gemv_kernel<F, QA, true, NT, RW><<<grid, GEMV_WARPS * 32>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+    else gemv_kernel<F, QA, false, NT, RW><<<grid, GEMV_WARPS * 32>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+}
+
+template <int F, bool QA>
+static void launch_product(float *y, const void *x, const float *xs, int n, const cu_weight *w, int k, int row0,
+                           int rows)
+{
+    if (n == 1) {
+        launch_gemv<F, QA, 1>(y, x, xs, n, w, k, row0, rows);
+    } else if (n == 2) {
+        launch_gemv<F, QA, 2>(y, x, xs, n, w, k, row0, rows);
+    } else if (n <= 4) {
+        launch_gemv<F, QA, 4>(y, x, xs, n, w, k, row0, rows);
+    } else if (n <= GEMV_NMAX) {
+        launch_gemv<F, QA, GEMV_NMAX>(y, x, xs, n, w, k, row0, rows);
+    } else {
+        dim3 grid(cu_blocks((size_t)rows, TILE_N), cu_blocks((size_t)n, TILE_M));
+        tiled_kernel<F, QA><<<grid, 256>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+    }
+}
+
+/* x (device) -> y e4m3 [m][k] and s [m][kb], both device. */
+static void launch_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0)
+{
+    size_t warps = (size_t)m * ((k + DS_BLOCK - 1) / DS_BLOCK);
+    act_quant_kernel<<<cu_blocks(warps * 32, 256), 256>>>(x, m, k, y, s, ue8m0);
+}
+
+void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+               bool ue8m0)
+{
+    if (n <= 0 || rows <= 0) return;
+    int k = w->cols, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    cu_io io = {};
+    cu_weight dw;
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * k);
+    float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * rows, false);
+    if (dx && dy && cu_weight_get(w, &dw)) {
+        if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) {
+            uint8_t *xq = (uint8_t *)cu_tmp(&io, (size_t)n * k);
+            float *xs = (float *)cu_tmp(&io, sizeof(float) * (size_t)n * kb);
+            if (xq && xs) {
+                launch_act_quant(dx, n, k, xq, xs, ue8m0);
+                launch_product<DS_W_FP8, true>(dy, xq, xs, n, &dw, k, row0, rows);
+            }
+        } else if (w->fmt == DS_W_FP8) {
+            launch_product<DS_W_FP8, false>(dy, dx, NULL, n, &dw, k, row0, rows);
+        } else if (w->fmt == DS_W_BF16) {
+            launch_product<DS_W_BF16, false>(dy, dx, NULL, n, &dw, k, row0, rows);
+        } else {
+            launch_product<DS_W_F32, false>(dy, dx, NULL, n, &dw, k, row0, rows);
+        }
+    }
+    cu_end(&io, "matmul");
+}
+
+/* ---- matmul_t: y[i][c] = sum_r x[i][r] W[row0 + r][c]; one thread per output,
+ * consecutive threads on consecutive columns so each weight row is read coalesced. */
+
+template <int F>
+__global__ void matmul_t_kernel(float *__restrict__ y, const float *__restrict__ x, int n,
+                                const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0,
+                                int rows)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (c >= cols) return;
+    int cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
+    const float *xi = x + (size_t)i * rows;
+    float acc = 0;
+    for (int r = 0; r < rows; r++) {
+        int gr = row0 + r;
+        float v = cu_wload<F>(w, (size_t)gr * cols + c);
+        if (F == DS_W_FP8) v *= ws[(size_t)(gr / DS_BLOCK) * cb + c / DS_BLOCK];
+        acc += xi[r] * v;
+    }
+    y[(size_t)i * cols + c] = acc;
+}
+
+void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    if (n <= 0) return;
+    int cols = w->cols;
+    cu_io io = {};
+    cu_weight dw;
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * rows);
+    float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * cols, false);
+    if (dy && (dx || rows == 0) && cu_weight_get(w, &dw)) {
+        dim3 grid(cu_blocks((size_t)cols, 128), (unsigned)n);
+        if (w->fmt == DS_W_FP8) matmul_t_kernel<DS_W_FP8><<<grid, 128>>>(dy, dx, n, dw.data, dw.scale, cols, row0, rows);
+        else if (w->fmt == DS_W_BF16) matmul_t_kernel<DS_W_BF16><<<grid, 128>>>(dy, dx, n, dw.data, NULL, cols, row0, rows);
+        else matmul_t_kernel<DS_W_F32><<<grid, 128>>>(dy, dx, n, dw.data, NULL, cols, row0, rows);
+    }
+    cu_end(&io, "matmul_t");
+}
+
+/* ---- the FP8 kernels on their own (tests) */
+
+extern "C" ds_status cuda_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0)
+{
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    cu_io io = {};
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)m * k);
+    uint8_t *dy = (uint8_t *)cu_out(&io, y, (size_t)m * k, false);
+    float *ds = (float *)cu_out(&io, s, sizeof(float) * (size_t)m * kb, false);
+    if (dx && dy && ds) launch_act_quant(dx, m, k, dy, ds, ue8m0);
+    cu_end(&io, "act_quant");
+    return cuda_backend_status();
+}
+
+extern "C" ds_status cuda_fp8_gemm(const uint8_t *y, const float *s, const uint8_t *w, const float *ws, int m, int n,
+                                   int k, float *out)
+{
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    cu_io io = {};
+    cu_weight dw;
+    const void *dy = cu_in(&io, y, (size_t)m * k);
+    const float *ds = (const float *)cu_in(&io, s, sizeof(float) * (size_t)m * kb);
+    dw.data = cu_in(&io, w, (size_t)n * k);
+    dw.scale = (const float *)cu_in(&io, ws, sizeof(float) * (size_t)((n + DS_BLOCK - 1) / DS_BLOCK) * kb);
+    float *dout = (float *)cu_out(&io, out, sizeof(float) * (size_t)m * n, false);
+    if (dy && ds && dw.data && dw.scale && dout) launch_product<DS_W_FP8, true>(dout, dy, ds, m, &dw, k, 0, n);
+    cu_end(&io, "fp8_gemm");
+    return cuda_backend_status();
+}
+
+__global__ void weight_dequant_kernel(const uint8_t *__restrict__ w, const float *__restrict__ s, int rows, int cols,
+                                      float *__restrict__ out)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * cols) return;
+    int r = (int)(i / cols), c = (int)(i % cols), cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
+    out[i] = cu_e4m3(w[i]) * s[(size_t)(r / DS_BLOCK) * cb + c / DS_BLOCK];
+}
+
+extern "C" ds_status cuda_weight_dequant(const uint8_t *w, const float *s, int rows, int cols, float *out)
+{
+    size_t ns = (size_t)((rows + DS_BLOCK - 1) / DS_BLOCK) * ((cols + DS_BLOCK - 1) / DS_BLOCK);
+    cu_io io = {};
+    const uint8_t *dw = (const uint8_t *)cu_in(&io, w, (size_t)rows * cols);
+    const float *ds = (const float *)cu_in(&io, s, sizeof(float) * ns);
+    float *dout = (float *)cu_out(&io, out, sizeof(float) * (size_t)rows * cols, false);
+    if (dw && ds && dout) weight_dequant_kernel<<<cu_blocks((size_t)rows * cols, 256), 256>>>(dw, ds, rows, cols, dout);
+    cu_end(&io, "weight_dequant");
+    return cuda_backend_status();
+}

@@ -1,0 +1,143 @@
+/* cuda_internal.cuh - what the CUDA backend's files share: error recording,
+ * the staging of op arguments between host and device, the weight cache and
+ * the element decoders (e4m3, bf16) used by the kernels. */
+#ifndef DS_CUDA_INTERNAL_CUH
+#define DS_CUDA_INTERNAL_CUH
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+extern "C" {
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+}
+
+/* ---- errors: ops return void, so a failure is recorded (sticky) and printed once */
+
+/* Records e if it is an error, naming what failed; returns true on success. */
+bool cu_check(cudaError_t e, const char *what);
+
+/* ---- staging: every pointer an op touches goes through a cu_io for the call */
+
+#define CU_IO_MAX 16
+
+typedef struct {
+    struct {
+        void *dev, *host;
+        size_t bytes;
+        bool back;   /* copy dev -> host at cu_end */
+        bool owned;  /* a cudaMalloc of its own (the arena was full) */
+    } b[CU_IO_MAX];
+    int n;
+    bool failed;
+} cu_io;
+
+/* A device-readable view of bytes at p: p itself when the device can read it
+ * (managed, device or mapped pinned memory), else a staged copy. */
+const void *cu_in(cu_io *io, const void *p, size_t bytes);
+/* A device-writable view of p; copy_in when the op also reads it. Staged
+ * copies are written back to p by cu_end. */
+void *cu_out(cu_io *io, void *p, size_t bytes, bool copy_in);
+/* Device scratch valid until cu_end (256-byte aligned, not zeroed). */
+void *cu_tmp(cu_io *io, size_t bytes);
+/* Checks the launches, synchronises the device, copies staged outputs back
+ * and releases the call's scratch. op names the op in error messages. */
+void cu_end(cu_io *io, const char *op);
+
+/* True when the device can dereference p directly. */
+bool cu_device_readable(const void *p);
+
+/* ---- weights */
+
+typedef struct {
+    const void *data;   /* device copy of w->data (full matrix) */
+    const float *scale; /* device copy of w->scale (FP8), else NULL */
+} cu_weight;
+
+/* The device copy of w, uploaded on first use; false (error recorded) if it
+ * could not be made. */
+bool cu_weight_get(const ds_weight *w, cu_weight *out);
+
+/* ---- element decoders */
+
+/* e4m3fn -> float32 by moving the bits: sign to bit 31, the 4 exponent and 3
+ * mantissa bits to bits 23..29, then * 2^(127-7) to rebias the exponent. Exact
+ * for every finite code, subnormals included (f32 subnormal * 2^120 is exact);
+ * the NaN codes 0x7f/0xff decode to +-480 (weights and act_quant outputs never
+ * hold them). Integer ops and one multiply: the hardware cvt from e4m3 has a
+ * low throughput on sm_90 and made the FP8 GEMV compute-bound. */
+__device__ __forceinline__ float cu_e4m3_bits(uint32_t b)
+{
+    return __uint_as_float(((b & 0x80u) << 24) | ((b & 0x7fu) << 20)) * 0x1p120f;
+}
+
+__device__ __forceinline__ float cu_e4m3(uint8_t b) { return cu_e4m3_bits(b); }
+
+__device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* Element i of a weight matrix stored as F (ds_wfmt), without its FP8 scale. */
+template <int F>
+__device__ __forceinline__ float cu_wload(const void *w, size_t i)
+{
+    if (F == DS_W_F32) return ((const float *)w)[i];
+    if (F == DS_W_BF16) return cu_bf16(((const uint16_t *)w)[i]);
+    return cu_e4m3(((const uint8_t *)w)[i]);
+}
+
+/* Bytes per element of format F. */
+template <int F>
+struct cu_wsize {
+    static constexpr int v = F == DS_W_F32 ? 4 : F == DS_W_BF16 ? 2 : 1;
+};
+
+/* Elements i .. i + 16/size of a matrix in format F from one 16-byte load
+ * (i must be a multiple of 16/size and the row 16-byte aligned). */
+template <int F>
+__device__ __forceinline__ void cu_wload16(const void *w, size_t i, float *out)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    uint4 u = *(const uint4 *)((const uint8_t *)w + i * cu_wsize<F>::v);
+    uint32_t p[4] = {u.x, u.y, u.z, u.w};
+    if (F == DS_W_F32) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) out[e] = __uint_as_float(p[e]);
+    } else if (F == DS_W_BF16) {
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            out[2 * e] = __uint_as_float(p[e] << 16);
+            out[2 * e + 1] = __uint_as_float(p[e] & 0xffff0000u);
+        }
+    } else {
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) out[4 * e + j] = cu_e4m3_bits(p[e] >> (8 * j));
+    }
+    (void)E;
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v)
+{
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v)
+{
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
+
+/* The scalar ops (cuda_ops.cu) and the products (cuda_gemm.cu). */
+void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+               bool ue8m0);
+void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+
+#endif

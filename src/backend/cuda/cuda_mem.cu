@@ -1,0 +1,330 @@
+/* cuda_mem.cu - memory for the CUDA backend: activation buffers, the staging
+ * of host arguments, the weight cache, and error recording.
+ *
+ * Activations come from cudaMallocManaged, so the host may read and write
+ * them between ops (each op synchronises before it returns). Arguments that
+ * are plain host memory are copied through a reusable device arena for the
+ * duration of one op. Weights (host mmap'd checkpoint data) are copied to
+ * cudaMalloc'd memory on first use, whole, one byte per FP8 weight plus its
+ * scales, and found again by their host data pointer in an open-addressing
+ * table. A cached copy is checked against a signature of the host bytes on
+ * every use (the first and last 256 bytes and the first scales) so that a
+ * pointer reused by a later mmap of different data is caught and re-uploaded;
+ * cuda_forget_weights() drops everything. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+extern "C" {
+#include "base/status.h"
+}
+
+/* ---- errors */
+
+static ds_status g_status = DS_OK;
+static char g_msg[512];
+
+bool cu_check(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return true;
+    if (g_status == DS_OK) {
+        g_status = e == cudaErrorMemoryAllocation ? DS_ERR_NOMEM : DS_ERR_INTERNAL;
+        snprintf(g_msg, sizeof g_msg, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+        fprintf(stderr, "dsv3 %s\n", g_msg);
+    }
+    return false;
+}
+
+extern "C" ds_status cuda_backend_status(void)
+{
+    ds_status s = g_status;
+    if (s == DS_OK) return DS_OK;
+    g_status = DS_OK;
+    return ds_errorf(s, "%s", g_msg);
+}
+
+extern "C" int cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+}
+
+/* ---- activation buffers */
+
+void *cu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = 256;
+    if (cudaMallocManaged(&p, bytes, cudaMemAttachGlobal) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (!cu_check(cudaMemset(p, 0, bytes), "alloc: memset") || !cu_check(cudaDeviceSynchronize(), "alloc")) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+void cu_free(void *p)
+{
+    if (p) cu_check(cudaFree(p), "free");
+}
+
+/* ---- staging */
+
+static char *g_arena;
+static size_t g_arena_cap, g_arena_used, g_arena_want;
+
+bool cu_device_readable(const void *p)
+{
+    cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    /* cudaMemoryTypeHost (pinned) is left to staging: its device alias may differ. */
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+static bool io_push(cu_io *io, void *dev, void *host, size_t bytes, bool back, bool owned)
+{
+    if (io->n == CU_IO_MAX) {
+        cu_check(cudaErrorInvalidValue, "too many staged arguments in one op");
+        io->failed = true;
+        return false;
+    }
+    io->b[io->n].dev = dev;
+    io->b[io->n].host = host;
+    io->b[io->n].bytes = bytes;
+    io->b[io->n].back = back;
+    io->b[io->n].owned = owned;
+    io->n++;
+    return true;
+}
+
+void *cu_tmp(cu_io *io, size_t bytes)
+{
+    size_t need = (bytes + 255) & ~(size_t)255;
+    if (need == 0) need = 256;
+    g_arena_want += need;
+    if (g_arena_used + need <= g_arena_cap) {
+        void *p = g_arena + g_arena_used;
+        g_arena_used += need;
+        return p;
+    }
+    /* The arena is full for this op: a separate allocation now, a larger arena next time. */
+    void *p = NULL;
+    if (!cu_check(cudaMalloc(&p, need), "staging allocation")) {
+        io->failed = true;
+        return NULL;
+    }
+    if (!io_push(io, p, NULL, 0, false, true)) {
+        cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+
+const void *cu_in(cu_io *io, const void *p, size_t bytes)
+{
+    if (!p || bytes == 0 || cu_device_readable(p)) return p;
+    void *d = cu_tmp(io, bytes);
+    if (!d) return NULL;
+    if (!cu_check(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice), "staging an argument")) {
+        io->failed = true;
+        return NULL;
+    }
+    return d;
+}
+
+void *cu_out(cu_io *io, void *p, size_t bytes, bool copy_in)
+{
+    if (!p || bytes == 0 || cu_device_readable(p)) return p;
+    void *d = copy_in ? (void *)cu_in(io, p, bytes) : cu_tmp(io, bytes);
+    if (!d) return NULL;
+    if (!io_push(io, d, p, bytes, true, false)) return NULL;
+    return d;
+}
+
+void cu_end(cu_io *io, const char *op)
+{
+    char what[96];
+    snprintf(what, sizeof what, "%s: launch", op);
+    cu_check(cudaGetLastError(), what);
+    snprintf(what, sizeof what, "%s: synchronize", op);
+    cu_check(cudaDeviceSynchronize(), what);
+    for (int i = 0; i < io->n; i++) {
+        if (io->b[i].back && !io->failed) {
+            snprintf(what, sizeof what, "%s: copying the result back", op);
+            cu_check(cudaMemcpy(io->b[i].host, io->b[i].dev, io->b[i].bytes, cudaMemcpyDeviceToHost), what);
+        }
+    }
+    for (int i = 0; i < io->n; i++)
+        if (io->b[i].owned) cudaFree(io->b[i].dev);
+    io->n = 0;
+    /* Grow the arena to what this op wanted, so the next op stages without cudaMalloc. */
+    if (g_arena_want > g_arena_cap) {
+        size_t cap = g_arena_want + g_arena_want / 2;
+        cudaFree(g_arena);
+        g_arena = NULL;
+        g_arena_cap = 0;
+        if (cudaMalloc((void **)&g_arena, cap) == cudaSuccess) g_arena_cap = cap;
+        else cudaGetLastError();
+    }
+    g_arena_used = 0;
+    g_arena_want = 0;
+}
+
+/* ---- weight cache */
+
+typedef struct {
+    const void *key;          /* host w->data; NULL: empty slot */
+    const float *scale_key;
+    int fmt, rows, cols;
+    uint64_t sig;
+    void *data;
+    float *scale;
+    size_t bytes;
+} wentry;
+
+static wentry *g_w;
+static size_t g_wcap, g_wcount, g_wbytes;
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static size_t wdata_bytes(const ds_weight *w)
+{
+    size_t e = w->fmt == DS_W_F32 ? 4 : w->fmt == DS_W_BF16 ? 2 : 1;
+    return (size_t)w->rows * w->cols * e;
+}
+
+static size_t wscale_count(const ds_weight *w)
+{
+    if (w->fmt != DS_W_FP8) return 0;
+    return (size_t)((w->rows + DS_BLOCK - 1) / DS_BLOCK) * ((w->cols + DS_BLOCK - 1) / DS_BLOCK);
+}
+
+static uint64_t wsig(const ds_weight *w)
+{
+    size_t n = wdata_bytes(w), k = n < 256 ? n : 256;
+    uint64_t h = fnv(0xcbf29ce484222325ull, w->data, k);
+    h = fnv(h, (const uint8_t *)w->data + n - k, k);
+    size_t ns = wscale_count(w);
+    if (ns) h = fnv(h, w->scale, sizeof(float) * (ns < 16 ? ns : 16));
+    return h;
+}
+
+static size_t slot_of(const void *key, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)key;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static bool wtable_grow(void)
+{
+    size_t cap = g_wcap ? g_wcap * 2 : 1024;
+    wentry *t = (wentry *)calloc(cap, sizeof *t);
+    if (!t) return false;
+    for (size_t i = 0; i < g_wcap; i++) {
+        if (!g_w[i].key) continue;
+        size_t j = slot_of(g_w[i].key, cap);
+        while (t[j].key) j = (j + 1) & (cap - 1);
+        t[j] = g_w[i];
+    }
+    free(g_w);
+    g_w = t;
+    g_wcap = cap;
+    return true;
+}
+
+static void wentry_release(wentry *e)
+{
+    cudaFree(e->data);
+    cudaFree(e->scale);
+    g_wbytes -= e->bytes;
+    e->data = NULL;
+    e->scale = NULL;
+    e->bytes = 0;
+}
+
+static bool wentry_upload(wentry *e, const ds_weight *w, uint64_t sig)
+{
+    size_t nd = wdata_bytes(w), ns = wscale_count(w);
+    e->key = w->data;
+    e->scale_key = w->scale;
+    e->fmt = (int)w->fmt;
+    e->rows = w->rows;
+    e->cols = w->cols;
+    e->sig = sig;
+    if (!cu_check(cudaMalloc(&e->data, nd ? nd : 16), "weight upload: allocation") ||
+        !cu_check(cudaMemcpy(e->data, w->data, nd, cudaMemcpyDefault), "weight upload: copy"))
+        return false;
+    if (ns && (!cu_check(cudaMalloc((void **)&e->scale, ns * sizeof(float)), "weight upload: scale allocation") ||
+               !cu_check(cudaMemcpy(e->scale, w->scale, ns * sizeof(float), cudaMemcpyDefault),
+                         "weight upload: scale copy")))
+        return false;
+    e->bytes = nd + ns * sizeof(float);
+    g_wbytes += e->bytes;
+    return true;
+}
+
+bool cu_weight_get(const ds_weight *w, cu_weight *out)
+{
+    /* Weights already in device-readable memory are used in place. */
+    if (cu_device_readable(w->data) && (w->fmt != DS_W_FP8 || cu_device_readable(w->scale))) {
+        out->data = w->data;
+        out->scale = w->fmt == DS_W_FP8 ? w->scale : NULL;
+        return true;
+    }
+    if (g_wcount * 2 >= g_wcap && !wtable_grow()) return cu_check(cudaErrorMemoryAllocation, "weight table");
+    uint64_t sig = wsig(w);
+    size_t j = slot_of(w->data, g_wcap);
+    while (g_w[j].key && g_w[j].key != w->data) j = (j + 1) & (g_wcap - 1);
+    wentry *e = &g_w[j];
+    if (e->key) {
+        if (e->sig == sig && e->scale_key == w->scale && e->fmt == (int)w->fmt && e->rows == w->rows &&
+            e->cols == w->cols && e->data) {
+            out->data = e->data;
+            out->scale = e->scale;
+            return true;
+        }
+        wentry_release(e); /* same address, different weight: upload again */
+    } else {
+        g_wcount++;
+    }
+    if (!wentry_upload(e, w, sig)) {
+        wentry_release(e);
+        return false;
+    }
+    out->data = e->data;
+    out->scale = e->scale;
+    return true;
+}
+
+extern "C" void cuda_forget_weights(void)
+{
+    for (size_t i = 0; i < g_wcap; i++)
+        if (g_w[i].key) wentry_release(&g_w[i]);
+    free(g_w);
+    g_w = NULL;
+    g_wcap = g_wcount = 0;
+}
+
+extern "C" size_t cuda_weight_bytes(void) { return g_wbytes; }

@@ -1,0 +1,340 @@
+/* cuda_ops.cu - the CUDA backend's table, and its ops other than the
+ * products (cuda_gemm.cu): rmsnorm, rope, attention, silu_mul, add.
+ *
+ * Attention is one block of four warps per (token, head, 512-wide slice of
+ * the value dimension). Each warp walks positions j = warp, warp + 4, ...
+ * of the token's sequence up to pos[t], computing the score with a warp
+ * reduction and keeping an online softmax (running max m, sum l, output o
+ * rescaled by exp(m_old - m_new)); the four warps' states are merged at the
+ * end. Absorb and naive are the same kernel with different strides:
+ *   absorb: score = q_c . kv[j] + q_pe . pe[j], value kv[j]   (MQA over the latent)
+ *   naive:  score = q . k[j][h],                 value v[j][h]
+ * No split over positions yet, so a single decode token uses n_heads blocks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+extern "C" {
+#include "base/status.h"
+}
+
+void *cu_alloc(size_t bytes);
+void cu_free(void *p);
+
+/* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read) */
+
+__global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, int dim, float eps)
+{
+    __shared__ float part[32];
+    const float *xi = x + (size_t)blockIdx.x * dim;
+    float *yi = y + (size_t)blockIdx.x * dim;
+    float ss = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+    ss = cu_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
+        v = cu_warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float r = rsqrtf(part[0] / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = xi[j] * r * w[j];
+}
+
+static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+    if (n <= 0 || dim <= 0) return;
+    size_t bytes = sizeof(float) * (size_t)n * dim;
+    cu_io io = {};
+    const float *dw = (const float *)cu_in(&io, w, sizeof(float) * (size_t)dim);
+    const float *dx;
+    float *dy;
+    if (y == x) {
+        dy = (float *)cu_out(&io, y, bytes, true);
+        dx = dy;
+    } else {
+        dx = (const float *)cu_in(&io, x, bytes);
+        dy = (float *)cu_out(&io, y, bytes, false);
+    }
+    if (dw && dx && dy) rmsnorm_kernel<<<(unsigned)n, 256>>>(dy, dx, dw, dim, eps);
+    cu_end(&io, "rmsnorm");
+}
+
+/* ---- rope: one thread per rotated pair; c, s are rows idx[t] of the tables */
+
+__global__ void rope_kernel(float *x, int n, int nvec, int stride, int off, int half, const int *__restrict__ idx,
+                            const float *__restrict__ c, const float *__restrict__ s)
+{
+    size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (g >= (size_t)n * nvec * half) return;
+    int i = (int)(g % half);
+    size_t tv = g / half;
+    int t = (int)(tv / nvec);
+    float *p = x + tv * stride + off + 2 * i;
+    float cv = c[(size_t)idx[t] * half + i], sv = s[(size_t)idx[t] * half + i];
+    float a = p[0], b = p[1];
+    p[0] = a * cv - b * sv;
+    p[1] = a * sv + b * cv;
+}
+
+static void cu_rope(float *x, int n, int nvec, int stride, int off, int rope, const int *pos, const float *cos_tab,
+                    const float *sin_tab)
+{
+    int half = rope / 2;
+    if (n <= 0 || nvec <= 0 || half <= 0) return;
+    bool dev_tabs = cu_device_readable(cos_tab) && cu_device_readable(sin_tab);
+    /* host tables: stage just the n rows needed ([cos rows][sin rows]), indexed by token */
+    int *rows = NULL;
+    float *g = NULL;
+    if (!dev_tabs) {
+        rows = (int *)malloc(sizeof(int) * (size_t)n);
+        g = (float *)malloc(sizeof(float) * 2 * (size_t)n * half);
+        if (!rows || !g) {
+            free(rows);
+            free(g);
+            cu_check(cudaErrorMemoryAllocation, "rope: host scratch");
+            return;
+        }
+        for (int t = 0; t < n; t++) {
+            memcpy(g + (size_t)t * half, cos_tab + (size_t)pos[t] * half, sizeof(float) * (size_t)half);
+            memcpy(g + ((size_t)n + t) * half, sin_tab + (size_t)pos[t] * half, sizeof(float) * (size_t)half);
+            rows[t] = t;
+        }
+    }
+    cu_io io = {};
+    float *dx = (float *)cu_out(&io, x, sizeof(float) * (size_t)n * nvec * stride, true);
+    const float *dc, *ds;
+    const int *didx;
+    if (dev_tabs) {
+        dc = cos_tab;
+        ds = sin_tab;
+        didx = (const int *)cu_in(&io, pos, sizeof(int) * (size_t)n);
+    } else {
+        dc = (const float *)cu_in(&io, g, sizeof(float) * 2 * (size_t)n * half);
+        ds = dc ? dc + (size_t)n * half : NULL;
+        didx = (const int *)cu_in(&io, rows, sizeof(int) * (size_t)n);
+    }
+    size_t total = (size_t)n * nvec * half;
+    if (dx && dc && ds && didx)
+        rope_kernel<<<cu_blocks(total, 256), 256>>>(dx, n, nvec, stride, off, half, didx, dc, ds);
+    cu_end(&io, "rope");
+    free(rows);
+    free(g);
+}
+
+/* ---- attention */
+
+#define ATTN_WARPS 4
+
+typedef struct {
+    const float *q1, *q2;          /* per (t, h): q1 + (t*H + h) * q1s, dims d1 and d2 */
+    long long q1s, q2s;
+    int d1, d2, dv;
+    const float *k1, *k2, *v;      /* caches: + seq * _seq + pos * _pos + head * _head */
+    long long k1_seq, k1_pos, k1_head, k2_seq, k2_pos, k2_head, v_seq, v_pos, v_head;
+    const int *seq, *pos;
+    int heads;
+    float scale;
+    float *out;                    /* + (t*H + h) * outs */
+    long long outs;
+} attn_p;
+
+/* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER. */
+template <int PER>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
+{
+    extern __shared__ float sm[];
+    float *sq = sm;                               /* d1 + d2 */
+    float *wm = sq + p.d1 + p.d2;                 /* per warp: max, sum */
+    float *wl = wm + ATTN_WARPS;
+    float *wo = wl + ATTN_WARPS;                  /* per warp: 32 * PER outputs */
+    int th = blockIdx.x, t = th / p.heads, h = th % p.heads;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c0 = blockIdx.y * 32 * PER;
+    const float *q1 = p.q1 + (size_t)th * p.q1s, *q2 = p.q2 ? p.q2 + (size_t)th * p.q2s : nullptr;
+    for (int c = threadIdx.x; c < p.d1; c += blockDim.x) sq[c] = q1[c];
+    for (int c = threadIdx.x; c < p.d2; c += blockDim.x) sq[p.d1 + c] = q2[c];
+    __syncthreads();
+    int s = p.seq[t], len = p.pos[t] + 1;
+    const float *k1 = p.k1 + s * p.k1_seq + h * p.k1_head;
+    const float *k2 = p.k2 ? p.k2 + s * p.k2_seq + h * p.k2_head : nullptr;
+    const float *v = p.v + s * p.v_seq + h * p.v_head;
+    float m = -INFINITY, l = 0, o[PER];
+    #pragma unroll
+    for (int u = 0; u < PER; u++) o[u] = 0;
+    for (int j = warp; j < len; j += ATTN_WARPS) {
+        const float *kj = k1 + j * p.k1_pos;
+        float d = 0;
+        for (int c = lane; c < p.d1; c += 32) d += sq[c] * kj[c];
+        if (k2) {
+            const float *pj = k2 + j * p.k2_pos;
+            for (int c = lane; c < p.d2; c += 32) d += sq[p.d1 + c] * pj[c];
+        }
+        d = cu_warp_sum(d) * p.scale;
+        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
+        l = l * corr + e;
+        const float *vj = v + j * p.v_pos;
+        #pragma unroll
+        for (int u = 0; u < PER; u++) {
+            int c = c0 + lane + 32 * u;
+            o[u] = o[u] * corr + e * (c < p.dv ? vj[c] : 0.0f);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
+    #pragma unroll
+    for (int u = 0; u < PER; u++) wo[warp * 32 * PER + lane + 32 * u] = o[u];
+    __syncthreads();
+    float mx = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wm[w]);
+    float sum = 0;
+    for (int w = 0; w < ATTN_WARPS; w++) sum += wl[w] * expf(wm[w] - mx);
+    float *out = p.out + (size_t)th * p.outs;
+    for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
+        if (c0 + c >= p.dv) continue;
+        float acc = 0;
+        for (int w = 0; w < ATTN_WARPS; w++) acc += wo[w * 32 * PER + c] * expf(wm[w] - mx);
+        out[c0 + c] = acc / sum;
+    }
+}
+
+template <int PER>
+static void launch_attn(const attn_p *p, int tokens)
+{
+    dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER));
+    size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(attn_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    attn_kernel<PER><<<grid, ATTN_WARPS * 32, smem>>>(*p);
+}
+
+static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
+{
+    int n = a->n_tokens, H = a->n_heads;
+    if (n <= 0 || H <= 0) return;
+    int nseq = 0;
+    for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
+    size_t th = (size_t)n * H, rows = (size_t)nseq * a->ctx;
+    cu_io io = {};
+    attn_p p = {};
+    p.heads = H;
+    p.scale = a->softmax_scale;
+    p.seq = (const int *)cu_in(&io, a->seq, sizeof(int) * (size_t)n);
+    p.pos = (const int *)cu_in(&io, a->pos, sizeof(int) * (size_t)n);
+    bool ok;
+    if (impl == DS_ATTN_ABSORB) {
+        int R = a->kv_rank, rp = a->rope;
+        p.q1 = (const float *)cu_in(&io, a->q_c, sizeof(float) * th * R);
+        p.q2 = (const float *)cu_in(&io, a->q_pe, sizeof(float) * th * rp);
+        p.q1s = R;
+        p.q2s = rp;
+        p.d1 = R;
+        p.d2 = rp;
+        p.dv = R;
+        p.k1 = p.v = (const float *)cu_in(&io, a->kv_cache, sizeof(float) * rows * R);
+        p.k2 = (const float *)cu_in(&io, a->pe_cache, sizeof(float) * rows * rp);
+        p.k1_seq = p.v_seq = (long long)a->ctx * R;
+        p.k1_pos = p.v_pos = R;
+        p.k2_seq = (long long)a->ctx * rp;
+        p.k2_pos = rp;
+        p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * R, false);
+        p.outs = R;
+        ok = p.q1 && (p.q2 || rp == 0) && p.k1 && (p.k2 || rp == 0) && p.out;
+        if (rp == 0) p.q2 = p.k2 = NULL;
+    } else {
+        int qk = a->nope + a->rope, vd = a->vdim;
+        p.q1 = (const float *)cu_in(&io, a->q, sizeof(float) * th * qk);
+        p.q1s = qk;
+        p.d1 = qk;
+        p.dv = vd;
+        p.k1 = (const float *)cu_in(&io, a->k_cache, sizeof(float) * rows * H * qk);
+        p.v = (const float *)cu_in(&io, a->v_cache, sizeof(float) * rows * H * vd);
+        p.k1_seq = (long long)a->ctx * H * qk;
+        p.k1_pos = (long long)H * qk;
+        p.k1_head = qk;
+        p.v_seq = (long long)a->ctx * H * vd;
+        p.v_pos = (long long)H * vd;
+        p.v_head = vd;
+        p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * vd, false);
+        p.outs = vd;
+        ok = p.q1 && p.k1 && p.v && p.out;
+    }
+    if (ok && p.seq && p.pos) {
+        if (p.dv <= 32) launch_attn<1>(&p, n);
+        else if (p.dv <= 64) launch_attn<2>(&p, n);
+        else if (p.dv <= 128) launch_attn<4>(&p, n);
+        else if (p.dv <= 256) launch_attn<8>(&p, n);
+        else launch_attn<16>(&p, n); /* slices of 512 columns */
+    }
+    cu_end(&io, "attention");
+}
+
+/* ---- elementwise */
+
+__global__ void silu_mul_kernel(float *a, const float *__restrict__ b, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+__global__ void add_kernel(float *y, const float *__restrict__ x, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}
+
+static void cu_silu_mul(float *a, const float *b, size_t n)
+{
+    if (n == 0) return;
+    cu_io io = {};
+    float *da = (float *)cu_out(&io, a, sizeof(float) * n, true);
+    const float *db = (const float *)cu_in(&io, b, sizeof(float) * n);
+    if (da && db) silu_mul_kernel<<<cu_blocks(n, 256), 256>>>(da, db, n);
+    cu_end(&io, "silu_mul");
+}
+
+static void cu_add(float *y, const float *x, size_t n)
+{
+    if (n == 0) return;
+    cu_io io = {};
+    float *dy = (float *)cu_out(&io, y, sizeof(float) * n, true);
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * n);
+    if (dy && dx) add_kernel<<<cu_blocks(n, 256), 256>>>(dy, dx, n);
+    cu_end(&io, "add");
+}
+
+/* ---- the table */
+
+static ds_ops g_ops;
+
+extern "C" const ds_ops *cuda_backend(void)
+{
+    int n = cuda_device_count();
+    if (n == 0) {
+        ds_errorf(DS_ERR_UNSUPPORTED, "cuda: no CUDA device (or no usable driver)");
+        return NULL;
+    }
+    if (!g_ops.name) {
+        cudaError_t e = cudaSetDevice(0);
+        if (e != cudaSuccess) {
+            ds_errorf(DS_ERR_UNSUPPORTED, "cuda: cannot use device 0: %s", cudaGetErrorString(e));
+            return NULL;
+        }
+        g_ops.alloc = cu_alloc;
+        g_ops.free = cu_free;
+        g_ops.matmul = cu_matmul;
+        g_ops.matmul_t = cu_matmul_t;
+        g_ops.rmsnorm = cu_rmsnorm;
+        g_ops.rope = cu_rope;
+        g_ops.attention = cu_attention;
+        g_ops.silu_mul = cu_silu_mul;
+        g_ops.add = cu_add;
+        g_ops.name = "cuda";
+    }
+    return &g_ops;
+}

@@ -1,0 +1,454 @@
+/* test_cuda_ops.c - every CUDA op against the CPU scalar reference
+ * (cpu_backend(false)) on random inputs, and the CUDA FP8 kernels against the
+ * reference's Triton kernels (golden/fp8_kernels.safetensors).
+ *
+ * Sizes are odd and cut 128-blocks partially, so both the 16-byte-load and
+ * the scalar paths of the products run, as do the decode (n <= 8) and tiled
+ * kernels. Each GPU output buffer is poisoned with NaN and followed by guard
+ * elements: an unwritten output fails the error check, a write past the end
+ * fails the guard check. Error = ||gpu - ref|| / ||ref|| (NaN never passes).
+ * Exits 0 with "skipped: no GPU" when there is no CUDA device. */
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/quant.h"
+#include "backend/cuda/cuda_backend.h"
+#include "base/numeric.h"
+#include "io/safetensors.h"
+#include "test.h"
+
+#define GUARD 64
+
+static const ds_ops *G, *C;
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+static float *hrand(size_t n, float amp)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) p[i] = frand() * amp;
+    return p;
+}
+
+static const uint32_t k_poison = 0x7fc0dead;
+
+/* A GPU (managed) buffer of n floats plus guard elements, all poisoned. */
+static float *gbuf(size_t n)
+{
+    float *p = G->alloc(sizeof(float) * (n + GUARD));
+    CHECK(p != NULL);
+    if (!p) exit(1);
+    for (size_t i = 0; i < n + GUARD; i++) memcpy(&p[i], &k_poison, 4);
+    return p;
+}
+
+static float *gcopy(const float *h, size_t n)
+{
+    float *p = gbuf(n);
+    memcpy(p, h, sizeof(float) * n);
+    return p;
+}
+
+static void check_guard(const char *label, const float *p, size_t n)
+{
+    int bad = 0;
+    for (size_t i = n; i < n + GUARD; i++) bad += memcmp(&p[i], &k_poison, 4) != 0;
+    CHECK_MSG(bad == 0, "%s: %d guard elements past the output were written", label, bad);
+}
+
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - ref[i];
+        e += d * d;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(e / r) : sqrt(e);
+}
+
+static void compare(const char *label, const float *got, const float *ref, size_t n, double tol)
+{
+    double e = rel_err(got, ref, n);
+    ds_status s = cuda_backend_status();
+    printf("%-58s err %.2e%s\n", label, e, e <= tol && !s ? "" : "  FAIL");
+    CHECK_MSG(s == DS_OK, "%s: CUDA error: %s", label, ds_last_error());
+    CHECK_MSG(e <= tol, "%s: relative error %.3g exceeds %.1g", label, e, tol);
+}
+
+/* ---- weights */
+
+static const char *fmt_name(ds_wfmt f) { return f == DS_W_F32 ? "f32" : f == DS_W_BF16 ? "bf16" : "fp8"; }
+
+/* A random weight in plain host memory, like a mapped checkpoint tensor. */
+static ds_weight make_weight(ds_wfmt fmt, int rows, int cols)
+{
+    ds_weight w = {.fmt = fmt, .rows = rows, .cols = cols};
+    size_t n = (size_t)rows * cols;
+    if (fmt == DS_W_F32) {
+        w.data = hrand(n, 1.0f);
+    } else if (fmt == DS_W_BF16) {
+        uint16_t *p = malloc(2 * n);
+        for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(frand());
+        w.data = p;
+    } else {
+        uint8_t *p = malloc(n);
+        for (size_t i = 0; i < n; i++) p[i] = f32_to_fp8_e4m3(frand() * 448.0f);
+        w.data = p;
+        size_t ns = (size_t)((rows + 127) / 128) * ((cols + 127) / 128);
+        float *s = malloc(sizeof(float) * ns);
+        for (size_t i = 0; i < ns; i++) s[i] = (1.5f + frand()) * 1e-3f;
+        w.scale = s;
+    }
+    return w;
+}
+
+static void free_weight(ds_weight *w)
+{
+    free((void *)w->data);
+    free((void *)w->scale);
+    cuda_forget_weights(); /* the host address may come back with other data */
+}
+
+/* ---- products */
+
+static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nrows, ds_gemm_impl gemm, bool ue8m0,
+                        bool host_io)
+{
+    char label[128];
+    snprintf(label, sizeof label, "matmul %s%s%s %dx%d n=%d rows %d+%d%s", fmt_name(fmt),
+             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", ue8m0 ? "/ue8m0" : "", rows, cols, n, row0, nrows,
+             host_io ? " (host io)" : "");
+    ds_weight w = make_weight(fmt, rows, cols);
+    float *x = hrand((size_t)n * cols, 1.0f);
+    for (int i = 0; i < n; i++) /* rows of different magnitude, for the activation scales */
+        for (int k = 0; k < cols; k++) x[(size_t)i * cols + k] *= (float)(1 << (i % 7)) * (k < 128 ? 0.01f : 1.0f);
+    float *ref = malloc(sizeof(float) * (size_t)n * nrows);
+    C->matmul(ref, x, n, &w, row0, nrows, gemm, ue8m0);
+    size_t ny = (size_t)n * nrows;
+    if (host_io) {
+        float *y = malloc(sizeof(float) * ny);
+        for (size_t i = 0; i < ny; i++) memcpy(&y[i], &k_poison, 4);
+        G->matmul(y, x, n, &w, row0, nrows, gemm, ue8m0);
+        compare(label, y, ref, ny, 1e-5);
+        free(y);
+    } else {
+        float *gx = gcopy(x, (size_t)n * cols), *gy = gbuf(ny);
+        G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
+        compare(label, gy, ref, ny, 1e-5);
+        check_guard(label, gy, ny);
+        /* again, from the cached device copy of the weight */
+        G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
+        CHECK_MSG(rel_err(gy, ref, ny) <= 1e-5, "%s: second call (cached weight) differs", label);
+        G->free(gx);
+        G->free(gy);
+    }
+    free(ref);
+    free(x);
+    free_weight(&w);
+}
+
+static void test_matmul_t(ds_wfmt fmt, int rows, int cols, int n, int row0, int nrows)
+{
+    char label[128];
+    snprintf(label, sizeof label, "matmul_t %s %dx%d n=%d rows %d+%d", fmt_name(fmt), rows, cols, n, row0, nrows);
+    ds_weight w = make_weight(fmt, rows, cols);
+    float *x = hrand((size_t)n * nrows, 1.0f), *ref = malloc(sizeof(float) * (size_t)n * cols);
+    C->matmul_t(ref, x, n, &w, row0, nrows);
+    float *gx = gcopy(x, (size_t)n * nrows), *gy = gbuf((size_t)n * cols);
+    G->matmul_t(gy, gx, n, &w, row0, nrows);
+    compare(label, gy, ref, (size_t)n * cols, 1e-5);
+    check_guard(label, gy, (size_t)n * cols);
+    G->free(gx);
+    G->free(gy);
+    free(x);
+    free(ref);
+    free_weight(&w);
+}
+
+/* act_quant on the GPU must give the same bytes and scales as quant.c. */
+static void test_act_quant_random(int m, int k, bool ue8m0)
+{
+    int kb = (k + 127) / 128;
+    float *x = hrand((size_t)m * k, 1.0f);
+    for (size_t i = 0; i < (size_t)m * k; i++) x[i] *= powf(10.0f, (float)(i % 13) - 6.0f);
+    uint8_t *y0 = malloc((size_t)m * k), *y1 = malloc((size_t)m * k);
+    float *s0 = malloc(sizeof(float) * (size_t)m * kb), *s1 = malloc(sizeof(float) * (size_t)m * kb);
+    act_quant_ref(x, m, k, y0, s0, ue8m0);
+    CHECK_OK(cuda_act_quant(x, m, k, y1, s1, ue8m0));
+    int by = 0, bs = 0;
+    for (size_t i = 0; i < (size_t)m * k; i++) by += y0[i] != y1[i];
+    for (size_t i = 0; i < (size_t)m * kb; i++) bs += memcmp(&s0[i], &s1[i], 4) != 0;
+    printf("act_quant %dx%d%s random: %d bytes, %d scales differ\n", m, k, ue8m0 ? " ue8m0" : "", by, bs);
+    CHECK_MSG(by == 0 && bs == 0, "act_quant %dx%d: %d bytes and %d scales differ from quant.c", m, k, by, bs);
+    free(x);
+    free(y0);
+    free(y1);
+    free(s0);
+    free(s1);
+}
+
+/* ---- the other ops */
+
+static void test_rmsnorm(int n, int dim, bool alias)
+{
+    char label[128];
+    snprintf(label, sizeof label, "rmsnorm n=%d dim=%d%s", n, dim, alias ? " in place" : "");
+    size_t sz = (size_t)n * dim;
+    float *x = hrand(sz, 3.0f), *w = hrand((size_t)dim, 1.0f), *ref = malloc(sizeof(float) * sz);
+    C->rmsnorm(ref, x, w, n, dim, 1e-6f);
+    float *gx = gcopy(x, sz), *gy = alias ? gx : gbuf(sz);
+    G->rmsnorm(gy, gx, w, n, dim, 1e-6f);
+    compare(label, gy, ref, sz, 1e-6);
+    check_guard(label, gy, sz);
+    G->free(gx);
+    if (!alias) G->free(gy);
+    free(x);
+    free(w);
+    free(ref);
+}
+
+static void test_rope(int n, int nvec, int stride, int off, int rope, bool dev_tables)
+{
+    char label[128];
+    snprintf(label, sizeof label, "rope n=%d nvec=%d stride=%d off=%d rope=%d%s", n, nvec, stride, off, rope,
+             dev_tables ? " (device tables)" : "");
+    int maxpos = 300, half = rope / 2;
+    size_t sz = (size_t)n * nvec * stride;
+    float *x = hrand(sz, 1.0f), *ref = malloc(sizeof(float) * sz);
+    float *ct = hrand((size_t)maxpos * half, 1.0f), *st = hrand((size_t)maxpos * half, 1.0f);
+    int *pos = malloc(sizeof(int) * (size_t)n);
+    for (int t = 0; t < n; t++) pos[t] = (t * 97 + 13) % maxpos;
+    memcpy(ref, x, sizeof(float) * sz);
+    C->rope(ref, n, nvec, stride, off, rope, pos, ct, st);
+    float *gx = gcopy(x, sz);
+    float *gct = dev_tables ? gcopy(ct, (size_t)maxpos * half) : ct, *gst = dev_tables ? gcopy(st, (size_t)maxpos * half) : st;
+    G->rope(gx, n, nvec, stride, off, rope, pos, gct, gst);
+    compare(label, gx, ref, sz, 1e-6);
+    check_guard(label, gx, sz);
+    G->free(gx);
+    if (dev_tables) {
+        G->free(gct);
+        G->free(gst);
+    }
+    free(x);
+    free(ref);
+    free(ct);
+    free(st);
+    free(pos);
+}
+
+/* Tokens over two sequences, mixed positions (including 0 and ctx-1). */
+static void test_attention(ds_attn_impl impl, int H, int R, int rope, int nope, int vdim, int ctx)
+{
+    enum { NT = 6, NSEQ = 2 };
+    int seq[NT] = {0, 0, 1, 1, 0, 1}, pos[NT] = {0, ctx - 1, ctx / 7, ctx / 7 + 1, ctx / 2, ctx - 1};
+    char label[128];
+    if (impl == DS_ATTN_ABSORB) snprintf(label, sizeof label, "attention absorb H=%d rank=%d rope=%d ctx=%d", H, R, rope, ctx);
+    else snprintf(label, sizeof label, "attention naive H=%d nope=%d rope=%d v=%d ctx=%d", H, nope, rope, vdim, ctx);
+    ds_attn_args a = {.n_tokens = NT, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope,
+                      .vdim = vdim, .kv_rank = R, .softmax_scale = 0.3f, .ctx = ctx};
+    size_t rows = (size_t)NSEQ * ctx, th = (size_t)NT * H;
+    float *in[3];
+    size_t nin[3], nout;
+    if (impl == DS_ATTN_ABSORB) {
+        nin[0] = th * R + th * rope; /* q_c then q_pe */
+        nin[1] = rows * R;
+        nin[2] = rows * rope;
+        nout = th * R;
+    } else {
+        nin[0] = th * (nope + rope);
+        nin[1] = rows * H * (nope + rope);
+        nin[2] = rows * H * vdim;
+        nout = th * vdim;
+    }
+    for (int i = 0; i < 3; i++) in[i] = hrand(nin[i], 1.0f);
+    float *ref = malloc(sizeof(float) * nout), *gin[3];
+    for (int i = 0; i < 3; i++) gin[i] = gcopy(in[i], nin[i]);
+    float *gout = gbuf(nout);
+    for (int pass = 0; pass < 2; pass++) {
+        float **b = pass ? gin : in;
+        if (impl == DS_ATTN_ABSORB) {
+            a.q_c = b[0];
+            a.q_pe = b[0] + th * R;
+            a.kv_cache = b[1];
+            a.pe_cache = b[2];
+        } else {
+            a.q = b[0];
+            a.k_cache = b[1];
+            a.v_cache = b[2];
+        }
+        a.out = pass ? gout : ref;
+        (pass ? G : C)->attention(&a, impl);
+    }
+    compare(label, gout, ref, nout, 1e-5);
+    check_guard(label, gout, nout);
+    for (int i = 0; i < 3; i++) {
+        G->free(gin[i]);
+        free(in[i]);
+    }
+    G->free(gout);
+    free(ref);
+}
+
+static void test_elementwise(size_t n)
+{
+    float *a = hrand(n, 4.0f), *b = hrand(n, 2.0f), *ref = malloc(sizeof(float) * n);
+    char label[96];
+    memcpy(ref, a, sizeof(float) * n);
+    C->silu_mul(ref, b, n);
+    float *ga = gcopy(a, n), *gb = gcopy(b, n);
+    G->silu_mul(ga, gb, n);
+    snprintf(label, sizeof label, "silu_mul n=%zu", n);
+    compare(label, ga, ref, n, 1e-6);
+    check_guard(label, ga, n);
+    memcpy(ref, a, sizeof(float) * n);
+    C->add(ref, b, n);
+    memcpy(ga, a, sizeof(float) * n);
+    G->add(ga, gb, n);
+    snprintf(label, sizeof label, "add n=%zu", n);
+    compare(label, ga, ref, n, 0);
+    check_guard(label, ga, n);
+    G->free(ga);
+    G->free(gb);
+    free(a);
+    free(b);
+    free(ref);
+}
+
+/* ---- the reference's Triton kernels (as tests/model/test_fp8_kernels.c on the CPU) */
+
+static const st_tensor *get(st_file *f, const char *name)
+{
+    const st_tensor *t = st_find(f, name);
+    CHECK_MSG(t != NULL, "missing %s", name);
+    return t;
+}
+
+static void test_fp8_golden(void)
+{
+    st_file *f;
+    CHECK_OK(st_open(&f, t_golden("fp8_kernels.safetensors")));
+    if (t_failures) return;
+    const st_tensor *tx = get(f, "x");
+    const char *fmts[2] = {"default", "ue8m0"};
+    for (int fi = 0; fi < 2 && tx; fi++) {
+        char n[5][64];
+        const char *parts[5] = {"act_quant/%s/y", "act_quant/%s/s", "fp8_gemm/%s/w", "fp8_gemm/%s/w_scale",
+                                "fp8_gemm/%s/out"};
+        const st_tensor *t[5];
+        bool ok = true;
+        for (int i = 0; i < 5; i++) {
+            snprintf(n[i], sizeof n[i], parts[i], fmts[fi]);
+            ok &= (t[i] = get(f, n[i])) != NULL;
+        }
+        if (!ok) continue;
+        uint8_t *y = malloc(64 * 512);
+        float *s = malloc(sizeof(float) * 64 * 4), *out = malloc(sizeof(float) * 64 * 384);
+        CHECK_OK(cuda_act_quant(tx->data, 64, 512, y, s, fi == 1));
+        int by = 0, bs = 0;
+        for (int i = 0; i < 64 * 512; i++) by += y[i] != ((const uint8_t *)t[0]->data)[i];
+        for (int i = 0; i < 64 * 4; i++) bs += memcmp(&s[i], (const float *)t[1]->data + i, 4) != 0;
+        printf("golden act_quant/%-8s %d of 32768 bytes, %d of 256 scales differ\n", fmts[fi], by, bs);
+        CHECK_MSG(by == 0 && bs == 0, "act_quant/%s: %d bytes, %d scales differ", fmts[fi], by, bs);
+        CHECK_OK(cuda_fp8_gemm(t[0]->data, t[1]->data, t[2]->data, t[3]->data, 64, 384, 512, out));
+        const float *ref = t[4]->data;
+        float mx = 0, err = 0;
+        for (int i = 0; i < 64 * 384; i++) {
+            mx = fmaxf(mx, fabsf(ref[i]));
+            err = fmaxf(err, fabsf(out[i] - ref[i]));
+        }
+        printf("golden fp8_gemm/%-9s max |err| / max |ref| = %.3g\n", fmts[fi], err / mx);
+        CHECK_MSG(err <= 1e-4f * mx, "fp8_gemm/%s: max error %g vs max |out| %g", fmts[fi], err, mx);
+        free(y);
+        free(s);
+        free(out);
+    }
+    const st_tensor *w = get(f, "weight_dequant/w"), *s = get(f, "weight_dequant/s"),
+                    *o = get(f, "weight_dequant/out_bf16");
+    if (w && s && o) {
+        float *out = malloc(sizeof(float) * 300 * 200);
+        CHECK_OK(cuda_weight_dequant(w->data, s->data, 300, 200, out));
+        int bad = 0;
+        for (int i = 0; i < 300 * 200; i++) bad += f32_to_bf16(out[i]) != ((const uint16_t *)o->data)[i];
+        printf("golden weight_dequant: %d of 60000 bf16 values differ\n", bad);
+        CHECK_MSG(bad == 0, "weight_dequant: %d of 60000 bf16 values differ", bad);
+        free(out);
+    }
+    /* every e4m3 code decodes on the GPU as in numeric.c (NaN codes excepted) */
+    uint8_t codes[256];
+    float sc[2] = {1.0f, 1.0f}, dec[256];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    CHECK_OK(cuda_weight_dequant(codes, sc, 1, 256, dec));
+    int bad = 0;
+    for (int i = 0; i < 256; i++)
+        if ((i & 0x7f) != 0x7f) bad += dec[i] != fp8_e4m3_to_f32((uint8_t)i);
+    CHECK_MSG(bad == 0, "%d e4m3 codes decode differently on the GPU", bad);
+    st_close(f);
+}
+
+int main(void)
+{
+    if (cuda_device_count() == 0) {
+        printf("test_cuda_ops: skipped: no GPU\n");
+        return 0;
+    }
+    G = cuda_backend();
+    C = cpu_backend(false);
+    CHECK_MSG(G != NULL, "cuda_backend: %s", ds_last_error());
+    if (!G) return t_done("cuda_ops");
+
+    static const struct { int rows, cols, n, row0, nrows; } shapes[] = {
+        {300, 200, 1, 0, 300},   /* decode; fp8 rows not 16-byte multiples */
+        {257, 385, 3, 5, 200},   /* odd everything: scalar loads */
+        {384, 512, 8, 128, 256}, /* 16-byte loads, 8 tokens, offset rows */
+        {300, 200, 9, 0, 300},   /* tiled */
+        {257, 385, 70, 1, 250},  /* tiled, two token tiles, partial everything */
+        {129, 1000, 33, 0, 129},
+    };
+    int ns = (int)(sizeof shapes / sizeof *shapes);
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++)
+        for (int i = 0; i < ns; i++)
+            test_matmul((ds_wfmt)f, shapes[i].rows, shapes[i].cols, shapes[i].n, shapes[i].row0, shapes[i].nrows,
+                        DS_GEMM_BF16, false, false);
+    for (int u = 0; u < 2; u++)
+        for (int i = 0; i < ns; i++)
+            test_matmul(DS_W_FP8, shapes[i].rows, shapes[i].cols, shapes[i].n, shapes[i].row0, shapes[i].nrows,
+                        DS_GEMM_FP8, u == 1, false);
+    test_matmul(DS_W_BF16, 1024, 256, 2, 0, 1024, DS_GEMM_BF16, false, true); /* like the head into logits */
+    test_matmul(DS_W_FP8, 257, 385, 20, 3, 100, DS_GEMM_FP8, false, true);
+    /* the gate (bf16 on the fp8 path stays bf16) */
+    test_matmul(DS_W_BF16, 16, 256, 5, 0, 16, DS_GEMM_FP8, false, false);
+
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+        test_matmul_t((ds_wfmt)f, 300, 200, 1, 37, 100);
+        test_matmul_t((ds_wfmt)f, 257, 385, 5, 120, 137);
+        test_matmul_t((ds_wfmt)f, 512, 128, 40, 64, 32);
+    }
+    test_act_quant_random(37, 300, false);
+    test_act_quant_random(37, 300, true);
+
+    test_rmsnorm(7, 300, false);
+    test_rmsnorm(7, 300, true);
+    test_rmsnorm(2, 7168, false);
+    test_rope(5, 3, 100, 36, 32, false);
+    test_rope(9, 1, 160, 128, 32, true);
+    test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 70);
+    test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 45);   /* two 512-column slices */
+    test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1000); /* long context */
+    test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 70);
+    test_attention(DS_ATTN_NAIVE, 2, 0, 64, 128, 128, 300);
+    test_elementwise(1001);
+    test_elementwise(1 << 20);
+
+    test_fp8_golden();
+    printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());
+    return t_done("cuda_ops");
+}

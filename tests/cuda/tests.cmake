@@ -1,0 +1,11 @@
+# CUDA backend tests (only with -DDSV3_CUDA=ON). Each program prints
+# "skipped: no GPU" and passes when the machine has no CUDA device, so a CUDA
+# build's ctest also passes on a CPU-only machine; on the GPU machine
+# scripts/gpu_check.sh runs them from a carried build directory.
+if(DSV3_CUDA)
+  dsv3_unit_test(test_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.c)
+  dsv3_unit_test(test_cuda_golden ${CMAKE_CURRENT_LIST_DIR}/test_cuda_golden.c)
+  # figures, not a test: scripts/gpu_check.sh runs it
+  add_executable(bench_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_ops.c)
+  target_link_libraries(bench_cuda_ops PRIVATE dsv3lib)
+endif()
