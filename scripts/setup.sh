@@ -11,7 +11,7 @@ case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev nodejs npm tmux)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev nodejs npm tmux openmpi-bin libopenmpi-dev)
 [ "$mode" = test ] && pkgs+=(clang)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -44,6 +44,10 @@ test)
   cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
+  # Tensor parallelism over MPI: 2 and 4 ranks on this machine, oversubscribed.
+  cmake -S . -B build-mpi -DDSV3_MPI=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build-mpi -j"$jobs"
+  ctest --test-dir build-mpi --output-on-failure -L dist
   # The CUDA backend must keep compiling where nvcc exists; its tests skip
   # without a GPU (scripts/gpu_check.sh runs them on a GPU machine).
   nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)

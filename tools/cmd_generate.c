@@ -62,7 +62,8 @@ static ds_status share_line(gen_ctx *c, char **line)
 {
     if (!c->comm) return DS_OK;
     long long n = *line ? (long long)strlen(*line) : -1;
-    ds_status s = c->comm->broadcast(c->comm, &n, sizeof n, 0);
+    /* rank 0 may wait for a person here: no watchdog deadline, the others sleep */
+    ds_status s = dist_broadcast_untimed(c->comm, &n, sizeof n, 0);
     if (s) return s;
     if (dist_rank(c->comm) != 0) {
         free(*line);
@@ -100,7 +101,7 @@ static int interactive(gen_ctx *c)
 {
     json_t *msgs = new_messages(c);
     ds_sampler smp;
-    if (init_sampler(c, &smp, c->seed)) return args_fail("generate");
+    if (init_sampler(c, &smp, c->seed)) return dist_fail(c->comm, "generate");
     int rank = dist_rank(c->comm), rc = 0;
     char *line = NULL;
     size_t cap = 0;
@@ -118,7 +119,7 @@ static int interactive(gen_ctx *c)
             }
         }
         if (share_line(c, &in)) {
-            rc = args_fail("generate");
+            rc = dist_fail(c->comm, "generate");
             break;
         }
         if (!in || !strcmp(in, "/exit")) {
@@ -217,7 +218,7 @@ static int batch(gen_ctx *c)
 {
     char **prompts = NULL;
     int n = 0, rc = 1, rank = dist_rank(c->comm);
-    if (read_prompts(c->input_file, &prompts, &n)) return args_fail("generate");
+    if (read_prompts(c->input_file, &prompts, &n)) return dist_fail(c->comm, "generate");
     int B = c->g->n_seq;
     int32_t **ids = calloc((size_t)B, sizeof *ids), **out = calloc((size_t)B, sizeof *out);
     int *lens = calloc((size_t)B, sizeof(int)), *n_out = calloc((size_t)B, sizeof(int));
@@ -267,7 +268,7 @@ static int batch(gen_ctx *c)
         }
     }
     if (!s) rc = 0;
-    else rc = args_fail("generate");
+    else rc = dist_fail(c->comm, "generate");
     if (!s && rank == 0) report_speed(c->g);
     for (int i = 0; i < n; i++) free(prompts[i]);
     free(prompts);
@@ -349,7 +350,7 @@ int cmd_generate(int argc, char **argv)
     rc = c.interactive ? interactive(&c) : batch(&c);
     goto done;
 fail:
-    rc = args_fail("generate");
+    rc = dist_fail(c.comm, "generate");
 done:
     gen_free(c.g);
     model_free(c.m);

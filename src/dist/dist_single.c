@@ -1,4 +1,4 @@
-/* dist_single.c - the single-process build: no communicator. */
+/* dist_single.c - the single-process build (no -DDSV3_MPI): no communicator. */
 #include "dist/dist.h"
 
 #include <stddef.h>
@@ -14,8 +14,8 @@ ds_status dist_init(int *argc, char ***argv, ds_comm **out)
 
 void dist_finish(ds_comm *c)
 {
-    if (c && c->close) c->close(c);
+    if (!c) return;
+    if (c->failed && c->abort) c->abort(c, 1);
+    if (c->close) c->close(c);
 }
 #endif
-
-int dist_rank(const ds_comm *c) { return c ? c->rank : 0; }

@@ -296,8 +296,9 @@ static ds_status open_ckpt(ds_model *m, const char *dir)
     int other = hf ? 0 : converted_for(dir, m->world_size);
     if (other)
         return ds_errorf(DS_ERR_ARG, "%s: the checkpoint was converted for %d rank%s (model0-mp%d.safetensors) but "
-                         "this run has %d; start %d ranks (mpirun -np %d) or convert with --model-parallel %d", dir,
-                         other, other > 1 ? "s" : "", other, m->world_size, other, other, m->world_size);
+                         "this run has %d; start %d rank%s (mpirun -np %d) or convert with --model-parallel %d", dir,
+                         other, other > 1 ? "s" : "", other, m->world_size, other, other > 1 ? "s" : "", other,
+                         m->world_size);
     if (m->world_size > 1)
         return ds_errorf(DS_ERR_IO, "%s: no %s (convert the checkpoint with --model-parallel %d)", dir, name,
                          m->world_size);
