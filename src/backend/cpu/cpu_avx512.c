@@ -1,0 +1,668 @@
+/* cpu_avx512.c - AVX-512 kernels: matmul (decode and batched GEMM), the
+ * transpose matmul of absorb attention, absorb attention, silu.
+ *
+ * Weight widening, in registers:
+ *   BF16 -> f32: zero-extend to 32 bits and shift left 16.
+ *   e4m3 -> f32: the 7 exponent+mantissa bits shifted into an fp16's (bias 15
+ *     instead of 7) and converted with vcvtph2ps. That gives the value times
+ *     2^-8 exactly, subnormals included, and 2^8 is folded into the block
+ *     scale. NaN codes (0x7f/0xff) become finite values; they never occur in
+ *     valid weights.
+ * FP8 block scales are folded into the activations: for the 128 rows of one
+ * scale block, xs[k] = x[k] * s[rb][k/128] * 2^8, so the inner loops are plain
+ * dot products.
+ *
+ * Decode (few tokens): bandwidth bound. One row at a time, read sequentially
+ * with software prefetch, widened once per four tokens; rows split statically
+ * over threads. float32 arithmetic throughout.
+ * Prefill (many tokens): compute bound. vdpbf16ps on bf16 weights (FP8 is
+ * exact in bf16) against activations rounded to bf16 or split hi+lo (see
+ * cpu_gemm_precision); work units are (64 rows, 48 tokens), each building its
+ * own activation copy so that the FP8 scales can be folded in. */
+#include <immintrin.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ref.h"
+#include "cpu_simd.h"
+
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+cpu_gemm_prec cpu_gemm_precision = CPU_GEMM_SPLIT;
+int cpu_gemm_min_tokens = 16;
+
+/* ---- widening loads ---------------------------------------------------- */
+
+/* 16 e4m3 codes -> their values times 2^-8. */
+AVX512 INLINE __m512 fp8x16_to_f32(__m128i b)
+{
+    __m256i h = _mm256_cvtepi8_epi16(b); /* sign copied into bits 8..15 */
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
+    return _mm512_cvtph_ps(h);
+}
+
+/* 32 e4m3 codes at once (16-bit shifts on a whole zmm: fewer ops per weight). */
+AVX512 INLINE void fp8x32_to_f32(__m256i b, __m512 *lo, __m512 *hi)
+{
+    __m512i h = _mm512_cvtepi8_epi16(b);
+    h = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16((short)0xBF80));
+    *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+    *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+AVX512 INLINE __m512 bf16x16_to_f32(__m256i h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Elements k..k+15 of a weight row (mask m selects the valid ones). */
+AVX512 INLINE __m512 load_w(ds_wfmt f, const void *row, int k, __mmask16 m)
+{
+    if (f == DS_W_FP8) return fp8x16_to_f32(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + k));
+    if (f == DS_W_BF16) return bf16x16_to_f32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+}
+
+static const void *w_row(const ds_weight *w, int r)
+{
+    size_t esz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+    return (const uint8_t *)w->data + (size_t)r * w->cols * esz;
+}
+
+/* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
+ * that no call pays for fresh pages; grows as needed, never shrinks. slot < 4.
+ * NULL if out of memory. */
+static void *scratch(int slot, size_t bytes)
+{
+    static _Thread_local void *buf[4];
+    static _Thread_local size_t cap[4];
+    if (bytes > cap[slot]) {
+        free(buf[slot]);
+        cap[slot] = 0;
+        if (posix_memalign(&buf[slot], 64, bytes)) return buf[slot] = NULL;
+        cap[slot] = bytes;
+    }
+    return buf[slot];
+}
+
+static __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* exp(x) for a vector: Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2/2;
+ * about 1 ulp. Large negative x gives 0, large positive +inf. */
+AVX512 INLINE __m512 exp512(__m512 x)
+{
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.7f)), _mm512_set1_ps(-104.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* ---- activations with the FP8 scales folded in ------------------------- */
+
+/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^8 for FP8 weights (row block rb),
+ * x itself otherwise; tokens [t0, t1), xs rows of ldx floats. */
+AVX512 static void scale_acts(float *xs, size_t ldx, const float *x, int t0, int t1, const ds_weight *w, int rb)
+{
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    for (int t = t0; t < t1; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xs + (size_t)(t - t0) * ldx;
+        for (int b = 0; b < kb; b++) {
+            float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)rb * kb + b] * 256.0f : 1.0f;
+            __m512 sv = _mm512_set1_ps(s);
+            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16) {
+                __mmask16 m = mask16(K - k);
+                _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
+            }
+        }
+    }
+}
+
+/* ---- decode: y[t][r] = W[r] . xs[t], one row, T <= 4 tokens -------------
+ * One row at a time, so the weight is read strictly sequentially (the rows of
+ * a matrix are contiguous) with software prefetch a few KiB ahead: the
+ * checkpoint is mapped with 4 KiB pages, at whose boundaries the hardware
+ * prefetchers stop. Four chunks of 16 in flight per token hide FMA latency. */
+
+#define PREFETCH_BYTES 3072
+
+AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y,
+                             size_t ldy)
+{
+    int K = w->cols, esz = f == DS_W_FP8 ? 1 : f == DS_W_BF16 ? 2 : 4;
+    const char *row = w_row(w, r);
+    __m512 acc[4][4];
+    for (int u = 0; u < 4; u++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[u][t] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 64 <= K; k += 64) {
+        #pragma GCC unroll 16
+        for (int c = 0; c < esz; c++) _mm_prefetch(row + (size_t)k * esz + PREFETCH_BYTES + 64 * c, _MM_HINT_T0);
+        __m512 wv[4];
+        if (f == DS_W_FP8) {
+            fp8x32_to_f32(_mm256_loadu_si256((const __m256i *)(row + k)), &wv[0], &wv[1]);
+            fp8x32_to_f32(_mm256_loadu_si256((const __m256i *)(row + k + 32)), &wv[2], &wv[3]);
+        } else {
+            #pragma GCC unroll 16
+            for (int u = 0; u < 4; u++) wv[u] = load_w(f, row, k + 16 * u, 0xFFFF);
+        }
+        #pragma GCC unroll 16
+        for (int u = 0; u < 4; u++)
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++)
+                acc[u][t] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(xs + t * ldx + k + 16 * u), acc[u][t]);
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = mask16(K - k);
+        __m512 wv = load_w(f, row, k, m);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[0][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs + t * ldx + k), acc[0][t]);
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]),
+                                                        _mm512_add_ps(acc[2][t], acc[3][t])));
+}
+
+#define GEMV_CASES(F)                                                              \
+    switch (T) {                                                                   \
+    case 4: gemv_tile(F, 4, w, r, xs, ldx, y, ldy); break;                         \
+    case 3: gemv_tile(F, 3, w, r, xs, ldx, y, ldy); break;                         \
+    case 2: gemv_tile(F, 2, w, r, xs, ldx, y, ldy); break;                         \
+    default: gemv_tile(F, 1, w, r, xs, ldx, y, ldy); break;                        \
+    }
+
+AVX512 static void gemv_fp8(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
+{
+    GEMV_CASES(DS_W_FP8)
+}
+AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
+{
+    GEMV_CASES(DS_W_BF16)
+}
+AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
+{
+    GEMV_CASES(DS_W_F32)
+}
+
+/* Rows [a, b) (relative to row0, one FP8 scale block) for all n tokens. */
+AVX512 static void gemv_rows(float *y, const float *xs, int n, const ds_weight *w, int row0, int rows, int a, int b)
+{
+    size_t ldx = (size_t)w->cols;
+    for (int r = a; r < b; r++)
+        for (int t0 = 0; t0 < n; t0 += 4) {
+            int T = MIN(4, n - t0);
+            float *yo = y + (size_t)t0 * rows + r;
+            const float *xo = xs + (size_t)t0 * ldx;
+            if (w->fmt == DS_W_FP8) gemv_fp8(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
+            else if (w->fmt == DS_W_BF16) gemv_bf16(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
+            else gemv_f32(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
+        }
+}
+
+AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    int K = w->cols, ngroups = (rows + 3) / 4;
+    bool fp8 = w->fmt == DS_W_FP8;
+    #pragma omp parallel
+    {
+        float *xs = fp8 ? scratch(0, sizeof(float) * (size_t)n * K) : NULL;
+        int cur_rb = -1;
+        if (fp8 && !xs) abort(); /* internal scratch of a few KiB */
+        #pragma omp for schedule(static)
+        for (int g = 0; g < ngroups; g++) {
+            int a = g * 4, b = MIN(a + 4, rows);
+            while (a < b) {
+                int e = b;
+                if (fp8) {
+                    int rb = (row0 + a) / DS_BLOCK;
+                    e = MIN(b, (rb + 1) * DS_BLOCK - row0);
+                    if (rb != cur_rb) scale_acts(xs, (size_t)K, x, 0, n, w, cur_rb = rb);
+                }
+                gemv_rows(y, fp8 ? xs : x, n, w, row0, rows, a, e);
+                a = e;
+            }
+        }
+    }
+}
+
+/* ---- prefill GEMM with vdpbf16ps ---------------------------------------- */
+
+/* A GEMM operand in bf16: rows of `ld` uint16 elements, `ke` of them used. In
+ * SPLIT precision each k is a pair: activations (hi, lo), weights (w, w). */
+
+#define GEMM_ROWS 64    /* rows per work unit (divides the 128-row scale block) */
+#define GEMM_TOKENS 48  /* tokens per work unit */
+#define GEMM_KC 1024    /* bf16 elements per k chunk (multiple of 32) */
+
+/* 16 floats -> 16 bf16 (round to nearest even), or 16 (hi, lo) pairs. */
+AVX512 INLINE void put_acts(uint16_t *o, __m512 v, bool split)
+{
+    __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
+    if (!split) {
+        _mm256_storeu_si256((__m256i *)o, hi);
+        return;
+    }
+    __m512 rest = _mm512_sub_ps(v, bf16x16_to_f32(hi));
+    __m256i lo = (__m256i)_mm512_cvtneps_pbh(rest);
+    __m512i pr = _mm512_or_si512(_mm512_cvtepu16_epi32(hi), _mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16));
+    _mm512_storeu_si512(o, pr);
+}
+
+/* Activations of tokens [t0, t1) for scale block rb, as bf16 rows of ld elements
+ * (zero padded beyond K). */
+AVX512 static void gemm_acts(uint16_t *xp, size_t ld, const float *x, int t0, int t1, const ds_weight *w, int rb,
+                             bool split)
+{
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, e = split ? 2 : 1;
+    for (int t = t0; t < t1; t++) {
+        const float *xi = x + (size_t)t * K;
+        uint16_t *o = xp + (size_t)(t - t0) * ld;
+        for (int b = 0; b < kb; b++) {
+            float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)rb * kb + b] * 256.0f : 1.0f;
+            __m512 sv = _mm512_set1_ps(s);
+            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16)
+                put_acts(o + (size_t)k * e, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask16(K - k), xi + k), sv), split);
+        }
+        memset(o + (size_t)K * e, 0, sizeof(uint16_t) * (ld - (size_t)K * e));
+    }
+}
+
+/* Weight rows [r, r+nr) columns [k0, k0+kc) as bf16 (pairs (w, w) when split). */
+AVX512 static void gemm_pack(uint16_t *wp, size_t ld, const ds_weight *w, int r, int nr, int k0, int kc, bool split)
+{
+    size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
+    for (int i = 0; i < nr; i++) {
+        const void *row = w_row(w, r + i);
+        uint16_t *o = wp + (size_t)i * ld;
+        /* the rows' chunks are short strided streams: prefetch two rows ahead */
+        if (i + 2 < nr)
+            for (size_t b = 0; b < (size_t)kc * esz; b += 64)
+                _mm_prefetch((const char *)w_row(w, r + i + 2) + (size_t)k0 * esz + b, _MM_HINT_T0);
+        for (int k = 0; k < kc; k += 16) {
+            __mmask16 m = mask16(kc - k);
+            __m512 v;
+            if (w->fmt == DS_W_FP8) v = fp8x16_to_f32(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + k0 + k));
+            else v = load_w(w->fmt, row, k0 + k, m);
+            __m512i b = _mm512_srli_epi32(_mm512_castps_si512(v), 16); /* exact for FP8/BF16 */
+            if (split) _mm512_storeu_si512(o + 2 * k, _mm512_or_si512(b, _mm512_slli_epi32(b, 16)));
+            else _mm256_storeu_si256((__m256i *)(o + k), _mm512_cvtepi32_epi16(b));
+        }
+    }
+}
+
+/* y[t][r] (+)= sum over ke bf16 elements of w[r] * x[t], R <= 4, T <= 6. w rows
+ * are read with masks (they may be the checkpoint itself); x rows are padded. */
+AVX512 INLINE void dp_tile(int R, int T, const uint16_t *const *wr, const uint16_t *x, size_t ldx, int ke, float *y,
+                           size_t ldy, bool add)
+{
+    __m512 acc[4][6];
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int k = 0; k < ke; k += 32) {
+        __mmask32 m = ke - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (ke - k)) - 1);
+        __m512i wv[4];
+        #pragma GCC unroll 16
+        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_epi16(m, wr[r] + k);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            __m512i xv = _mm512_loadu_si512(x + t * ldx + k);
+            #pragma GCC unroll 16
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            float s = _mm512_reduce_add_ps(acc[r][t]);
+            y[t * ldy + r] = add ? y[t * ldy + r] + s : s;
+        }
+}
+
+AVX512 static void dp_tiles(int R, int T, const uint16_t *const *wr, const uint16_t *x, size_t ldx, int ke, float *y,
+                            size_t ldy, bool add)
+{
+    if (R == 4) {
+        switch (T) {
+        case 6: dp_tile(4, 6, wr, x, ldx, ke, y, ldy, add); return;
+        case 5: dp_tile(4, 5, wr, x, ldx, ke, y, ldy, add); return;
+        case 4: dp_tile(4, 4, wr, x, ldx, ke, y, ldy, add); return;
+        case 3: dp_tile(4, 3, wr, x, ldx, ke, y, ldy, add); return;
+        case 2: dp_tile(4, 2, wr, x, ldx, ke, y, ldy, add); return;
+        default: break;
+        }
+    }
+    #pragma GCC unroll 16
+    for (int r = 0; r < R; r++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) dp_tile(1, 1, wr + r, x + t * ldx, ldx, ke, y + t * ldy + r, ldy, add);
+}
+
+/* One work unit: rows [a, b) (one scale block) x tokens [t0, t1). */
+AVX512 static void gemm_unit(float *y, const float *x, const ds_weight *w, int row0, int rows, int a, int b, int t0,
+                             int t1, uint16_t *xp, uint16_t *wp, bool split)
+{
+    int K = w->cols, e = split ? 2 : 1;
+    size_t ldx = ((size_t)K * e + 31) / 32 * 32;
+    bool direct = w->fmt == DS_W_BF16 && !split; /* read the checkpoint's bf16 rows as they are */
+    gemm_acts(xp, ldx, x, t0, t1, w, (row0 + a) / DS_BLOCK, split);
+    for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+        int kc = MIN(GEMM_KC, K - k0);
+        size_t ldw = (size_t)GEMM_KC * e;
+        if (!direct) gemm_pack(wp, ldw, w, row0 + a, b - a, k0, kc, split);
+        for (int r = a; r < b; r += 4) {
+            int R = MIN(4, b - r);
+            const uint16_t *wr[4];
+            #pragma GCC unroll 16
+            for (int i = 0; i < R; i++)
+                wr[i] = direct ? (const uint16_t *)w_row(w, row0 + r + i) + k0 : wp + (size_t)(r - a + i) * ldw;
+            for (int t = t0; t < t1; t += 6)
+                dp_tiles(R, MIN(6, t1 - t), wr, xp + (size_t)(t - t0) * ldx + (size_t)k0 * e, ldx, kc * e,
+                         y + (size_t)t * rows + r, (size_t)rows, k0 > 0);
+        }
+    }
+}
+
+AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    if (w->fmt == DS_W_F32) { /* not exact in bf16 */
+        avx512_matmul_decode(y, x, n, w, row0, rows);
+        return;
+    }
+    bool split = cpu_gemm_precision == CPU_GEMM_SPLIT;
+    int K = w->cols, e = split ? 2 : 1;
+    /* units: row spans of up to GEMM_ROWS aligned to absolute multiples of GEMM_ROWS */
+    int first = row0 / GEMM_ROWS, last = (row0 + rows - 1) / GEMM_ROWS;
+    int nr = last - first + 1, nt = (n + GEMM_TOKENS - 1) / GEMM_TOKENS;
+    size_t ldx = ((size_t)K * e + 31) / 32 * 32;
+    #pragma omp parallel
+    {
+        uint16_t *xp = scratch(0, sizeof(uint16_t) * ldx * GEMM_TOKENS);
+        uint16_t *wp = scratch(1, sizeof(uint16_t) * (size_t)GEMM_ROWS * GEMM_KC * e);
+        if (!xp || !wp) abort(); /* internal scratch of about 1 MiB */
+        #pragma omp for schedule(dynamic, 1)
+        for (int u = 0; u < nr * nt; u++) {
+            int ri = u / nt, ti = u % nt;
+            int a = MIN(rows, (first + ri) * GEMM_ROWS - row0), b = MIN(rows, (first + ri + 1) * GEMM_ROWS - row0);
+            if (a < 0) a = 0;
+            int t0 = ti * GEMM_TOKENS, t1 = MIN(n, t0 + GEMM_TOKENS);
+            gemm_unit(y, x, w, row0, rows, a, b, t0, t1, xp, wp, split);
+        }
+    }
+}
+
+AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+                          bool ue8m0)
+{
+    if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) {
+        /* the activation-quantised path exists for fidelity to the reference */
+        cpu_ref_ops.matmul(y, x, n, w, row0, rows, gemm, ue8m0);
+        return;
+    }
+    if (n >= cpu_gemm_min_tokens) avx512_matmul_gemm(y, x, n, w, row0, rows);
+    else avx512_matmul_decode(y, x, n, w, row0, rows);
+}
+
+/* ---- transpose matmul: y[t][c] = sum_r x[t][r] W[row0 + r][c] ----------- */
+
+/* Columns [c0, c0+128) for T <= 3 tokens. */
+AVX512 INLINE void gemv_t_tile(int T, float *y, const float *x, int n_rows_x, const ds_weight *w, int row0, int rows,
+                               int c0)
+{
+    int C = w->cols, cb = (C + DS_BLOCK - 1) / DS_BLOCK;
+    __mmask16 m[8];
+    __m512 acc[3][8];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) m[i] = c0 + 16 * i < C ? mask16(C - c0 - 16 * i) : 0;
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 16
+        for (int i = 0; i < 8; i++) acc[t][i] = _mm512_setzero_ps();
+    for (int r = 0; r < rows; r++) {
+        const void *row = w_row(w, row0 + r);
+        float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK] * 256.0f : 1.0f;
+        __m512 wv[8];
+        #pragma GCC unroll 16
+        for (int i = 0; i < 8; i++) wv[i] = load_w(w->fmt, row, c0 + 16 * i, m[i]);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            __m512 xb = _mm512_set1_ps(x[(size_t)t * n_rows_x + r] * s);
+            #pragma GCC unroll 16
+            for (int i = 0; i < 8; i++) acc[t][i] = _mm512_fmadd_ps(wv[i], xb, acc[t][i]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 16
+        for (int i = 0; i < 8; i++) _mm512_mask_storeu_ps(y + (size_t)t * C + c0 + 16 * i, m[i], acc[t][i]);
+}
+
+AVX512 void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    int C = w->cols, nc = (C + 127) / 128, ng = (n + 2) / 3;
+    #pragma omp parallel for schedule(static) if (nc * ng > 1)
+    for (int u = 0; u < nc * ng; u++) {
+        int c0 = (u % nc) * 128, t0 = (u / nc) * 3, T = MIN(3, n - t0);
+        float *yo = y + (size_t)t0 * C;
+        const float *xo = x + (size_t)t0 * rows;
+        if (T == 3) gemv_t_tile(3, yo, xo, rows, w, row0, rows, c0);
+        else
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++) gemv_t_tile(1, yo + (size_t)t * C, xo + (size_t)t * rows, rows, w, row0, rows, c0);
+    }
+}
+
+/* ---- absorb attention ---------------------------------------------------
+ * For one token, all heads, positions [j0, j1): scores s[h][j] = (q_c[h].kv[j]
+ * + q_pe[h].pe[j]) * scale, an online softmax (running max mx[h] and sum l[h])
+ * and o[h] = sum_j p[h][j] kv[j] (not yet divided by l). Every cache row is
+ * read once for all heads. Needs kv_rank and rope to be multiples of 16. */
+
+#define ATT_JB 64
+
+/* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]. */
+AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp,
+                              const float *kv, const float *pe, int h, int j, int jb, float *sc)
+{
+    int R = a->kv_rank, P = a->rope;
+    __m512 acc[4][4];
+    #pragma GCC unroll 16
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 16
+        for (int v = 0; v < JN; v++) acc[u][v] = _mm512_setzero_ps();
+    for (int c = 0; c < R; c += 16) {
+        __m512 kvv[4];
+        #pragma GCC unroll 16
+        for (int v = 0; v < JN; v++) kvv[v] = _mm512_loadu_ps(kv + (size_t)(j + v) * R + c);
+        #pragma GCC unroll 16
+        for (int u = 0; u < HN; u++) {
+            __m512 q = _mm512_loadu_ps(qc + (size_t)(h + u) * R + c);
+            #pragma GCC unroll 16
+            for (int v = 0; v < JN; v++) acc[u][v] = _mm512_fmadd_ps(q, kvv[v], acc[u][v]);
+        }
+    }
+    for (int c = 0; c < P; c += 16)
+        #pragma GCC unroll 16
+        for (int u = 0; u < HN; u++) {
+            __m512 q = _mm512_loadu_ps(qp + (size_t)(h + u) * P + c);
+            #pragma GCC unroll 16
+            for (int v = 0; v < JN; v++)
+                acc[u][v] = _mm512_fmadd_ps(q, _mm512_loadu_ps(pe + (size_t)(j + v) * P + c), acc[u][v]);
+        }
+    #pragma GCC unroll 16
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 16
+        for (int v = 0; v < JN; v++)
+            sc[(size_t)(h + u) * ATT_JB + j + v - jb] = _mm512_reduce_add_ps(acc[u][v]) * a->softmax_scale;
+}
+
+/* o[h][c..c+64) += sum_j p[h][j] kv[j][c..c+64) for heads [h, h+HN). */
+AVX512 INLINE void att_values(int HN, int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
+{
+    __m512 acc[4][4];
+    #pragma GCC unroll 16
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) acc[u][i] = _mm512_loadu_ps(o + (size_t)(h + u) * R + c + 16 * i);
+    for (int j = 0; j < nj; j++) {
+        const float *kr = kv + (size_t)(jb + j) * R + c;
+        __m512 kvv[4];
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) kvv[i] = _mm512_loadu_ps(kr + 16 * i);
+        #pragma GCC unroll 16
+        for (int u = 0; u < HN; u++) {
+            __m512 pb = _mm512_set1_ps(p[(size_t)(h + u) * ATT_JB + j]);
+            #pragma GCC unroll 16
+            for (int i = 0; i < 4; i++) acc[u][i] = _mm512_fmadd_ps(pb, kvv[i], acc[u][i]);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(o + (size_t)(h + u) * R + c + 16 * i, acc[u][i]);
+}
+
+AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
+{
+    int H = a->n_heads, R = a->kv_rank, s = a->seq[t];
+    const float *qc = a->q_c + (size_t)t * H * R, *qp = a->q_pe + (size_t)t * H * a->rope;
+    const float *kv = a->kv_cache + (size_t)s * a->ctx * R, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    for (int h = 0; h < H; h++) {
+        mx[h] = -INFINITY;
+        l[h] = 0;
+    }
+    memset(o, 0, sizeof(float) * (size_t)H * R);
+    for (int jb = j0; jb < j1; jb += ATT_JB) {
+        int nj = MIN(ATT_JB, j1 - jb), h = 0;
+        for (; h + 4 <= H; h += 4) {
+            int j = jb;
+            for (; j + 4 <= jb + nj; j += 4) att_scores(4, 4, a, qc, qp, kv, pe, h, j, jb, sc);
+            for (; j < jb + nj; j++) att_scores(4, 1, a, qc, qp, kv, pe, h, j, jb, sc);
+        }
+        for (; h < H; h++)
+            for (int j = jb; j < jb + nj; j++) att_scores(1, 1, a, qc, qp, kv, pe, h, j, jb, sc);
+        /* online softmax: rescale what was accumulated under the old maximum */
+        for (h = 0; h < H; h++) {
+            float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
+            for (int j = 0; j < nj; j++) m = fmaxf(m, sh[j]);
+            float corr = expf(mx[h] - m), sum = 0;
+            __m512 mv = _mm512_set1_ps(m);
+            for (int j = 0; j < nj; j += 16) {
+                __mmask16 k = mask16(nj - j);
+                __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, sh + j), mv));
+                _mm512_mask_storeu_ps(sh + j, k, e);
+                sum += _mm512_mask_reduce_add_ps(k, e);
+            }
+            l[h] = l[h] * corr + sum;
+            mx[h] = m;
+            if (corr != 1.0f) {
+                __m512 cv = _mm512_set1_ps(corr);
+                for (int c = 0; c < R; c += 16)
+                    _mm512_storeu_ps(o + (size_t)h * R + c, _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)h * R + c), cv));
+            }
+        }
+        for (int c = 0; c < R; c += 64) {
+            h = 0;
+            if (R - c >= 64) {
+                for (; h + 4 <= H; h += 4) att_values(4, R, kv, jb, nj, sc, h, c, o);
+                for (; h < H; h++) att_values(1, R, kv, jb, nj, sc, h, c, o);
+            } else {
+                for (; h < H; h++)
+                    for (int j = 0; j < nj; j++) {
+                        float p = sc[(size_t)h * ATT_JB + j];
+                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kv[(size_t)(jb + j) * R + cc];
+                    }
+            }
+        }
+    }
+}
+
+/* Combines nparts partial results (mx, l, o) of one token into out[h][R]. */
+static void att_merge(int H, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
+{
+    for (int h = 0; h < H; h++) {
+        float m = -INFINITY, sum = 0;
+        for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
+        float *oh = out + (size_t)h * R;
+        memset(oh, 0, sizeof(float) * (size_t)R);
+        for (int p = 0; p < nparts; p++) {
+            if (mx[p][h] == -INFINITY) continue;
+            float f = expf(mx[p][h] - m);
+            sum += l[p][h] * f;
+            #pragma GCC unroll 16
+            for (int c = 0; c < R; c++) oh[c] += o[p][(size_t)h * R + c] * f;
+        }
+        #pragma GCC unroll 16
+        for (int c = 0; c < R; c++) oh[c] /= sum;
+    }
+}
+
+AVX512 void avx512_attention(const ds_attn_args *a, ds_attn_impl impl)
+{
+    if (impl != DS_ATTN_ABSORB || a->kv_rank % 16 || a->rope % 16) {
+        cpu_ref_ops.attention(a, impl);
+        return;
+    }
+    int H = a->n_heads, R = a->kv_rank, nth = omp_get_max_threads();
+    /* many tokens: one token per thread; few: split each token's positions over threads */
+    bool by_token = a->n_tokens >= nth;
+    float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
+    if (!mx) abort();
+    #pragma omp parallel num_threads(nth)
+    {
+        int me = omp_get_thread_num(), parts = omp_get_num_threads();
+        float *buf = scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
+        if (!buf) abort(); /* internal scratch: a few tens of KiB */
+        mx[me] = buf;
+        l[me] = buf + H;
+        o[me] = buf + 2 * H;
+        float *sc = buf + 2 * H + (size_t)H * R;
+        if (by_token) {
+            #pragma omp for schedule(dynamic, 1)
+            for (int t = 0; t < a->n_tokens; t++) {
+                att_part(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
+                att_merge(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
+            }
+        } else {
+            for (int t = 0; t < a->n_tokens; t++) {
+                int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
+                int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
+                att_part(a, t, j0, j1, mx[me], l[me], o[me], sc);
+                #pragma omp barrier
+                #pragma omp single
+                att_merge(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+            }
+        }
+    }
+    free(mx);
+}
+
+/* ---- silu ---------------------------------------------------------------- */
+
+AVX512 void avx512_silu_mul(float *a, const float *b, size_t n)
+{
+    /* silu(x) = x * sigmoid(x) = x / (1 + exp(-x)) */
+    #pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n; i += 16) {
+        __mmask16 m = mask16((int)MIN(16, n - i));
+        __m512 x = _mm512_maskz_loadu_ps(m, a + i);
+        __m512 s = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_mask_storeu_ps(a + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}

@@ -1,0 +1,44 @@
+/* cpu_simd.h - the CPU backend's vectorised kernels (AVX-512, AVX2).
+ *
+ * Each kernel computes exactly what its cpu_ref.c counterpart defines, up to
+ * float rounding, and is tested against it in tests/backend/. The kernels are
+ * compiled with per-function target attributes, so the build stays portable:
+ * cpu_backend() calls them only after __builtin_cpu_supports() says the CPU
+ * has the instructions.
+ *
+ * Weights are read in place (FP8 e4m3 with 128x128 block scales, BF16, F32)
+ * and widened in registers; no dequantised copy of a weight is ever kept. */
+#ifndef DS_CPU_SIMD_H
+#define DS_CPU_SIMD_H
+
+#include "backend/backend.h"
+
+/* Which instruction sets this CPU offers (cached after the first call). */
+bool cpu_has_avx512(void);  /* F, BW, VL, DQ and BF16 (vdpbf16ps) */
+bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
+
+/* Precision of the batched (prefill) GEMM's activations on the AVX-512 path:
+ *   CPU_GEMM_BF16:  x rounded to bf16 once, one vdpbf16ps per pair of k;
+ *   CPU_GEMM_SPLIT: x = hi + lo (two bf16), w exact in bf16, twice the work,
+ *                   about float32 accuracy.
+ * Weights (BF16, or FP8 which is exact in bf16) are never rounded. */
+typedef enum { CPU_GEMM_BF16, CPU_GEMM_SPLIT } cpu_gemm_prec;
+extern cpu_gemm_prec cpu_gemm_precision;
+/* Token counts from which matmul uses the batched GEMM (below: the decode kernel). */
+extern int cpu_gemm_min_tokens;
+
+/* AVX-512 kernels (same contracts as the ds_ops members of the same name). */
+void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+                   bool ue8m0);
+void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+void avx512_attention(const ds_attn_args *a, ds_attn_impl impl);
+void avx512_silu_mul(float *a, const float *b, size_t n);
+/* The two matmul strategies, exposed so tests can reach both at any n. */
+void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+
+/* AVX2 kernels. */
+void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+                 bool ue8m0);
+
+#endif

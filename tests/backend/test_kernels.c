@@ -1,0 +1,289 @@
+/* test_kernels.c - every vectorised CPU kernel against the scalar reference
+ * (cpu_ref.c) on random inputs: odd sizes, partial 128-blocks, row offsets,
+ * every weight format, FP8 subnormals; sentinels past the end of every output
+ * catch overruns. Error is normalised by sum |x_k w_k| (the size of the terms),
+ * so the bound does not depend on cancellation. */
+#include <string.h>
+
+#include "backend/cpu/cpu_ref.h"
+#include "backend/cpu/cpu_simd.h"
+#include "base/numeric.h"
+#include "test.h"
+
+#define SENTINEL 12345.678f
+#define PAD 16
+
+static uint64_t g_rng = 88172645463325252ull;
+
+static double urand(void) /* [0, 1) */
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (double)(g_rng >> 11) / 9007199254740992.0;
+}
+
+static float frand(void) { return (float)(2 * urand() - 1); }
+
+typedef struct {
+    ds_weight w;
+    void *data;
+    float *scale;
+} tweight;
+
+/* rows x cols in format f; FP8 codes are uniform over all non-NaN codes. */
+static tweight make_weight(ds_wfmt f, int rows, int cols)
+{
+    tweight t = {0};
+    size_t n = (size_t)rows * cols;
+    t.w.fmt = f;
+    t.w.rows = rows;
+    t.w.cols = cols;
+    if (f == DS_W_F32) {
+        float *p = malloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) p[i] = frand();
+        t.data = p;
+    } else if (f == DS_W_BF16) {
+        uint16_t *p = malloc(sizeof(uint16_t) * n);
+        for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(frand());
+        t.data = p;
+    } else {
+        uint8_t *p = malloc(n);
+        for (size_t i = 0; i < n; i++) {
+            uint8_t c;
+            do c = (uint8_t)(urand() * 256); while ((c & 0x7f) == 0x7f);
+            p[i] = c;
+        }
+        int sr = (rows + 127) / 128, sc = (cols + 127) / 128;
+        t.scale = malloc(sizeof(float) * (size_t)sr * sc);
+        for (int i = 0; i < sr * sc; i++) t.scale[i] = (float)(0.001 + 0.01 * urand());
+        t.data = p;
+    }
+    t.w.data = t.data;
+    t.w.scale = t.scale;
+    return t;
+}
+
+static void free_weight(tweight *t)
+{
+    free(t->data);
+    free(t->scale);
+}
+
+static float *rand_vec(size_t n)
+{
+    float *v = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) v[i] = frand() * 3;
+    return v;
+}
+
+/* An output buffer of n floats followed by PAD sentinels. */
+static float *out_buf(size_t n)
+{
+    float *v = malloc(sizeof(float) * (n + PAD));
+    for (size_t i = 0; i < n + PAD; i++) v[i] = SENTINEL;
+    return v;
+}
+
+static bool sentinels_ok(const float *v, size_t n)
+{
+    for (size_t i = n; i < n + PAD; i++)
+        if (v[i] != SENTINEL) return false;
+    return true;
+}
+
+/* max over outputs of |got - ref| / sum_k |x_k w_k| for y = x W[row0..]^T */
+static double matmul_err(const float *got, const float *ref, const float *x, int n, const ds_weight *w, int row0,
+                         int rows)
+{
+    float *row = malloc(sizeof(float) * (size_t)w->cols);
+    double worst = 0;
+    for (int r = 0; r < rows; r++) {
+        cpu_dequant_row(w, row0 + r, row);
+        for (int t = 0; t < n; t++) {
+            double mag = 1e-30;
+            for (int k = 0; k < w->cols; k++) mag += fabs((double)x[(size_t)t * w->cols + k] * row[k]);
+            double e = fabs((double)got[(size_t)t * rows + r] - ref[(size_t)t * rows + r]) / mag;
+            if (!(e <= worst)) worst = e; /* NaN counts as worst */
+        }
+    }
+    free(row);
+    return worst;
+}
+
+typedef void (*matmul_fn)(float *, const float *, int, const ds_weight *, int, int);
+
+static void avx2_mm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    avx2_matmul(y, x, n, w, row0, rows, DS_GEMM_BF16, false);
+}
+
+static void check_matmul(const char *label, matmul_fn f, double tol)
+{
+    static const int shapes[][4] = {
+        /* rows, cols, row0, used rows */
+        {1, 1, 0, 1}, {5, 17, 1, 3}, {37, 130, 0, 37}, {130, 257, 2, 127}, {300, 129, 100, 190},
+        {256, 512, 128, 128}, {70, 2048, 0, 70}, {129, 33, 64, 65},
+    };
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 50};
+    static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int rows = shapes[si][0], cols = shapes[si][1], row0 = shapes[si][2], nr = shapes[si][3], n = ns[ni];
+                tweight w = make_weight(fmts[fi], rows, cols);
+                float *x = rand_vec((size_t)n * cols);
+                float *ref = out_buf((size_t)n * nr), *got = out_buf((size_t)n * nr);
+                cpu_ref_ops.matmul(ref, x, n, &w.w, row0, nr, DS_GEMM_BF16, false);
+                f(got, x, n, &w.w, row0, nr);
+                double e = matmul_err(got, ref, x, n, &w.w, row0, nr);
+                CHECK_MSG(e <= tol, "%s fmt %d %dx%d rows [%d,+%d) n %d: error %.3g > %.3g", label, (int)fmts[fi], rows,
+                          cols, row0, nr, n, e, tol);
+                CHECK_MSG(sentinels_ok(got, (size_t)n * nr), "%s fmt %d %dx%d n %d: wrote past the end", label,
+                          (int)fmts[fi], rows, cols, n);
+                free(x);
+                free(ref);
+                free(got);
+                free_weight(&w);
+            }
+}
+
+static void gemm_split(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    cpu_gemm_precision = CPU_GEMM_SPLIT;
+    avx512_matmul_gemm(y, x, n, w, row0, rows);
+}
+
+static void gemm_bf16(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    cpu_gemm_prec keep = cpu_gemm_precision;
+    cpu_gemm_precision = CPU_GEMM_BF16;
+    avx512_matmul_gemm(y, x, n, w, row0, rows);
+    cpu_gemm_precision = keep;
+}
+
+/* Every non-NaN e4m3 code, through the decode kernel: a (256, 1) weight of
+ * codes 0..255 with scale 1 times x = 1 gives the code's value exactly. */
+static void check_e4m3_codes(void)
+{
+    uint8_t codes[256];
+    float scale[2] = {1, 1}, x = 1, y[256 + PAD];
+    for (int i = 0; i < 256; i++) codes[i] = (uint8_t)i;
+    ds_weight w = {.fmt = DS_W_FP8, .rows = 256, .cols = 1, .data = codes, .scale = scale};
+    for (int i = 0; i < 256 + PAD; i++) y[i] = SENTINEL;
+    avx512_matmul_decode(y, &x, 1, &w, 0, 256);
+    int bad = 0;
+    for (int i = 0; i < 256; i++) {
+        if ((i & 0x7f) == 0x7f) continue; /* NaN codes: only must not crash */
+        bad += y[i] != fp8_e4m3_to_f32((uint8_t)i);
+    }
+    CHECK_MSG(bad == 0, "%d e4m3 codes widened wrongly", bad);
+    CHECK(sentinels_ok(y, 256));
+}
+
+static void check_matmul_t(void)
+{
+    static const int shapes[][4] = {{256, 512, 128, 128}, {37, 130, 0, 37}, {300, 129, 130, 33}, {5, 17, 0, 5}};
+    static const int ns[] = {1, 2, 3, 4, 7};
+    static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int rows = shapes[si][0], cols = shapes[si][1], row0 = shapes[si][2], nr = shapes[si][3], n = ns[ni];
+                tweight w = make_weight(fmts[fi], rows, cols);
+                float *x = rand_vec((size_t)n * nr), *ref = out_buf((size_t)n * cols), *got = out_buf((size_t)n * cols);
+                cpu_ref_ops.matmul_t(ref, x, n, &w.w, row0, nr);
+                avx512_matmul_t(got, x, n, &w.w, row0, nr);
+                double worst = 0, mag = 0;
+                for (size_t i = 0; i < (size_t)n * cols; i++) {
+                    worst = fmax(worst, fabs((double)got[i] - ref[i]));
+                    mag = fmax(mag, fabs((double)ref[i]));
+                }
+                CHECK_MSG(worst <= 1e-5 * mag, "matmul_t fmt %d %dx%d n %d: error %.3g of %.3g", (int)fmts[fi], rows,
+                          cols, n, worst, mag);
+                CHECK(sentinels_ok(got, (size_t)n * cols));
+                free(x);
+                free(ref);
+                free(got);
+                free_weight(&w);
+            }
+}
+
+static void check_attention(void)
+{
+    static const int cases[][5] = {
+        /* heads, kv_rank, rope, tokens, first position */
+        {16, 512, 64, 1, 300}, {5, 48, 16, 1, 0}, {3, 32, 16, 4, 70}, {8, 128, 32, 9, 0}, {7, 64, 16, 2, 1000},
+        {3, 40, 8, 2, 5}, /* not multiples of 16: the reference path */
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int H = cases[ci][0], R = cases[ci][1], P = cases[ci][2], n = cases[ci][3], p0 = cases[ci][4];
+        int ctx = p0 + n + 3, nseq = 2;
+        float *kv = rand_vec((size_t)nseq * ctx * R), *pe = rand_vec((size_t)nseq * ctx * P);
+        float *qc = rand_vec((size_t)n * H * R), *qp = rand_vec((size_t)n * H * P);
+        float *ref = out_buf((size_t)n * H * R), *got = out_buf((size_t)n * H * R);
+        int *seq = malloc(sizeof(int) * (size_t)n), *pos = malloc(sizeof(int) * (size_t)n);
+        for (int t = 0; t < n; t++) {
+            seq[t] = t % 2;
+            pos[t] = p0 + t;
+        }
+        ds_attn_args a = {.n_tokens = n, .seq = seq, .pos = pos, .n_heads = H, .nope = 8, .rope = P, .vdim = 8,
+                          .kv_rank = R, .softmax_scale = 0.05f, .q_c = qc, .q_pe = qp, .kv_cache = kv,
+                          .pe_cache = pe, .ctx = ctx, .out = ref};
+        cpu_ref_ops.attention(&a, DS_ATTN_ABSORB);
+        a.out = got;
+        avx512_attention(&a, DS_ATTN_ABSORB);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)n * H * R; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        CHECK_MSG(worst <= 1e-5, "attention H %d R %d rope %d n %d pos %d: error %.3g", H, R, P, n, p0, worst);
+        CHECK(sentinels_ok(got, (size_t)n * H * R));
+        free(kv);
+        free(pe);
+        free(qc);
+        free(qp);
+        free(ref);
+        free(got);
+        free(seq);
+        free(pos);
+    }
+}
+
+static void check_silu(void)
+{
+    static const size_t ns[] = {1, 15, 16, 17, 1000, 70001};
+    for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
+        size_t n = ns[i];
+        float *a = rand_vec(n), *b = rand_vec(n), *ref = out_buf(n), *got = out_buf(n);
+        for (size_t j = 0; j < n; j++) a[j] *= 30; /* both tails of the sigmoid */
+        memcpy(ref, a, sizeof(float) * n);
+        memcpy(got, a, sizeof(float) * n);
+        cpu_ref_ops.silu_mul(ref, b, n);
+        avx512_silu_mul(got, b, n);
+        double worst = 0;
+        for (size_t j = 0; j < n; j++) worst = fmax(worst, fabs((double)got[j] - ref[j]) / (fabs(ref[j]) + 1e-6));
+        CHECK_MSG(worst <= 1e-5, "silu_mul n %zu: relative error %.3g", n, worst);
+        CHECK(sentinels_ok(got, n));
+        free(a);
+        free(b);
+        free(ref);
+        free(got);
+    }
+}
+
+int main(void)
+{
+    if (cpu_has_avx2()) check_matmul("avx2 matmul", avx2_mm, 1e-6);
+    if (!cpu_has_avx512()) {
+        printf("no AVX-512 (F/BW/VL/DQ/BF16): AVX-512 kernels not tested\n");
+        return t_done("backend_kernels");
+    }
+    check_e4m3_codes();
+    check_matmul("avx512 decode", avx512_matmul_decode, 1e-6);
+    check_matmul("avx512 gemm split", gemm_split, 1e-5);
+    /* bf16 activations: each x_k rounded by at most 2^-9 relative */
+    check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512);
+    check_matmul_t();
+    check_attention();
+    check_silu();
+    return t_done("backend_kernels");
+}

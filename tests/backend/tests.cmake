@@ -1,0 +1,1 @@
+dsv3_unit_test(backend_kernels ${CMAKE_CURRENT_LIST_DIR}/test_kernels.c)

@@ -1,0 +1,342 @@
+/* cmd_bench.c - `dsv3 bench`: prefill (pp) and decode (tg) speed, in the style
+ * of llama-bench, with every figure next to the limit that bounds it.
+ *
+ * For each context depth d the KV cache rows 0..d-1 are filled with random
+ * values (attention costs the same whatever the values), then each test runs
+ * -r times: ppN is one forward pass over N prompt tokens at positions d..,
+ * tgN is N single-token forward passes. Load time and page faults are
+ * excluded: every page of the checkpoint is touched before timing.
+ *
+ * Decode is bounded by memory bandwidth: bytes_per_token counts the weights one
+ * token reads (attention, dense and shared MLPs, the routed experts it selects,
+ * the head, block scales included); GB/s = bytes_per_token * tok/s, printed
+ * beside the read bandwidth measured in the same run. Prefill is bounded by
+ * arithmetic: GFLOP/s = 2 * active weights per token * tok/s, beside the
+ * measured f32 FMA and bf16 dot-product peaks. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "args.h"
+#include "backend/cpu/cpu_peak.h"
+#include "cmds.h"
+#include "model/model.h"
+
+#define USAGE "--ckpt-path DIR --config FILE [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] " \
+              "[--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t wbytes(const ds_weight *w)
+{
+    if (!w->data) return 0;
+    size_t n = (size_t)w->rows * w->cols, esz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+    size_t s = w->fmt == DS_W_FP8 ? (size_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4 : 0;
+    return n * esz + s;
+}
+
+static size_t welems(const ds_weight *w) { return w->data ? (size_t)w->rows * w->cols : 0; }
+
+/* Weight bytes (or elements) one forward pass reads when each MoE layer
+ * touches `experts` routed experts; the head is counted `head` times. */
+static double pass_weights(const ds_model *m, double experts, int head, size_t (*f)(const ds_weight *))
+{
+    double sum = 0;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const ds_layer *l = &m->layers[i];
+        sum += (double)(f(&l->wq) + f(&l->wq_a) + f(&l->wq_b) + f(&l->wkv_a) + f(&l->wkv_b) + f(&l->wo));
+        if (!l->moe) {
+            sum += (double)(f(&l->w1) + f(&l->w2) + f(&l->w3));
+            continue;
+        }
+        sum += (double)(f(&l->gate) + f(&l->sw1) + f(&l->sw2) + f(&l->sw3));
+        sum += experts * (double)(f(&l->ew1[0]) + f(&l->ew2[0]) + f(&l->ew3[0]));
+    }
+    return sum + head * (double)f(&m->head);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    double med, min, max;
+} spread;
+
+static spread summarise(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    spread s = {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v[0], v[n - 1]};
+    return s;
+}
+
+/* Reads one byte of every page of every shard, so timing sees no page faults. */
+static void touch_checkpoint(const ds_ckpt *c, size_t *bytes)
+{
+    volatile uint8_t sink = 0;
+    *bytes = 0;
+    for (size_t f = 0; f < c->n_files; f++) {
+        const st_file *sf = c->files[f];
+        *bytes += sf->size;
+        for (size_t i = 0; i < sf->n_tensors; i++) {
+            const uint8_t *p = sf->tensors[i].data;
+            size_t len = sf->tensors[i].nbytes;
+            for (size_t o = 0; p && o < len; o += 4096) sink += p[o];
+        }
+    }
+    (void)sink;
+}
+
+static uint32_t lcg(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+/* Rows [0, d) of sequence 0 get uniform values in [-1, 1]. */
+static void fill_cache(const ds_model *m, ds_kvcache *kv, int d)
+{
+    uint64_t s = 42;
+    const ds_config *c = &m->cfg;
+    size_t na = kv->attn == DS_ATTN_ABSORB ? (size_t)c->kv_lora_rank : (size_t)m->n_local_heads * m->qk_head_dim;
+    size_t nb = kv->attn == DS_ATTN_ABSORB ? (size_t)c->qk_rope_head_dim : (size_t)m->n_local_heads * c->v_head_dim;
+    for (int li = 0; li < kv->n_layers; li++) {
+        float *a = kv->attn == DS_ATTN_ABSORB ? kv->kv[li] : kv->k[li];
+        float *b = kv->attn == DS_ATTN_ABSORB ? kv->pe[li] : kv->v[li];
+        for (size_t i = 0; i < (size_t)d * na; i++) a[i] = (float)lcg(&s) / 2147483648.0f - 1.0f;
+        for (size_t i = 0; i < (size_t)d * nb; i++) b[i] = (float)lcg(&s) / 2147483648.0f - 1.0f;
+    }
+}
+
+static long peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb;
+}
+
+typedef struct {
+    ds_model *m;
+    ds_kvcache *kv;
+    int32_t *tok;
+    int *seq, *pos;
+    bool *want;
+    float *logits;
+} bench_ctx;
+
+/* One timed prefill of n tokens at depth d; returns seconds or < 0 on error. */
+static double run_pp(bench_ctx *b, int n, int d)
+{
+    for (int i = 0; i < n; i++) {
+        b->pos[i] = d + i;
+        b->want[i] = i == n - 1;
+    }
+    double t0 = now();
+    if (model_forward(b->m, b->kv, n, b->tok, b->seq, b->pos, b->want, b->logits)) return -1;
+    return now() - t0;
+}
+
+/* n decode steps at positions d..d+n-1, each token the argmax of the last. */
+static double run_tg(bench_ctx *b, int n, int d)
+{
+    int V = b->m->cfg.vocab_size;
+    int32_t t = b->tok[0];
+    bool want = true;
+    double t0 = now();
+    for (int i = 0; i < n; i++) {
+        int pos = d + i, seq = 0;
+        if (model_forward(b->m, b->kv, 1, &t, &seq, &pos, &want, b->logits)) return -1;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (b->logits[v] > b->logits[best]) best = v;
+        t = best;
+    }
+    return now() - t0;
+}
+
+typedef struct {
+    bool json;
+    int threads;
+    double bw, fma, bf16;
+    const char *kernels, *dtype;
+} report;
+
+static void print_row(const report *r, const char *test, int np, int ng, int d, spread s, double bytes_tok,
+                      double flop_tok)
+{
+    double gbps = bytes_tok * s.med / 1e9, gflops = flop_tok * s.med / 1e9;
+    double lim = r->bf16 > 0 ? r->bf16 : r->fma;
+    if (r->json) {
+        printf("{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"threads\": %d, "
+               "\"kernels\": \"%s\", \"weights\": \"%s\", \"tok_s\": %.3f, \"tok_s_min\": %.3f, \"tok_s_max\": %.3f, "
+               "\"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_gbps\": %.3f, \"bw_frac\": %.4f, "
+               "\"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"bf16_peak_gflops\": %.2f}\n",
+               test, np, ng, d, r->threads, r->kernels, r->dtype, s.med, s.min, s.max, bytes_tok, gbps, r->bw,
+               gbps / r->bw, gflops, r->fma, r->bf16);
+    } else if (!strcmp(test, "tg")) {
+        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s read\n", ng, d, s.med, s.min,
+               s.max, bytes_tok / 1e6, gbps, 100 * gbps / r->bw, r->bw);
+    } else {
+        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak (%5.1f f32 FMA)\n", np, d,
+               s.med, s.min, s.max, gflops, 100 * gflops / lim, lim, r->fma);
+    }
+    fflush(stdout);
+}
+
+static int parse_list(const char *s, int **out, const char *flag)
+{
+    int n = args_int_list(s, out);
+    for (int i = 0; i < n; i++)
+        if ((*out)[i] < 0) n = -1;
+    if (n <= 0) fprintf(stderr, "dsv3 bench: %s must be comma-separated non-negative integers, got '%s'\n", flag, s);
+    return n;
+}
+
+int cmd_bench(int argc, char **argv)
+{
+    const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *attn = "absorb", *gemm = "bf16";
+    int threads = 0, reps = 3;
+    bool json = false, ref = false;
+    arg_spec specs[] = {
+        {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
+        {"--config", ARG_STR, &config, true, "FILE model config"},
+        {"-p", ARG_STR, &ps, false, "LIST prompt lengths for prefill tests (default 512; 0 skips)"},
+        {"-n", ARG_STR, &ns, false, "LIST generated tokens for decode tests (default 128; 0 skips)"},
+        {"-d", ARG_STR, &ds, false, "LIST context depths (default 0)"},
+        {"-t", ARG_INT, &threads, false, "N    threads (default: OpenMP's)"},
+        {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
+        {"--json", ARG_BOOL, &json, false, "     one JSON object per line"},
+        {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
+        {"--attn-impl", ARG_STR, &attn, false, "absorb|naive (default absorb)"},
+        {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8 (default bf16)"},
+    };
+    int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
+    if (rc) return rc == 1 ? 0 : rc;
+    int *pl = NULL, *nl = NULL, *dl = NULL;
+    int np = parse_list(ps, &pl, "-p"), nn = parse_list(ns, &nl, "-n"), nd = parse_list(ds, &dl, "-d");
+    if (np <= 0 || nn <= 0 || nd <= 0 || reps < 1 || threads < 0) {
+        if (reps < 1 || threads < 0) fprintf(stderr, "dsv3 bench: -r must be >= 1 and -t >= 0\n");
+        free(pl);
+        free(nl);
+        free(dl);
+        return 2;
+    }
+    if (threads) omp_set_num_threads(threads);
+    ds_model_opts o = {.attn = !strcmp(attn, "naive") ? DS_ATTN_NAIVE : DS_ATTN_ABSORB,
+                       .gemm = !strcmp(gemm, "fp8") ? DS_GEMM_FP8 : DS_GEMM_BF16,
+                       .ops = cpu_backend(!ref)};
+    ds_config cfg;
+    bench_ctx b = {0};
+    double *times = calloc((size_t)reps, sizeof(double));
+    int maxd = 0, maxn = 1;
+    for (int i = 0; i < nd; i++) maxd = dl[i] > maxd ? dl[i] : maxd;
+    for (int i = 0; i < np; i++) maxn = pl[i] > maxn ? pl[i] : maxn;
+    for (int i = 0; i < nn; i++) maxn = nl[i] > maxn ? nl[i] : maxn;
+    rc = 1;
+    if (!times || config_load(&cfg, config)) goto fail;
+    if (maxd + maxn > cfg.max_seq_len) {
+        ds_errorf(DS_ERR_RANGE, "depth %d + %d tokens exceed max_seq_len %d", maxd, maxn, cfg.max_seq_len);
+        goto fail;
+    }
+    /* the machine's limits first: the 1 GiB buffer is gone before the model
+     * is paged in, so it does not count in the peak RSS */
+    report r = {.json = json, .threads = omp_get_max_threads()};
+    r.bw = cpu_read_bandwidth((size_t)1 << 30, 10);
+    r.fma = cpu_fma_peak();
+    r.bf16 = cpu_bf16_peak();
+    double t_load = now();
+    if (model_load(&b.m, ckpt, &cfg, &o) || kvcache_new(&b.kv, b.m, 1, maxd + maxn)) goto fail;
+    size_t ckpt_bytes;
+    touch_checkpoint(b.m->ckpt, &ckpt_bytes);
+    t_load = now() - t_load;
+    b.tok = malloc(sizeof(int32_t) * (size_t)maxn);
+    b.seq = calloc((size_t)maxn, sizeof(int));
+    b.pos = malloc(sizeof(int) * (size_t)maxn);
+    b.want = malloc((size_t)maxn);
+    b.logits = malloc(sizeof(float) * (size_t)cfg.vocab_size);
+    if (!b.tok || !b.seq || !b.pos || !b.want || !b.logits) {
+        ds_errorf(DS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    uint64_t seed = 1;
+    for (int i = 0; i < maxn; i++) b.tok[i] = (int32_t)(lcg(&seed) % (uint32_t)cfg.vocab_size);
+
+    const ds_layer *l0 = &b.m->layers[cfg.n_layers - 1];
+    r.kernels = o.ops->name;
+    r.dtype = l0->wkv_a.fmt == DS_W_FP8 ? "fp8" : l0->wkv_a.fmt == DS_W_BF16 ? "bf16" : "f32";
+    size_t kv_bytes = (size_t)(b.kv->attn == DS_ATTN_ABSORB ? cfg.kv_lora_rank + cfg.qk_rope_head_dim
+                                                             : b.m->n_local_heads * (b.m->qk_head_dim + cfg.v_head_dim)) *
+                      sizeof(float) * (size_t)b.kv->ctx * cfg.n_layers;
+    if (!json) {
+        printf("model %s: %d layers, %s weights, checkpoint %.2f GB (loaded and paged in: %.1f s); kernels %s, "
+               "%d threads\n", ckpt, cfg.n_layers, r.dtype, ckpt_bytes / 1e9, t_load, r.kernels, r.threads);
+        printf("machine: read bandwidth %.1f GB/s (1 GiB, best of 10); f32 FMA peak %.1f GFLOP/s; bf16 dot peak "
+               "%.1f GFLOP/s\n", r.bw, r.fma, r.bf16);
+        printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
+    }
+    int E = cfg.n_routed_experts, K = cfg.n_activated_experts;
+    for (int di = 0; di < nd; di++) {
+        int d = dl[di];
+        fill_cache(b.m, b.kv, d);
+        for (int i = 0; i < np; i++) {
+            int n = pl[i];
+            if (!n) continue;
+            if (run_pp(&b, n, d) < 0) goto fail; /* warm-up */
+            for (int k = 0; k < reps; k++)
+                if ((times[k] = run_pp(&b, n, d)) < 0) goto fail;
+            for (int k = 0; k < reps; k++) times[k] = n / times[k];
+            /* experts a batch touches, if routing were uniform: E (1 - (1 - K/E)^n) */
+            double touched = E * (1 - pow(1 - (double)K / E, n));
+            print_row(&r, "pp", n, 0, d, summarise(times, reps), pass_weights(b.m, touched, 1, wbytes) / n,
+                      2 * pass_weights(b.m, K, 0, welems));
+        }
+        for (int i = 0; i < nn; i++) {
+            int n = nl[i];
+            if (!n) continue;
+            if (run_tg(&b, n < 4 ? n : 4, d) < 0) goto fail; /* warm-up */
+            for (int k = 0; k < reps; k++)
+                if ((times[k] = run_tg(&b, n, d)) < 0) goto fail;
+            for (int k = 0; k < reps; k++) times[k] = n / times[k];
+            print_row(&r, "tg", 0, n, d, summarise(times, reps), pass_weights(b.m, K, 1, wbytes),
+                      2 * pass_weights(b.m, K, 1, welems));
+        }
+    }
+    long rss = peak_rss_kb();
+    if (json)
+        printf("{\"test\": \"memory\", \"peak_rss_bytes\": %.0f, \"checkpoint_bytes\": %zu, \"kv_cache_bytes\": %zu}\n",
+               rss * 1024.0, ckpt_bytes, kv_bytes);
+    else
+        printf("peak RSS %.2f GB = checkpoint %.2f GB + KV cache %.3f GB (ctx %d) + %.0f MB other\n", rss * 1024.0 / 1e9,
+               ckpt_bytes / 1e9, kv_bytes / 1e9, b.kv->ctx, (rss * 1024.0 - (double)ckpt_bytes - (double)kv_bytes) / 1e6);
+    rc = 0;
+    goto done;
+fail:
+    rc = args_fail("bench");
+done:
+    kvcache_free(b.kv);
+    model_free(b.m);
+    free(b.tok);
+    free(b.seq);
+    free(b.pos);
+    free(b.want);
+    free(b.logits);
+    free(times);
+    free(pl);
+    free(nl);
+    free(dl);
+    return rc;
+}
