@@ -11,12 +11,16 @@ case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev nodejs npm tmux openmpi-bin libopenmpi-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev tmux openmpi-bin libopenmpi-dev)
 [ "$mode" = test ] && pkgs+=(clang)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node and npm may come from Debian (two packages) or elsewhere (NodeSource's
+# nodejs ships npm and conflicts with Debian's npm): install only what is absent.
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}" >&2
   sudo_if_needed apt-get update -qq
