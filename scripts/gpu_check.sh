@@ -10,6 +10,11 @@
 # GPU_CHECK_SANITIZE=1 also runs test_cuda_ops under compute-sanitizer (memcheck).
 # Full logs go to $OUT/ when OUT is set (the device tool's output folder), else /tmp.
 # Then bench_cuda_ops prints per-op times at DeepSeek-V3 shapes against the HBM roofline.
+# GPU_CHECK_MODEL=CONFIG (e.g. configs/config_16B.json) also synthesises that model's BF16
+# checkpoint on this machine's disk (GPU_CHECK_CKPT, default /tmp/dsv3_ckpt_bf16; ~31 GB
+# for 16B, started in the background while the tests run), then runs bench_cuda_model
+# (whole-model decode/prefill against the measured ceilings) and scripts/hf_bench.py
+# (Hugging Face transformers' DeepseekV3, random BF16 weights, the same shapes).
 # Exit status: the number of failing programs (0: all passed).
 set -u
 cd "$(dirname "$0")/.."
@@ -41,6 +46,17 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 
 results=()
 fails=0
+model_cfg=${GPU_CHECK_MODEL:-}
+ckpt=${GPU_CHECK_CKPT:-/tmp/dsv3_ckpt_bf16}
+synth_pid=
+if [ -n "$model_cfg" ]; then
+  df -h "$(dirname "$ckpt")" | sed 's/^/   /'
+  if [ ! -d "$ckpt" ] || [ -z "$(ls "$ckpt" 2>/dev/null)" ]; then
+    ( t0=$EPOCHREALTIME; "$build/dsv3" synth --config "$model_cfg" --out "$ckpt" --dtype bf16 >"$logdir/synth.log" 2>&1
+      echo "synth rc $? in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s" >>"$logdir/synth.log" ) &
+    synth_pid=$!
+  fi
+fi
 run_prog() { # label name [wrapper...]
   local label=$1 name=$2; shift 2
   local bin; bin=$(find_prog "$name")
@@ -65,6 +81,20 @@ run_prog() { # label name [wrapper...]
 run_prog test_cuda_ops test_cuda_ops
 run_prog test_cuda_golden test_cuda_golden
 run_prog bench_cuda_ops bench_cuda_ops
+if [ -n "$model_cfg" ]; then
+  [ -n "$synth_pid" ] && wait "$synth_pid"
+  echo "== synth"; cat "$logdir/synth.log"; du -sh "$ckpt"
+  bin=$(find_prog bench_cuda_model)
+  echo "== bench_cuda_model ($model_cfg)"
+  "$bin" "$ckpt" "$model_cfg" 2>&1 | tee "$logdir/bench_cuda_model.log"
+  rc=${PIPESTATUS[0]}
+  results+=("$(printf '%-26s %-8s' bench_cuda_model "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
+  [ "$rc" = 0 ] || fails=$((fails + 1))
+  echo "== hf_bench ($model_cfg)"
+  PYTHONUNBUFFERED=1 python3 scripts/hf_bench.py "$model_cfg" 2>&1 | grep -v Warning | tee "$logdir/hf_bench.log"
+  rc=${PIPESTATUS[0]}
+  results+=("$(printf '%-26s %-8s' hf_bench "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
+fi
 if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ]; then
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)
   if [ -n "$cs" ]; then

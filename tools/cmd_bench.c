@@ -12,7 +12,9 @@
  * the head, block scales included); GB/s = bytes_per_token * tok/s, printed
  * beside the read bandwidth measured in the same run. Prefill is bounded by
  * arithmetic: GFLOP/s = 2 * active weights per token * tok/s, beside the
- * measured f32 FMA and bf16 dot-product peaks. */
+ * measured f32 FMA and bf16 dot-product peaks. With --device cuda the limits
+ * are the GPU's, measured by the CUDA backend: device copy bandwidth (bytes
+ * read plus written) and the bf16 tensor-core rate. */
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -23,10 +25,14 @@
 #include "args.h"
 #include "backend/cpu/cpu_peak.h"
 #include "cmds.h"
+#include "device.h"
 #include "model/model.h"
+#ifdef DSV3_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 #define USAGE "--ckpt-path DIR --config FILE [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] " \
-              "[--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
+              "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 
 static double now(void)
 {
@@ -172,7 +178,7 @@ typedef struct {
     bool json;
     int threads;
     double bw, fma, bf16;
-    const char *kernels, *dtype;
+    const char *kernels, *dtype, *bw_what; /* what bw measures */
 } report;
 
 static void print_row(const report *r, const char *test, int np, int ng, int d, spread s, double bytes_tok,
@@ -186,10 +192,13 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
                "\"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_gbps\": %.3f, \"bw_frac\": %.4f, "
                "\"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"bf16_peak_gflops\": %.2f}\n",
                test, np, ng, d, r->threads, r->kernels, r->dtype, s.med, s.min, s.max, bytes_tok, gbps, r->bw,
-               gbps / r->bw, gflops, r->fma, r->bf16);
+               r->bw > 0 ? gbps / r->bw : 0, gflops, r->fma, r->bf16);
+    } else if (!(r->bw > 0 && lim > 0)) { /* a device whose limits could not be measured */
+        printf("%s%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s %6.1f GFLOP/s  (limit unmeasured)\n", test,
+               !strcmp(test, "tg") ? ng : np, d, s.med, s.min, s.max, bytes_tok / 1e6, gbps, gflops);
     } else if (!strcmp(test, "tg")) {
-        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s read\n", ng, d, s.med, s.min,
-               s.max, bytes_tok / 1e6, gbps, 100 * gbps / r->bw, r->bw);
+        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s %s\n", ng, d, s.med, s.min,
+               s.max, bytes_tok / 1e6, gbps, 100 * gbps / r->bw, r->bw, r->bw_what);
     } else {
         printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak (%5.1f f32 FMA)\n", np, d,
                s.med, s.min, s.max, gflops, 100 * gflops / lim, lim, r->fma);
@@ -209,6 +218,7 @@ static int parse_list(const char *s, int **out, const char *flag)
 int cmd_bench(int argc, char **argv)
 {
     const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *attn = "absorb", *gemm = "bf16";
+    const char *device = "auto";
     int threads = 0, reps = 3;
     bool json = false, ref = false;
     arg_spec specs[] = {
@@ -220,6 +230,7 @@ int cmd_bench(int argc, char **argv)
         {"-t", ARG_INT, &threads, false, "N    threads (default: OpenMP's)"},
         {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
         {"--json", ARG_BOOL, &json, false, "     one JSON object per line"},
+        {"--device", ARG_STR, &device, false, "cpu|cuda|auto (default auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
         {"--attn-impl", ARG_STR, &attn, false, "absorb|naive (default absorb)"},
         {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8 (default bf16)"},
@@ -237,8 +248,7 @@ int cmd_bench(int argc, char **argv)
     }
     if (threads) omp_set_num_threads(threads);
     ds_model_opts o = {.attn = !strcmp(attn, "naive") ? DS_ATTN_NAIVE : DS_ATTN_ABSORB,
-                       .gemm = !strcmp(gemm, "fp8") ? DS_GEMM_FP8 : DS_GEMM_BF16,
-                       .ops = cpu_backend(!ref)};
+                       .gemm = !strcmp(gemm, "fp8") ? DS_GEMM_FP8 : DS_GEMM_BF16};
     ds_config cfg;
     bench_ctx b = {0};
     double *times = calloc((size_t)reps, sizeof(double));
@@ -247,17 +257,27 @@ int cmd_bench(int argc, char **argv)
     for (int i = 0; i < np; i++) maxn = pl[i] > maxn ? pl[i] : maxn;
     for (int i = 0; i < nn; i++) maxn = nl[i] > maxn ? nl[i] : maxn;
     rc = 1;
-    if (!times || config_load(&cfg, config)) goto fail;
+    if (!times || tool_backend(device, ref, &o.ops) || config_load(&cfg, config)) goto fail;
     if (maxd + maxn > cfg.max_seq_len) {
         ds_errorf(DS_ERR_RANGE, "depth %d + %d tokens exceed max_seq_len %d", maxd, maxn, cfg.max_seq_len);
         goto fail;
     }
     /* the machine's limits first: the 1 GiB buffer is gone before the model
      * is paged in, so it does not count in the peak RSS */
-    report r = {.json = json, .threads = omp_get_max_threads()};
-    r.bw = cpu_read_bandwidth((size_t)1 << 30, 10);
-    r.fma = cpu_fma_peak();
-    r.bf16 = cpu_bf16_peak();
+    report r = {.json = json, .threads = omp_get_max_threads(), .bw_what = "read"};
+    bool cuda = !strcmp(o.ops->name, "cuda");
+    if (!cuda) {
+        r.bw = cpu_read_bandwidth((size_t)1 << 30, 10);
+        r.fma = cpu_fma_peak();
+        r.bf16 = cpu_bf16_peak();
+    }
+#ifdef DSV3_CUDA
+    if (cuda) {
+        r.bw = cuda_measure_copy_bandwidth();
+        r.bf16 = 1000 * cuda_measure_bf16_tc_peak();
+        r.bw_what = "copy";
+    }
+#endif
     double t_load = now();
     if (model_load(&b.m, ckpt, &cfg, &o) || kvcache_new(&b.kv, b.m, 1, maxd + maxn)) goto fail;
     size_t ckpt_bytes;
@@ -284,8 +304,12 @@ int cmd_bench(int argc, char **argv)
     if (!json) {
         printf("model %s: %d layers, %s weights, checkpoint %.2f GB (loaded and paged in: %.1f s); kernels %s, "
                "%d threads\n", ckpt, cfg.n_layers, r.dtype, ckpt_bytes / 1e9, t_load, r.kernels, r.threads);
-        printf("machine: read bandwidth %.1f GB/s (1 GiB, best of 10); f32 FMA peak %.1f GFLOP/s; bf16 dot peak "
-               "%.1f GFLOP/s\n", r.bw, r.fma, r.bf16);
+        if (cuda)
+            printf("device: copy bandwidth %.1f GB/s (read + written, 1 GiB, best of 10); bf16 tensor-core peak %.1f "
+                   "GFLOP/s\n", r.bw, r.bf16);
+        else
+            printf("machine: read bandwidth %.1f GB/s (1 GiB, best of 10); f32 FMA peak %.1f GFLOP/s; bf16 dot peak "
+                   "%.1f GFLOP/s\n", r.bw, r.fma, r.bf16);
         printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
     }
     int E = cfg.n_routed_experts, K = cfg.n_activated_experts;
@@ -315,6 +339,7 @@ int cmd_bench(int argc, char **argv)
                       2 * pass_weights(b.m, K, 1, welems));
         }
     }
+    if (tool_backend_status(o.ops)) goto fail;
     long rss = peak_rss_kb();
     if (json)
         printf("{\"test\": \"memory\", \"peak_rss_bytes\": %.0f, \"checkpoint_bytes\": %zu, \"kv_cache_bytes\": %zu}\n",
@@ -329,6 +354,7 @@ fail:
 done:
     kvcache_free(b.kv);
     model_free(b.m);
+    tool_backend_release(o.ops);
     free(b.tok);
     free(b.seq);
     free(b.pos);

@@ -52,6 +52,15 @@ typedef struct {
     float *out;                /* absorb: [n][heads][kv_rank]; naive: [n][heads][vdim] */
 } ds_attn_args;
 
+/* One product of a batch of matmuls: y[n][rows] = x[n][w->cols] @ W[row0:row0+rows]^T. */
+typedef struct {
+    float *y;
+    const float *x;
+    int n;
+    const ds_weight *w;
+    int row0, rows;
+} ds_matmul_job;
+
 typedef struct ds_ops {
     const char *name;
     void *(*alloc)(size_t bytes);           /* zeroed; NULL on failure */
@@ -74,6 +83,54 @@ typedef struct ds_ops {
     void (*silu_mul)(float *a, const float *b, size_t n);
     /* y[i] += x[i] */
     void (*add)(float *y, const float *x, size_t n);
+    /* Optional (NULL: call matmul per job): independent matmuls with the
+     * contract of matmul, run together so that a backend can spread all their
+     * rows over its threads at once (the experts of a decode step). */
+    void (*matmul_many)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+
+    /* ---- data movement, so that no host code touches activations. Pointers
+     * named here come from alloc (index arrays included) unless said otherwise;
+     * on the CPU that is host memory, on a device backend device memory. */
+    /* Host -> alloc'd memory and back. download waits for the work queued before it. */
+    void (*upload)(void *dst, const void *host_src, size_t bytes);
+    void (*download)(void *host_dst, const void *src, size_t bytes);
+    /* Waits until every queued op has finished. */
+    void (*sync)(void);
+    void (*zero)(void *p, size_t bytes);
+    /* Row copy with optional index lists (NULL: identity), for i < n, j < len:
+     * dst[(di ? di[i] : i) * dst_stride + j] = src[(si ? si[i] : i) * src_stride + j].
+     * Covers column-block gathers and scatters, KV-cache row writes and MoE token
+     * gathers. Destination rows must be distinct. */
+    void (*copy_rows)(float *dst, int dst_stride, const int *di, const float *src, int src_stride, const int *si,
+                      int n, int len);
+    /* y[idx[i]][j] += w[i] * x[i][j] for i < n, j < dim; the idx[i] are distinct. */
+    void (*add_rows_scaled)(float *y, const int *idx, const float *x, const float *w, int n, int dim);
+    /* h[i] = row tok[i] - row0 of emb (F32 or BF16) as float32, or zeros when that
+     * row is outside [0, emb->rows) (another rank's vocabulary slice). */
+    void (*embed)(float *h, const ds_weight *emb, const int32_t *tok, int n, int row0);
+    /* Products of each head with its own block of rows of w, heads h < H, tokens t < n
+     * (x and y rows of H * xs and H * ys floats):
+     *   matmul_heads:   y[t][h*ys + r] = sum_c x[t][h*xs + c] W[row0 + h*hstride + r][c], r < rows, c < w->cols
+     *   matmul_heads_t: y[t][h*ys + c] = sum_r x[t][h*xs + r] W[row0 + h*hstride + r][c], r < rows, c < w->cols
+     * (absorb attention: q_c = q_nope @ wkv_b[h, :nope] and out = o_c @ wkv_b[h, nope:]^T).
+     * May be NULL: the model then loops over heads with matmul / matmul_t. */
+    void (*matmul_heads)(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                         int hstride, int rows);
+    void (*matmul_heads_t)(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                           int hstride, int rows);
+    /* Gate.forward on scores sc (n, E), overwritten: top-k expert indices idx (n, K)
+     * and weights wt (n, K), as the reference's Gate (bias steers the choice only). */
+    void (*moe_route)(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+                      int limited_groups, bool sigmoid, float route_scale);
+    /* y (n, dim) = sum_k wt[t][k] * expert idx[t][k](x[t]), expert e = w2(silu(w1 x) * w3 x)
+     * with weights ew*[e - e0] for e0 <= e < e0 + ne; other experts count as zero
+     * (another rank's). May be NULL: the model then groups tokens per expert on the host. */
+    void (*moe_experts)(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                        const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                        ds_gemm_impl gemm, bool ue8m0);
+    /* Makes the backend's own copy of w (w->dev), once, at load; NULL for backends that read
+     * weights in place. DS_ERR_NOMEM names the bytes needed and available. */
+    ds_status (*upload_weight)(ds_weight *w);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

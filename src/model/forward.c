@@ -13,9 +13,12 @@
 
 #define EPS 1e-6f
 
+/* A forward pass's tokens; the arrays live in ops->alloc memory (device
+ * memory on a GPU), uploaded once per pass. row[i] = seq[i] * ctx + pos[i] is
+ * the token's KV-cache row. */
 typedef struct {
     int n;
-    const int *seq, *pos;
+    const int *seq, *pos, *row;
 } batch;
 
 static float *scratch(const ds_model *m, size_t nfloats)
@@ -30,25 +33,11 @@ static ds_status all_reduce(ds_model *m, float *buf, size_t n)
 }
 
 /* ParallelEmbedding: rows of this rank's vocabulary slice; others are zero
- * and filled in by the all-reduce. */
+ * and filled in by the all-reduce. tok is in ops->alloc memory. */
 static ds_status embed(ds_model *m, float *h, int n, const int32_t *tok)
 {
-    int dim = m->cfg.dim;
-    for (int i = 0; i < n; i++) {
-        int r = tok[i] - m->vocab0;
-        float *hi = h + (size_t)i * dim;
-        if (r < 0 || r >= m->vocab_local) {
-            memset(hi, 0, sizeof(float) * (size_t)dim);
-            continue;
-        }
-        if (m->embed.fmt == DS_W_BF16) {
-            const uint16_t *e = (const uint16_t *)m->embed.data + (size_t)r * dim;
-            for (int j = 0; j < dim; j++) hi[j] = bf16_to_f32(e[j]);
-        } else {
-            memcpy(hi, (const float *)m->embed.data + (size_t)r * dim, sizeof(float) * (size_t)dim);
-        }
-    }
-    return all_reduce(m, h, (size_t)n * dim);
+    m->ops->embed(h, &m->embed, tok, n, m->vocab0);
+    return all_reduce(m, h, (size_t)n * m->cfg.dim);
 }
 
 static void linear(const ds_model *m, float *y, const float *x, int n, const ds_weight *w)
@@ -57,14 +46,51 @@ static void linear(const ds_model *m, float *y, const float *x, int n, const ds_
 }
 
 /* Copies column block [off, off+len) of each row of a (n, stride) matrix. */
-static void gather_cols(float *dst, const float *src, int n, int stride, int off, int len)
+static void gather_cols(const ds_ops *ops, float *dst, const float *src, int n, int stride, int off, int len)
 {
-    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * len, src + (size_t)i * stride + off, sizeof(float) * (size_t)len);
+    ops->copy_rows(dst, len, NULL, src + off, stride, NULL, n, len);
 }
 
-static void scatter_cols(float *dst, const float *src, int n, int stride, int off, int len)
+static void scatter_cols(const ds_ops *ops, float *dst, const float *src, int n, int stride, int off, int len)
 {
-    for (int i = 0; i < n; i++) memcpy(dst + (size_t)i * stride + off, src + (size_t)i * len, sizeof(float) * (size_t)len);
+    ops->copy_rows(dst + off, stride, NULL, src, len, NULL, n, len);
+}
+
+/* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
+ * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
+static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q, float *qc, float *qp, float *t1,
+                     float *t2)
+{
+    const ds_ops *ops = m->ops;
+    int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, rope = m->cfg.qk_rope_head_dim;
+    int qk = m->qk_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
+    /* q_pe: the (token, head) pairs as n*H rows of qk floats */
+    ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
+    if (ops->matmul_heads_t) {
+        ops->matmul_heads_t(qc, R, q, qk, n, H, &l->wkv_b, 0, nope + vd, nope);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        gather_cols(ops, t1, q, n, H * qk, h * qk, nope);
+        ops->matmul_t(t2, t1, n, &l->wkv_b, h * (nope + vd), nope);
+        scatter_cols(ops, qc, t2, n, H * R, h * R, R);
+    }
+}
+
+/* out_v[t, h] = o_c[t, h] @ wkv_b[h, nope:]^T  (n, H, vd) */
+static void absorb_out(const ds_model *m, const ds_layer *l, int n, const float *o, float *ov, float *t1, float *t2)
+{
+    const ds_ops *ops = m->ops;
+    int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
+    if (ops->matmul_heads) {
+        ops->matmul_heads(ov, vd, o, R, n, H, &l->wkv_b, nope, nope + vd, vd);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        gather_cols(ops, t1, o, n, H * R, h * R, R);
+        ops->matmul(t2, t1, n, &l->wkv_b, h * (nope + vd) + nope, vd, DS_GEMM_BF16, false);
+        scatter_cols(ops, ov, t2, n, H * vd, h * vd, vd);
+    }
 }
 
 /* MLA.forward: x (n, dim) -> out (n, dim). */
@@ -99,7 +125,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     /* kv = wkv_a(x): latent (n, R) and k_pe (n, rope), rotary on k_pe */
     linear(m, kvx, x, n, &l->wkv_a);
     ops->rope(kvx, n, 1, kva, R, rope, b->pos, m->cos_tab, m->sin_tab);
-    gather_cols(lat, kvx, n, kva, 0, R);
+    gather_cols(ops, lat, kvx, n, kva, 0, R);
     ops->rmsnorm(lat, lat, l->kv_norm, n, R, EPS);
 
     ds_attn_args a = {
@@ -108,12 +134,8 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     };
     if (kv->attn == DS_ATTN_ABSORB) {
         float *kc = kv->kv[li], *pc = kv->pe[li];
-        for (int t = 0; t < n; t++) {
-            size_t row = (size_t)b->seq[t] * kv->ctx + b->pos[t];
-            memcpy(kc + row * R, lat + (size_t)t * R, sizeof(float) * (size_t)R);
-            memcpy(pc + row * rope, kvx + (size_t)t * kva + R, sizeof(float) * (size_t)rope);
-        }
-        /* q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe stays (n, H, rope) */
+        ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
+        ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
         float *qc = scratch(m, (size_t)n * H * R), *qp = scratch(m, (size_t)n * H * rope);
         if (!qc || !qp) {
             ops->free(qc);
@@ -121,13 +143,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
             s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
             goto done;
         }
-        for (int h = 0; h < H; h++) {
-            gather_cols(t1, q, n, H * qk, h * qk, nope);
-            ops->matmul_t(t2, t1, n, &l->wkv_b, h * (nope + vd), nope);
-            scatter_cols(qc, t2, n, H * R, h * R, R);
-            gather_cols(t1, q, n, H * qk, h * qk + nope, rope);
-            scatter_cols(qp, t1, n, H * rope, h * rope, rope);
-        }
+        absorb_q(m, l, n, q, qc, qp, t1, t2);
         a.q_c = qc;
         a.q_pe = qp;
         a.kv_cache = kc;
@@ -135,12 +151,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
         ops->attention(&a, DS_ATTN_ABSORB);
         ops->free(qc);
         ops->free(qp);
-        /* out_v[t, h] = o_c[t, h] @ wkv_b[h, nope:]^T  (n, H, vd) */
-        for (int h = 0; h < H; h++) {
-            gather_cols(t1, o, n, H * R, h * R, R);
-            ops->matmul(t2, t1, n, &l->wkv_b, h * (nope + vd) + nope, vd, DS_GEMM_BF16, false);
-            scatter_cols(ov, t2, n, H * vd, h * vd, vd);
-        }
+        absorb_out(m, l, n, o, ov, t1, t2);
     } else {
         /* naive: k = [k_nope, k_pe], v from wkv_b(kv_norm(latent)); cache full K and V */
         float *kvb = scratch(m, (size_t)n * H * (nope + vd));
@@ -149,16 +160,13 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
             goto done;
         }
         linear(m, kvb, lat, n, &l->wkv_b);
+        /* cache rows [row][h][qk] and [row][h][vd], head by head */
         float *kc = kv->k[li], *vc = kv->v[li];
-        for (int t = 0; t < n; t++) {
-            size_t row = (size_t)b->seq[t] * kv->ctx + b->pos[t];
-            for (int h = 0; h < H; h++) {
-                const float *src = kvb + ((size_t)t * H + h) * (nope + vd);
-                float *kd = kc + (row * H + h) * qk, *vdst = vc + (row * H + h) * vd;
-                memcpy(kd, src, sizeof(float) * (size_t)nope);
-                memcpy(kd + nope, kvx + (size_t)t * kva + R, sizeof(float) * (size_t)rope);
-                memcpy(vdst, src + nope, sizeof(float) * (size_t)vd);
-            }
+        for (int h = 0; h < H; h++) {
+            const float *src = kvb + (size_t)h * (nope + vd);
+            ops->copy_rows(kc + (size_t)h * qk, H * qk, b->row, src, H * (nope + vd), NULL, n, nope);
+            ops->copy_rows(kc + (size_t)h * qk + nope, H * qk, b->row, kvx + R, kva, NULL, n, rope);
+            ops->copy_rows(vc + (size_t)h * vd, H * vd, b->row, src + nope, H * (nope + vd), NULL, n, vd);
         }
         ops->free(kvb);
         a.q = q;
@@ -192,8 +200,13 @@ static ds_status mlp(ds_model *m, const ds_weight *w1, const ds_weight *w2, cons
     if (!a || !g) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for MLP activations of %d tokens", n);
     } else {
-        linear(m, a, x, n, w1);
-        linear(m, g, x, n, w3);
+        if (m->ops->matmul_many) { /* same input: one pass over both weights */
+            ds_matmul_job jobs[2] = {{a, x, n, w1, 0, inter}, {g, x, n, w3, 0, inter}};
+            m->ops->matmul_many(jobs, 2, m->opt.gemm, m->cfg.scale_ue8m0);
+        } else {
+            linear(m, a, x, n, w1);
+            linear(m, g, x, n, w3);
+        }
         m->ops->silu_mul(a, g, (size_t)n * inter);
         linear(m, y, a, n, w2);
     }
@@ -260,8 +273,11 @@ static void route(const ds_config *c, const float *bias, float *sc, float *biase
 
 /* MoE.forward: routed experts of this rank (tokens grouped per expert) plus
  * the shared experts; the routed part is summed over ranks. */
+static ds_status moe_device(ds_model *m, int li, const float *x, int n, float *y);
+
 static ds_status moe(ds_model *m, int li, const float *x, int n, float *y)
 {
+    if (m->ops->moe_experts) return moe_device(m, li, x, n, y);
     const ds_config *c = &m->cfg;
     const ds_layer *l = &m->layers[li];
     int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
@@ -312,6 +328,40 @@ done:
     return s;
 }
 
+/* MoE.forward with routing and the routed experts as backend ops, so that
+ * no host code reads the activations (a GPU keeps them on the device). */
+static ds_status moe_device(ds_model *m, int li, const float *x, int n, float *y)
+{
+    const ds_config *c = &m->cfg;
+    const ds_layer *l = &m->layers[li];
+    const ds_ops *ops = m->ops;
+    int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
+    ds_status s = DS_OK;
+    float *sc = scratch(m, (size_t)n * E), *wt = scratch(m, (size_t)n * K), *ys = scratch(m, (size_t)n * dim);
+    int *idx = ops->alloc(sizeof(int) * (size_t)n * K);
+    if (!sc || !wt || !ys || !idx) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for MoE activations of %d tokens", n);
+        goto done;
+    }
+    ops->matmul(sc, x, n, &l->gate, 0, E, DS_GEMM_BF16, false);
+    ops->moe_route(idx, wt, sc, l->gate_bias, n, E, K, c->n_expert_groups, c->n_limited_groups,
+                   c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
+    ops->moe_experts(y, x, n, K, idx, wt, l->ew1, l->ew2, l->ew3, m->expert0, m->n_local_experts, m->opt.gemm,
+                     c->scale_ue8m0);
+    if ((s = all_reduce(m, y, (size_t)n * dim))) goto done;
+    if (l->sw1.data) {
+        if ((s = mlp(m, &l->sw1, &l->sw2, &l->sw3, x, n, ys))) goto done;
+        if ((s = all_reduce(m, ys, (size_t)n * dim))) goto done;
+        ops->add(y, ys, (size_t)n * dim);
+    }
+done:
+    ops->free(sc);
+    ops->free(wt);
+    ops->free(ys);
+    ops->free(idx);
+    return s;
+}
+
 /* ColumnParallel head: each rank holds a vocabulary slice; gather the slices
  * (rank, n_out, vocab_local) and interleave them into rows of the full vocabulary. */
 static ds_status gather_logits(ds_model *m, const float *part, int n_out, float *logits)
@@ -351,14 +401,24 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
     if (s) return s;
     int dim = c->dim, n_out = 0;
     for (int i = 0; i < n; i++) n_out += want[i];
+    /* per-token arrays, uploaded once: tok, seq, pos, cache row, wanted rows */
+    int32_t *ids = malloc(sizeof(int32_t) * 5 * (size_t)n), *ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n);
     float *h = scratch(m, (size_t)n * dim), *x = scratch(m, (size_t)n * dim), *y = scratch(m, (size_t)n * dim);
-    float *part = NULL;
-    if (!h || !x || !y) {
+    float *part = NULL, *lg = NULL;
+    if (!h || !x || !y || !ids || !ids_d) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
         goto done;
     }
-    batch b = {n, seq, pos};
-    if ((s = embed(m, h, n, tok))) goto done;
+    for (int i = 0, j = 0; i < n; i++) {
+        ids[i] = tok[i];
+        ids[n + i] = seq[i];
+        ids[2 * n + i] = pos[i];
+        ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
+        if (want[i]) ids[4 * n + j++] = i;
+    }
+    m->ops->upload(ids_d, ids, sizeof(int32_t) * 5 * (size_t)n);
+    batch b = {n, ids_d + n, ids_d + 2 * n, ids_d + 3 * n};
+    if ((s = embed(m, h, n, ids_d))) goto done;
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *l = &m->layers[li];
         m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
@@ -371,22 +431,26 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
         m->ops->add(h, y, (size_t)n * dim);
     }
     if (n_out) {
-        int j = 0;
-        for (int i = 0; i < n; i++)
-            if (want[i]) memcpy(x + (size_t)j++ * dim, h + (size_t)i * dim, sizeof(float) * (size_t)dim);
+        m->ops->copy_rows(x, dim, NULL, h, dim, ids_d + 4 * n, n_out, dim);
         m->ops->rmsnorm(x, x, m->norm, n_out, dim, EPS);
-        float *dst = logits;
-        if (m->world_size > 1 && !(dst = part = scratch(m, (size_t)n_out * m->vocab_local))) {
+        size_t nl = (size_t)n_out * m->vocab_local;
+        if (!(lg = scratch(m, nl)) || (m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
             s = ds_errorf(DS_ERR_NOMEM, "out of memory for logits");
             goto done;
         }
-        m->ops->matmul(dst, x, n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+        m->ops->matmul(lg, x, n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+        m->ops->download(m->world_size > 1 ? part : logits, lg, sizeof(float) * nl);
         if (m->world_size > 1) s = gather_logits(m, part, n_out, logits);
+    } else {
+        m->ops->sync();
     }
 done:
     m->ops->free(h);
     m->ops->free(x);
     m->ops->free(y);
-    m->ops->free(part);
+    m->ops->free(lg);
+    m->ops->free(ids_d);
+    free(part);
+    free(ids);
     return s;
 }

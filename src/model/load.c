@@ -310,6 +310,8 @@ static ds_status open_ckpt(ds_model *m, const char *dir)
     return DS_OK;
 }
 
+static ds_status upload_model(ds_model *m);
+
 static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
 {
     ds_model *m = calloc(1, sizeof *m);
@@ -351,11 +353,82 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
         if ((s = load_ffn(m, &m->layers[i], i))) goto fail;
     }
     if ((s = rope_tables(m))) goto fail;
+    if (m->ops->upload_weight && (s = upload_model(m))) goto fail;
     *out = m;
     return DS_OK;
 fail:
     model_free(m);
     return s;
+}
+
+/* Calls f on every weight matrix of the model. */
+static ds_status each_weight(ds_model *m, ds_status (*f)(ds_model *, ds_weight *, void *), void *arg)
+{
+    ds_status s;
+    if ((s = f(m, &m->embed, arg)) || (s = f(m, &m->head, arg))) return s;
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        ds_layer *l = &m->layers[i];
+        ds_weight *ws[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wkv_b, &l->wo, &l->w1, &l->w2, &l->w3,
+                           &l->gate, &l->sw1, &l->sw2, &l->sw3};
+        for (size_t j = 0; j < sizeof ws / sizeof *ws; j++)
+            if (ws[j]->data && (s = f(m, ws[j], arg))) return s;
+        for (int e = 0; l->moe && e < m->n_local_experts; e++)
+            if ((s = f(m, &l->ew1[e], arg)) || (s = f(m, &l->ew2[e], arg)) || (s = f(m, &l->ew3[e], arg))) return s;
+    }
+    return DS_OK;
+}
+
+static ds_status count_bytes(ds_model *m, ds_weight *w, void *arg)
+{
+    (void)m;
+    size_t e = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+    size_t sc = w->fmt == DS_W_FP8 ? (size_t)((w->rows + DS_BLOCK - 1) / DS_BLOCK) * ((w->cols + DS_BLOCK - 1) / DS_BLOCK) : 0;
+    *(size_t *)arg += (size_t)w->rows * w->cols * e + sc * sizeof(float);
+    return DS_OK;
+}
+
+static ds_status upload_one(ds_model *m, ds_weight *w, void *arg)
+{
+    (void)arg;
+    return m->ops->upload_weight(w);
+}
+
+/* A copy of host vector *v (n floats) in ops->alloc memory, replacing it. */
+static ds_status upload_vector(ds_model *m, float **v, size_t n)
+{
+    if (!*v) return DS_OK;
+    float *d = m->ops->alloc(sizeof(float) * n);
+    if (!d) return ds_errorf(DS_ERR_NOMEM, "out of device memory for a vector of %zu floats", n);
+    m->ops->upload(d, *v, sizeof(float) * n);
+    free(*v);
+    *v = d;
+    return DS_OK;
+}
+
+/* Device backends: every weight and vector is copied to the device once, here,
+ * so a forward pass reads nothing from host memory. */
+static ds_status upload_model(ds_model *m)
+{
+    const ds_config *c = &m->cfg;
+    size_t total = 0;
+    each_weight(m, count_bytes, &total);
+    ds_status s = each_weight(m, upload_one, NULL);
+    if (s) return ds_error_prefix(s, "uploading the weights (%.2f GiB in all)", (double)total / (1u << 30));
+    m->dev_vectors = true;
+    for (int i = 0; i < c->n_layers; i++) {
+        ds_layer *l = &m->layers[i];
+        if ((s = upload_vector(m, &l->q_norm, (size_t)c->q_lora_rank)) ||
+            (s = upload_vector(m, &l->kv_norm, (size_t)c->kv_lora_rank)) ||
+            (s = upload_vector(m, &l->attn_norm, (size_t)c->dim)) || (s = upload_vector(m, &l->ffn_norm, (size_t)c->dim)) ||
+            (s = upload_vector(m, &l->gate_bias, (size_t)c->n_routed_experts)))
+            return s;
+    }
+    size_t rt = (size_t)c->max_seq_len * (c->qk_rope_head_dim / 2);
+    if ((s = upload_vector(m, &m->norm, (size_t)c->dim)) || (s = upload_vector(m, &m->cos_tab, rt)) ||
+        (s = upload_vector(m, &m->sin_tab, rt)))
+        return s;
+    m->ops->sync();
+    return DS_OK;
 }
 
 /* With several ranks, every rank must know before any compute whether all of
@@ -392,21 +465,22 @@ ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, cons
 void model_free(ds_model *m)
 {
     if (!m) return;
+    void (*vfree)(void *) = m->dev_vectors ? m->ops->free : free;
     for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
         ds_layer *l = &m->layers[i];
-        free(l->q_norm);
-        free(l->kv_norm);
-        free(l->attn_norm);
-        free(l->ffn_norm);
-        free(l->gate_bias);
+        vfree(l->q_norm);
+        vfree(l->kv_norm);
+        vfree(l->attn_norm);
+        vfree(l->ffn_norm);
+        vfree(l->gate_bias);
         free(l->ew1);
         free(l->ew2);
         free(l->ew3);
     }
     free(m->layers);
-    free(m->norm);
-    free(m->cos_tab);
-    free(m->sin_tab);
+    vfree(m->norm);
+    vfree(m->cos_tab);
+    vfree(m->sin_tab);
     ckpt_close(m->ckpt);
     free(m);
 }

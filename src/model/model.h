@@ -50,6 +50,7 @@ typedef struct {
     float *norm;             /* (dim) */
     ds_layer *layers;
     float *cos_tab, *sin_tab;/* (max_seq_len, rope/2) */
+    bool dev_vectors;        /* norms, gate bias and rotary tables are in ops->alloc memory */
 } ds_model;
 
 typedef struct {

@@ -270,6 +270,142 @@ static void check_silu(void)
     }
 }
 
+/* Several matmuls at once (decode: one region for all; n >= 16: the GEMM each),
+ * every job against the reference. */
+static void check_matmul_many(void)
+{
+    static const int ns[][3] = {{1, 1, 1}, {2, 3, 1}, {4, 1, 20}};
+    static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16, DS_W_F32};
+    for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+        tweight w[3];
+        float *x[3], *ref[3], *got[3];
+        ds_matmul_job jobs[3];
+        int shape[3][4] = {{300, 257, 7, 250}, {130, 129, 2, 100}, {37, 64, 0, 37}}; /* rows, cols, row0, used */
+        for (int j = 0; j < 3; j++) {
+            int n = ns[ni][j], nr = shape[j][3];
+            w[j] = make_weight(fmts[j], shape[j][0], shape[j][1]);
+            x[j] = rand_vec((size_t)n * shape[j][1]);
+            ref[j] = out_buf((size_t)n * nr);
+            got[j] = out_buf((size_t)n * nr);
+            cpu_ref_ops.matmul(ref[j], x[j], n, &w[j].w, shape[j][2], nr, DS_GEMM_BF16, false);
+            jobs[j] = (ds_matmul_job){got[j], x[j], n, &w[j].w, shape[j][2], nr};
+        }
+        avx512_matmul_many(jobs, 3, DS_GEMM_BF16, false);
+        for (int j = 0; j < 3; j++) {
+            int n = ns[ni][j], nr = shape[j][3];
+            double e = matmul_err(got[j], ref[j], x[j], n, &w[j].w, shape[j][2], nr);
+            CHECK_MSG(e <= 1e-5, "matmul_many job %d n %d: error %.3g", j, n, e);
+            CHECK_MSG(sentinels_ok(got[j], (size_t)n * nr), "matmul_many job %d n %d: wrote past the end", j, n);
+            free(x[j]);
+            free(ref[j]);
+            free(got[j]);
+            free_weight(&w[j]);
+        }
+    }
+}
+
+static double rel_err(const float *got, const float *ref, size_t n)
+{
+    double worst = 0, mag = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        mag = fmax(mag, fabs((double)ref[i]));
+    }
+    return worst / mag;
+}
+
+/* Per-head products of absorb attention: wkv_b-like (H*(nope+vd), R) weights. */
+static void check_heads(void)
+{
+    static const int ns[] = {1, 2, 5, 20};
+    static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
+    int H = 5, nope = 24, vd = 40, R = 160, hs = nope + vd;
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni], xs = nope + 8, ys = R + 3;
+            tweight w = make_weight(fmts[fi], H * hs, R);
+            /* heads_t: q_c[t][h] (R) = q_nope[t][h] (nope) @ W[h*hs .. + nope] */
+            float *x = rand_vec((size_t)n * H * xs), *ref = out_buf((size_t)n * H * ys), *got = out_buf((size_t)n * H * ys);
+            memcpy(got, ref, sizeof(float) * (size_t)n * H * ys); /* the gaps between heads stay as they were */
+            cpu_ref_ops.matmul_heads_t(ref, ys, x, xs, n, H, &w.w, 0, hs, nope);
+            avx512_matmul_heads_t(got, ys, x, xs, n, H, &w.w, 0, hs, nope);
+            double e = rel_err(got, ref, (size_t)n * H * ys);
+            CHECK_MSG(e <= 1e-5, "matmul_heads_t fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
+            CHECK(sentinels_ok(got, (size_t)n * H * ys));
+            free(x);
+            free(ref);
+            free(got);
+            /* heads: out[t][h] (vd) = o[t][h] (R) @ W[h*hs + nope .. + vd]^T */
+            int oxs = R + 5, oys = vd + 2;
+            x = rand_vec((size_t)n * H * oxs);
+            ref = out_buf((size_t)n * H * oys);
+            got = out_buf((size_t)n * H * oys);
+            memcpy(got, ref, sizeof(float) * (size_t)n * H * oys);
+            cpu_ref_ops.matmul_heads(ref, oys, x, oxs, n, H, &w.w, nope, hs, vd);
+            avx512_matmul_heads(got, oys, x, oxs, n, H, &w.w, nope, hs, vd);
+            e = rel_err(got, ref, (size_t)n * H * oys);
+            CHECK_MSG(e <= 1e-5, "matmul_heads fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
+            CHECK(sentinels_ok(got, (size_t)n * H * oys));
+            free(x);
+            free(ref);
+            free(got);
+            free_weight(&w);
+        }
+}
+
+/* Routed experts: 10 experts of which this "rank" holds [2, 8); decode sizes
+ * (one chunk) and a prefill with more assignments than one chunk. */
+static void check_moe(void)
+{
+    static const int ns[] = {1, 3, 40, 100};
+    static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16};
+    int E = 10, K = 3, e0 = 2, ne = 6, dim = 130, inter = 70;
+    for (size_t fi = 0; fi < 2; fi++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int n = ns[ni];
+            tweight w1[6], w2[6], w3[6];
+            ds_weight ew1[6], ew2[6], ew3[6];
+            for (int e = 0; e < ne; e++) {
+                w1[e] = make_weight(fmts[fi], inter, dim);
+                w2[e] = make_weight(fmts[fi], dim, inter);
+                w3[e] = make_weight(fmts[fi], inter, dim);
+                ew1[e] = w1[e].w;
+                ew2[e] = w2[e].w;
+                ew3[e] = w3[e].w;
+            }
+            int *idx = malloc(sizeof(int) * (size_t)n * K);
+            float *wt = malloc(sizeof(float) * (size_t)n * K), *x = rand_vec((size_t)n * dim);
+            for (int t = 0; t < n; t++)
+                for (int k = 0; k < K; k++) {
+                    int e;
+                    bool dup;
+                    do {
+                        e = (int)(urand() * E);
+                        dup = false;
+                        for (int j = 0; j < k; j++) dup |= idx[t * K + j] == e;
+                    } while (dup);
+                    idx[t * K + k] = e;
+                    wt[t * K + k] = (float)urand();
+                }
+            float *ref = out_buf((size_t)n * dim), *got = out_buf((size_t)n * dim);
+            cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, DS_GEMM_BF16, false);
+            avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, DS_GEMM_BF16, false);
+            double e = rel_err(got, ref, (size_t)n * dim);
+            CHECK_MSG(e <= 1e-4, "moe_experts fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
+            CHECK(sentinels_ok(got, (size_t)n * dim));
+            for (int j = 0; j < ne; j++) {
+                free_weight(&w1[j]);
+                free_weight(&w2[j]);
+                free_weight(&w3[j]);
+            }
+            free(idx);
+            free(wt);
+            free(x);
+            free(ref);
+            free(got);
+        }
+}
+
 int main(void)
 {
     if (cpu_has_avx2()) check_matmul("avx2 matmul", avx2_mm, 1e-6);
@@ -285,5 +421,8 @@ int main(void)
     check_matmul_t();
     check_attention();
     check_silu();
+    check_matmul_many();
+    check_heads();
+    check_moe();
     return t_done("backend_kernels");
 }

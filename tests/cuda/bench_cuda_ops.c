@@ -178,6 +178,7 @@ int main(void)
         printf("bench_cuda_ops: skipped: no GPU\n");
         return 0;
     }
+    cuda_set_test_mode(true); /* managed buffers filled from the host; each op waits (the per-op cost it measured) */
     if (!(G = cuda_backend())) {
         fprintf(stderr, "bench_cuda_ops: %s\n", ds_last_error());
         return 1;

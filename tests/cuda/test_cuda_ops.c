@@ -394,12 +394,150 @@ static void test_fp8_golden(void)
     st_close(f);
 }
 
+/* ---- ops added for device-resident forward passes */
+
+static void test_heads(ds_wfmt fmt, int H, int nope, int vd, int R, int n)
+{
+    char label[128];
+    ds_weight w = make_weight(fmt, H * (nope + vd), R);
+    int qk = nope + 16;
+    /* q_c = per-head q_nope @ wkv_b[h, :nope] */
+    size_t nq = (size_t)n * H * qk, nc = (size_t)n * H * R, nv = (size_t)n * H * vd;
+    float *q = hrand(nq, 1.0f), *ref = malloc(sizeof(float) * nc), *o = hrand(nc, 1.0f);
+    float *refv = malloc(sizeof(float) * nv);
+    C->matmul_heads_t(ref, R, q, qk, n, H, &w, 0, nope + vd, nope);
+    float *gq = gcopy(q, nq), *gc = gbuf(nc);
+    G->matmul_heads_t(gc, R, gq, qk, n, H, &w, 0, nope + vd, nope);
+    snprintf(label, sizeof label, "matmul_heads_t %s H=%d nope=%d R=%d n=%d", fmt_name(fmt), H, nope, R, n);
+    compare(label, gc, ref, nc, 1e-5);
+    check_guard(label, gc, nc);
+    /* out = per-head o_c @ wkv_b[h, nope:]^T */
+    C->matmul_heads(refv, vd, o, R, n, H, &w, nope, nope + vd, vd);
+    float *go = gcopy(o, nc), *gv = gbuf(nv);
+    G->matmul_heads(gv, vd, go, R, n, H, &w, nope, nope + vd, vd);
+    snprintf(label, sizeof label, "matmul_heads %s H=%d vd=%d R=%d n=%d", fmt_name(fmt), H, vd, R, n);
+    compare(label, gv, refv, nv, 1e-5);
+    check_guard(label, gv, nv);
+    G->free(gq);
+    G->free(gc);
+    G->free(go);
+    G->free(gv);
+    free(q);
+    free(o);
+    free(ref);
+    free(refv);
+    free_weight(&w);
+}
+
+static void test_moved(void)
+{
+    /* copy_rows with both index lists, add_rows_scaled, embed */
+    int n = 37, len = 70, ss = 90, ds = 100, rows = 50;
+    int *si = G->alloc(sizeof(int) * n), *di = G->alloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++) {
+        si[i] = (i * 7) % n;
+        di[i] = (i * 11) % rows;
+    }
+    float *src = hrand((size_t)n * ss, 1.0f), *ref = hrand((size_t)rows * ds, 1.0f);
+    float *gs = gcopy(src, (size_t)n * ss), *gd = gcopy(ref, (size_t)rows * ds);
+    C->copy_rows(ref + 3, ds, di, src + 5, ss, si, n, len);
+    G->copy_rows(gd + 3, ds, di, gs + 5, ss, si, n, len);
+    compare("copy_rows gather+scatter 37x70", gd, ref, (size_t)rows * ds, 0);
+    check_guard("copy_rows", gd, (size_t)rows * ds);
+    float *x = hrand((size_t)n * len, 1.0f), *w = G->alloc(sizeof(float) * n), *y = hrand((size_t)rows * len, 1.0f);
+    for (int i = 0; i < n; i++) w[i] = frand();
+    float *gx = gcopy(x, (size_t)n * len), *gy = gcopy(y, (size_t)rows * len);
+    int *idx = G->alloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++) idx[i] = (i * 3) % rows; /* distinct: 3 and 50 coprime, n < 50 */
+    C->add_rows_scaled(y, idx, x, w, n, len);
+    G->add_rows_scaled(gy, idx, gx, w, n, len);
+    compare("add_rows_scaled 37x70", gy, y, (size_t)rows * len, 1e-6);
+    for (int f = DS_W_F32; f <= DS_W_BF16; f++) {
+        ds_weight e = make_weight((ds_wfmt)f, 300, 129);
+        int32_t *tok = G->alloc(sizeof(int32_t) * 6);
+        int32_t t[6] = {100, 399, 400, 699, 50, 555};
+        memcpy(tok, t, sizeof t);
+        float *hr = malloc(sizeof(float) * 6 * 129), *gh = gbuf(6 * 129);
+        C->embed(hr, &e, tok, 6, 400); /* rows 400..699 of the vocabulary; others zero */
+        G->embed(gh, &e, tok, 6, 400);
+        compare(f == DS_W_F32 ? "embed f32 (vocab slice)" : "embed bf16 (vocab slice)", gh, hr, 6 * 129, 0);
+        check_guard("embed", gh, 6 * 129);
+        G->free(tok);
+        G->free(gh);
+        free(hr);
+        free_weight(&e);
+    }
+    G->free(si);
+    G->free(di);
+    G->free(gs);
+    G->free(gd);
+    G->free(gx);
+    G->free(gy);
+    G->free(w);
+    G->free(idx);
+    free(src);
+    free(ref);
+    free(x);
+    free(y);
+}
+
+/* moe_route (softmax / sigmoid with bias and groups) then moe_experts over a local expert range. */
+static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm)
+{
+    char label[160];
+    int E = 16, K = 4, dim = 256, inter = 96, e0 = 3, ne = 10, limited = groups > 1 ? 2 : 1;
+    float *sc = hrand((size_t)n * E, 3.0f), *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
+    float *gsc = gcopy(sc, (size_t)n * E), *gbias = bias ? gcopy(bias, (size_t)E) : NULL;
+    int *ri = malloc(sizeof(int) * n * K), *gi = G->alloc(sizeof(int) * n * K);
+    float *rw = malloc(sizeof(float) * n * K), *gw = gbuf((size_t)n * K);
+    C->moe_route(ri, rw, sc, bias, n, E, K, groups, limited, sigmoid, 2.5f);
+    G->moe_route(gi, gw, gsc, gbias, n, E, K, groups, limited, sigmoid, 2.5f);
+    int same = 0;
+    for (int i = 0; i < n * K; i++) same += ri[i] == gi[i];
+    snprintf(label, sizeof label, "moe_route %s groups=%d n=%d", sigmoid ? "sigmoid+bias" : "softmax", groups, n);
+    CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
+    compare(label, gw, rw, (size_t)n * K, 1e-6);
+    ds_weight w1[10], w2[10], w3[10];
+    for (int e = 0; e < ne; e++) {
+        w1[e] = make_weight(fmt, inter, dim);
+        w2[e] = make_weight(fmt, dim, inter);
+        w3[e] = make_weight(fmt, inter, dim);
+    }
+    float *x = hrand((size_t)n * dim, 1.0f), *y = malloc(sizeof(float) * n * dim);
+    float *gx = gcopy(x, (size_t)n * dim), *gy = gbuf((size_t)n * dim);
+    C->moe_experts(y, x, n, K, ri, rw, w1, w2, w3, e0, ne, gemm, false);
+    G->moe_experts(gy, gx, n, K, gi, gw, w1, w2, w3, e0, ne, gemm, false);
+    snprintf(label, sizeof label, "moe_experts %s%s n=%d experts %d+%d", fmt_name(fmt),
+             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, e0, ne);
+    compare(label, gy, y, (size_t)n * dim, 1e-5);
+    check_guard(label, gy, (size_t)n * dim);
+    for (int e = 0; e < ne; e++) {
+        free((void *)w1[e].data), free((void *)w1[e].scale);
+        free((void *)w2[e].data), free((void *)w2[e].scale);
+        free((void *)w3[e].data), free((void *)w3[e].scale);
+    }
+    cuda_forget_weights();
+    G->free(gsc);
+    G->free(gbias);
+    G->free(gi);
+    G->free(gw);
+    G->free(gx);
+    G->free(gy);
+    free(sc);
+    free(bias);
+    free(ri);
+    free(rw);
+    free(x);
+    free(y);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
         printf("test_cuda_ops: skipped: no GPU\n");
         return 0;
     }
+    cuda_set_test_mode(true); /* managed buffers the test reads and writes directly */
     G = cuda_backend();
     C = cpu_backend(false);
     CHECK_MSG(G != NULL, "cuda_backend: %s", ds_last_error());
@@ -447,6 +585,16 @@ int main(void)
     test_attention(DS_ATTN_NAIVE, 2, 0, 64, 128, 128, 300);
     test_elementwise(1001);
     test_elementwise(1 << 20);
+
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+        test_heads((ds_wfmt)f, 3, 128, 128, 160, 1);
+        test_heads((ds_wfmt)f, 4, 64, 32, 512, 9);
+    }
+    test_moved();
+    test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
+    test_moe(DS_W_FP8, 7, true, 4, DS_GEMM_BF16);
+    test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
+    test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
 
     test_fp8_golden();
     printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());

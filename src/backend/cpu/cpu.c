@@ -2,8 +2,9 @@
  * fast kernels where they exist and the CPU supports them.
  *
  * The fast table starts as a copy of the reference and overrides the members
- * that have vectorised versions (matmul, matmul_t, attention, silu_mul on
- * AVX-512; matmul on AVX2). The choice is made at run time with
+ * that have vectorised versions (matmul, matmul_t, attention, silu_mul and
+ * the batched matmul_many, matmul_heads(_t), moe_experts on AVX-512; matmul
+ * on AVX2). The choice is made at run time with
  * __builtin_cpu_supports, so one binary runs on any x86-64.
  * DSV3_CPU_GEMM=bf16 in the environment selects bf16-rounded activations for
  * the prefill GEMM (see cpu_simd.h); the default keeps float32 accuracy. */
@@ -99,12 +100,21 @@ static void fill_fast(void)
     g_fast = cpu_ref_ops;
     g_fast.alloc = fast_alloc;
     g_fast.free = fast_free;
+    /* the reference's batched versions of these are scalar; without AVX-512
+     * the model's host loops over heads and experts reach the fast matmuls */
+    g_fast.matmul_heads = NULL;
+    g_fast.matmul_heads_t = NULL;
+    g_fast.moe_experts = NULL;
     if (cpu_has_avx512()) {
         g_fast.name = "cpu-avx512";
         g_fast.matmul = avx512_matmul;
         g_fast.matmul_t = avx512_matmul_t;
         g_fast.attention = avx512_attention;
         g_fast.silu_mul = avx512_silu_mul;
+        g_fast.matmul_many = avx512_matmul_many;
+        g_fast.matmul_heads = avx512_matmul_heads;
+        g_fast.matmul_heads_t = avx512_matmul_heads_t;
+        g_fast.moe_experts = avx512_moe_experts;
         /* bf16-rounded prefill activations: twice the speed, but beyond the
          * golden tests' 1e-3 tolerance on the (chaotic) tiny model; opt-in */
         const char *prec = getenv("DSV3_CPU_GEMM");

@@ -213,30 +213,82 @@ AVX512 static void gemv_rows(float *y, const float *xs, int n, const ds_weight *
         }
 }
 
-AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+/* Rows [a, b) of job j on the calling thread. xs: this thread's scratch for
+ * the FP8-scaled activations; (*cj, *crb): the job and scale block it holds. */
+AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, const ds_matmul_job **cj, int *crb)
 {
-    int K = w->cols, ngroups = (rows + 3) / 4;
+    const ds_weight *w = j->w;
     bool fp8 = w->fmt == DS_W_FP8;
-    #pragma omp parallel
+    while (a < b) {
+        int e = b;
+        if (fp8) {
+            int rb = (j->row0 + a) / DS_BLOCK;
+            e = MIN(b, (rb + 1) * DS_BLOCK - j->row0);
+            if (rb != *crb || j != *cj) scale_acts(xs, (size_t)w->cols, j->x, 0, j->n, w, *crb = rb);
+            *cj = j;
+        }
+        gemv_rows(j->y, fp8 ? xs : j->x, j->n, w, j->row0, j->rows, a, e);
+        a = e;
+    }
+}
+
+static size_t row_bytes(const ds_weight *w) { return (size_t)w->cols * (w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4); }
+
+/* Below this many weight bytes in all, one thread does the work: waking the
+ * others costs more than it saves. */
+#define DECODE_SERIAL_BYTES 65536
+
+/* All jobs' rows, as one list, split into one contiguous share of (about)
+ * equal weight bytes per thread: a single parallel region for any number of
+ * matrices, and each thread streams its share front to back. */
+AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
+{
+    size_t total = 0, xmax = 0;
+    for (int i = 0; i < nj; i++) {
+        total += row_bytes(jobs[i].w) * (size_t)jobs[i].rows;
+        if (jobs[i].w->fmt == DS_W_FP8 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
+            xmax = (size_t)jobs[i].n * jobs[i].w->cols;
+    }
+    #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
-        float *xs = fp8 ? scratch(0, sizeof(float) * (size_t)n * K) : NULL;
-        int cur_rb = -1;
-        if (fp8 && !xs) abort(); /* internal scratch of a few KiB */
-        #pragma omp for schedule(static)
-        for (int g = 0; g < ngroups; g++) {
-            int a = g * 4, b = MIN(a + 4, rows);
-            while (a < b) {
-                int e = b;
-                if (fp8) {
-                    int rb = (row0 + a) / DS_BLOCK;
-                    e = MIN(b, (rb + 1) * DS_BLOCK - row0);
-                    if (rb != cur_rb) scale_acts(xs, (size_t)K, x, 0, n, w, cur_rb = rb);
-                }
-                gemv_rows(y, fp8 ? xs : x, n, w, row0, rows, a, e);
-                a = e;
+        int nt = omp_get_num_threads(), me = omp_get_thread_num();
+        float *xs = xmax ? scratch(0, sizeof(float) * xmax) : NULL;
+        if (xmax && !xs) abort(); /* internal scratch of a few KiB */
+        const ds_matmul_job *cj = NULL;
+        int crb = -1;
+        /* share [lo, hi) of the bytes; a row belongs to the share its start falls in */
+        double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
+        for (int i = 0; i < nj; i++) {
+            double rb = (double)row_bytes(jobs[i].w), end = off + rb * jobs[i].rows;
+            if (end > lo && off < hi) {
+                int a = off >= lo ? 0 : (int)ceil((lo - off) / rb);
+                int b = end <= hi ? jobs[i].rows : (int)ceil((hi - off) / rb);
+                if (b > jobs[i].rows) b = jobs[i].rows;
+                if (a < b) decode_rows(&jobs[i], a, b, xs, &cj, &crb);
             }
+            off = end;
         }
     }
+}
+
+AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    ds_matmul_job j = {y, x, n, w, row0, rows};
+    decode_many(&j, 1);
+}
+
+AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
+{
+    bool each = false;
+    for (int i = 0; i < n_jobs; i++)
+        each |= jobs[i].n >= cpu_gemm_min_tokens || (gemm == DS_GEMM_FP8 && jobs[i].w->fmt == DS_W_FP8);
+    if (!each) {
+        decode_many(jobs, n_jobs);
+        return;
+    }
+    /* batched GEMMs are long enough to have a parallel region each */
+    for (int i = 0; i < n_jobs; i++)
+        avx512_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
 }
 
 /* ---- prefill GEMM with vdpbf16ps ---------------------------------------- */
@@ -421,9 +473,9 @@ AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, i
 
 /* ---- transpose matmul: y[t][c] = sum_r x[t][r] W[row0 + r][c] ----------- */
 
-/* Columns [c0, c0+128) for T <= 3 tokens. */
-AVX512 INLINE void gemv_t_tile(int T, float *y, const float *x, int n_rows_x, const ds_weight *w, int row0, int rows,
-                               int c0)
+/* Columns [c0, c0+128) for T <= 3 tokens; token t's x at x + t*ldx, its y at y + t*ldy. */
+AVX512 INLINE void gemv_t_tile(int T, float *y, size_t ldy, const float *x, size_t ldx, const ds_weight *w, int row0,
+                               int rows, int c0)
 {
     int C = w->cols, cb = (C + DS_BLOCK - 1) / DS_BLOCK;
     __mmask16 m[8];
@@ -442,7 +494,7 @@ AVX512 INLINE void gemv_t_tile(int T, float *y, const float *x, int n_rows_x, co
         for (int i = 0; i < 8; i++) wv[i] = load_w(w->fmt, row, c0 + 16 * i, m[i]);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
-            __m512 xb = _mm512_set1_ps(x[(size_t)t * n_rows_x + r] * s);
+            __m512 xb = _mm512_set1_ps(x[(size_t)t * ldx + r] * s);
             #pragma GCC unroll 16
             for (int i = 0; i < 8; i++) acc[t][i] = _mm512_fmadd_ps(wv[i], xb, acc[t][i]);
         }
@@ -450,7 +502,16 @@ AVX512 INLINE void gemv_t_tile(int T, float *y, const float *x, int n_rows_x, co
     #pragma GCC unroll 16
     for (int t = 0; t < T; t++)
         #pragma GCC unroll 16
-        for (int i = 0; i < 8; i++) _mm512_mask_storeu_ps(y + (size_t)t * C + c0 + 16 * i, m[i], acc[t][i]);
+        for (int i = 0; i < 8; i++) _mm512_mask_storeu_ps(y + (size_t)t * ldy + c0 + 16 * i, m[i], acc[t][i]);
+}
+
+/* Tokens [t0, t0+T), T <= 3, columns [c0, c0+128). */
+AVX512 static void gemv_t_unit(int T, float *y, size_t ldy, const float *x, size_t ldx, const ds_weight *w, int row0,
+                               int rows, int c0)
+{
+    if (T == 3) gemv_t_tile(3, y, ldy, x, ldx, w, row0, rows, c0);
+    else
+        for (int t = 0; t < T; t++) gemv_t_tile(1, y + (size_t)t * ldy, ldy, x + (size_t)t * ldx, ldx, w, row0, rows, c0);
 }
 
 AVX512 void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
@@ -459,13 +520,48 @@ AVX512 void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w,
     #pragma omp parallel for schedule(static) if (nc * ng > 1)
     for (int u = 0; u < nc * ng; u++) {
         int c0 = (u % nc) * 128, t0 = (u / nc) * 3, T = MIN(3, n - t0);
-        float *yo = y + (size_t)t0 * C;
-        const float *xo = x + (size_t)t0 * rows;
-        if (T == 3) gemv_t_tile(3, yo, xo, rows, w, row0, rows, c0);
-        else
-            #pragma GCC unroll 16
-            for (int t = 0; t < T; t++) gemv_t_tile(1, yo + (size_t)t * C, xo + (size_t)t * rows, rows, w, row0, rows, c0);
+        gemv_t_unit(T, y + (size_t)t0 * C, (size_t)C, x + (size_t)t0 * rows, (size_t)rows, w, row0, rows, c0);
     }
+}
+
+/* ---- per-head products (absorb attention), all heads in one region ------ */
+
+AVX512 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w,
+                                  int row0, int hstride, int rows)
+{
+    int C = w->cols, nc = (C + 127) / 128, ng = (n + 2) / 3;
+    size_t ldx = (size_t)H * xs, ldy = (size_t)H * ys;
+    #pragma omp parallel for schedule(static) if (H * nc * ng > 1)
+    for (int u = 0; u < H * nc * ng; u++) {
+        int h = u / (nc * ng), c0 = (u % nc) * 128, t0 = (u / nc % ng) * 3, T = MIN(3, n - t0);
+        gemv_t_unit(T, y + t0 * ldy + (size_t)h * ys, ldy, x + t0 * ldx + (size_t)h * xs, ldx, w,
+                    row0 + h * hstride, rows, c0);
+    }
+}
+
+AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                                int hstride, int rows)
+{
+    int K = w->cols;
+    if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
+        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
+        if (!jobs) abort();
+        for (int h = 0; h < H; h++)
+            jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
+        decode_many(jobs, H);
+        free(jobs);
+        return;
+    }
+    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
+    if (!xt || !yt) abort(); /* n x (kv_rank + v_head_dim) floats */
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
+        avx512_matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
+        for (int t = 0; t < n; t++)
+            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
+    }
+    free(xt);
+    free(yt);
 }
 
 /* ---- absorb attention ---------------------------------------------------

@@ -217,6 +217,183 @@ static void add_ref(float *y, const float *x, size_t n)
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* ---- data movement: on the CPU, alloc'd memory is host memory */
+
+static void upload_ref(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void download_ref(void *dst, const void *src, size_t bytes) { memcpy(dst, src, bytes); }
+static void sync_ref(void) {}
+static void zero_ref(void *p, size_t bytes) { memset(p, 0, bytes); }
+
+static void copy_rows_ref(float *dst, int dst_stride, const int *di, const float *src, int src_stride, const int *si,
+                          int n, int len)
+{
+    for (int i = 0; i < n; i++)
+        memmove(dst + (size_t)(di ? di[i] : i) * dst_stride, src + (size_t)(si ? si[i] : i) * src_stride,
+                sizeof(float) * (size_t)len);
+}
+
+static void add_rows_scaled_ref(float *y, const int *idx, const float *x, const float *w, int n, int dim)
+{
+    for (int i = 0; i < n; i++) {
+        float *yi = y + (size_t)idx[i] * dim;
+        const float *xi = x + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) yi[j] += w[i] * xi[j];
+    }
+}
+
+static void embed_ref(float *h, const ds_weight *emb, const int32_t *tok, int n, int row0)
+{
+    for (int i = 0; i < n; i++) {
+        int r = tok[i] - row0;
+        float *hi = h + (size_t)i * emb->cols;
+        if (r < 0 || r >= emb->rows) memset(hi, 0, sizeof(float) * (size_t)emb->cols);
+        else cpu_dequant_row(emb, r, hi);
+    }
+}
+
+static void matmul_heads_ref(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                             int hstride, int rows)
+{
+    int k = w->cols;
+    float *row = malloc(sizeof(float) * (size_t)k);
+    if (!row) abort();
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < rows; r++) {
+            cpu_dequant_row(w, row0 + h * hstride + r, row);
+            for (int t = 0; t < n; t++)
+                y[((size_t)t * H + h) * ys + r] = dot_ref(x + ((size_t)t * H + h) * xs, row, k);
+        }
+    free(row);
+}
+
+static void matmul_heads_t_ref(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                               int hstride, int rows)
+{
+    int c = w->cols;
+    float *row = malloc(sizeof(float) * (size_t)c);
+    if (!row) abort();
+    for (int t = 0; t < n; t++)
+        for (int h = 0; h < H; h++) memset(y + ((size_t)t * H + h) * ys, 0, sizeof(float) * (size_t)c);
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < rows; r++) {
+            cpu_dequant_row(w, row0 + h * hstride + r, row);
+            for (int t = 0; t < n; t++) {
+                float xv = x[((size_t)t * H + h) * xs + r], *yo = y + ((size_t)t * H + h) * ys;
+                for (int j = 0; j < c; j++) yo[j] += xv * row[j];
+            }
+        }
+    free(row);
+}
+
+/* Gate.forward for one token (see the op's contract in backend.h). */
+static void route_one(float *sc, const float *bias, int E, int K, int G, int limited, bool sigmoid, float rscale,
+                      int *idx, float *wt)
+{
+    int per = E / G;
+    float *biased = malloc(sizeof(float) * (size_t)E);
+    float *gs = malloc(sizeof(float) * (size_t)G);
+    bool *keep = malloc((size_t)G);
+    if (!biased || !gs || !keep) abort();
+    if (!sigmoid) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, sc[e]);
+        for (int e = 0; e < E; e++) sum += (sc[e] = expf(sc[e] - mx));
+        for (int e = 0; e < E; e++) sc[e] /= sum;
+    } else {
+        for (int e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
+    }
+    for (int e = 0; e < E; e++) biased[e] = bias ? sc[e] + bias[e] : sc[e];
+    if (G > 1) {
+        /* group score: max without bias, sum of the top two with bias */
+        for (int g = 0; g < G; g++) {
+            const float *p = biased + g * per;
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int j = 0; j < per; j++) {
+                if (p[j] > m1) {
+                    m2 = m1;
+                    m1 = p[j];
+                } else if (p[j] > m2) {
+                    m2 = p[j];
+                }
+            }
+            gs[g] = bias ? m1 + m2 : m1;
+            keep[g] = false;
+        }
+        for (int k = 0; k < limited; k++) {
+            int best = -1;
+            for (int g = 0; g < G; g++)
+                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
+            keep[best] = true;
+        }
+        for (int g = 0; g < G; g++)
+            if (!keep[g])
+                for (int j = 0; j < per; j++) biased[g * per + j] = -INFINITY;
+    }
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++) taken |= idx[j] == e;
+            if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
+        }
+        idx[k] = best;
+        wt[k] = sc[best];
+        sum += wt[k];
+    }
+    for (int k = 0; k < K; k++) {
+        if (sigmoid) wt[k] /= sum;
+        wt[k] *= rscale;
+    }
+    free(biased);
+    free(gs);
+    free(keep);
+}
+
+static void moe_route_ref(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+                          int limited_groups, bool sigmoid, float route_scale)
+{
+    for (int t = 0; t < n; t++)
+        route_one(sc + (size_t)t * E, bias, E, K, groups, limited_groups, sigmoid, route_scale, idx + (size_t)t * K,
+                  wt + (size_t)t * K);
+}
+
+/* Tokens grouped per local expert, in expert order, as the model's host path does. */
+static void moe_experts_ref(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                            const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                            ds_gemm_impl gemm, bool ue8m0)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows;
+    int *list = malloc(sizeof(int) * (size_t)n);
+    float *lw = malloc(sizeof(float) * (size_t)n), *xs = malloc(sizeof(float) * (size_t)n * dim);
+    float *a = malloc(sizeof(float) * (size_t)n * inter), *g = malloc(sizeof(float) * (size_t)n * inter);
+    float *ys = malloc(sizeof(float) * (size_t)n * dim);
+    if (!list || !lw || !xs || !a || !g || !ys) abort();
+    memset(y, 0, sizeof(float) * (size_t)n * dim);
+    for (int e = 0; e < ne; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n; t++)
+            for (int k = 0; k < K; k++)
+                if (idx[(size_t)t * K + k] == e0 + e) {
+                    list[cnt] = t;
+                    lw[cnt++] = wt[(size_t)t * K + k];
+                }
+        if (!cnt) continue;
+        copy_rows_ref(xs, dim, NULL, x, dim, list, cnt, dim);
+        matmul_ref(a, xs, cnt, &ew1[e], 0, inter, gemm, ue8m0);
+        matmul_ref(g, xs, cnt, &ew3[e], 0, inter, gemm, ue8m0);
+        for (size_t i = 0; i < (size_t)cnt * inter; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * g[i];
+        matmul_ref(ys, a, cnt, &ew2[e], 0, dim, gemm, ue8m0);
+        add_rows_scaled_ref(y, list, ys, lw, cnt, dim);
+    }
+    free(list);
+    free(lw);
+    free(xs);
+    free(a);
+    free(g);
+    free(ys);
+}
+
 const ds_ops cpu_ref_ops = {
     .name = "cpu-ref",
     .alloc = cpu_alloc,
@@ -228,4 +405,15 @@ const ds_ops cpu_ref_ops = {
     .attention = attention_ref,
     .silu_mul = silu_mul_ref,
     .add = add_ref,
+    .upload = upload_ref,
+    .download = download_ref,
+    .sync = sync_ref,
+    .zero = zero_ref,
+    .copy_rows = copy_rows_ref,
+    .add_rows_scaled = add_rows_scaled_ref,
+    .embed = embed_ref,
+    .matmul_heads = matmul_heads_ref,
+    .matmul_heads_t = matmul_heads_t_ref,
+    .moe_route = moe_route_ref,
+    .moe_experts = moe_experts_ref,
 };

@@ -1,13 +1,13 @@
 /* cuda_backend.h - the CUDA backend (built with -DDSV3_CUDA=ON).
  *
- * First stage, correctness first: activations live in CUDA managed memory so
- * that the model code's host-side loops (embedding rows, column gathers, KV
- * cache row writes, MoE routing) work unchanged, and every op ends with a
- * device synchronisation so the host may read its output at once. Weights are
- * copied to device memory on first use and cached by their host data pointer.
- * Pointers an op receives may be managed, device, or plain host memory: host
- * arguments (norm weights, rotary tables, positions, a caller's logits buffer)
- * are staged through device memory for the call.
+ * Activations, the KV cache and the weights live in device memory (cudaMalloc);
+ * every op is queued on one stream and returns without waiting, so the host
+ * never touches activations: it uploads the per-pass token arrays and
+ * downloads the logits (and, per MoE layer, the routing choice). Weights are
+ * copied once at load (upload_weight); a weight without a device copy is
+ * copied on first use and cached by its host data pointer. Pointers an op
+ * receives may also be managed or plain host memory (tests): host arguments
+ * are staged through device memory, and that op waits before it returns.
  *
  * Not thread-safe: one thread at a time may call the ops of this backend. */
 #ifndef DS_CUDA_BACKEND_H
@@ -40,6 +40,17 @@ void cuda_forget_weights(void);
 
 /* Bytes of device memory held by cached weights. */
 size_t cuda_weight_bytes(void);
+
+/* Test mode: activations in managed memory and a synchronisation after every
+ * op, so a test may read and write op buffers from the host. Off by default:
+ * activations are device memory and ops return without waiting. */
+void cuda_set_test_mode(bool on);
+
+/* The machine's ceilings: device-to-device copy bandwidth in GB/s (bytes read
+ * plus written, 1 GiB, best of 10), and the bf16 tensor-core rate in TFLOP/s
+ * (cuBLAS 8192^3 on random data, f32 accumulation, best of 6); 0 on failure. */
+double cuda_measure_copy_bandwidth(void);
+double cuda_measure_bf16_tc_peak(void);
 
 /* The FP8 kernels on their own, for tests against the reference's Triton
  * kernels (quant.h has the definitions). Host pointers in and out. */

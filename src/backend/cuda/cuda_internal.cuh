@@ -33,7 +33,11 @@ typedef struct {
     } b[CU_IO_MAX];
     int n;
     bool failed;
+    bool host_io; /* a host argument was staged: the op must wait at cu_end */
 } cu_io;
+
+/* The stream every op is queued on. */
+extern cudaStream_t cu_s;
 
 /* A device-readable view of bytes at p: p itself when the device can read it
  * (managed, device or mapped pinned memory), else a staged copy. */
@@ -135,9 +139,27 @@ __device__ __forceinline__ float cu_warp_max(float v)
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
+void *cu_alloc(size_t bytes);
+void cu_free(void *p);
+void cu_upload(void *dst, const void *src, size_t bytes);
+void cu_download(void *dst, const void *src, size_t bytes);
+void cu_sync(void);
+void cu_zero(void *p, size_t bytes);
+ds_status cu_upload_weight(ds_weight *w);
+
 /* The scalar ops (cuda_ops.cu) and the products (cuda_gemm.cu). */
 void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                bool ue8m0);
 void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
+                     int rows);
+void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                       int hstride, int rows);
+void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                    const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0);
+void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, int src_stride, const int *si, int n,
+                  int len);
+void cu_add_rows_scaled(float *y, const int *idx, const float *x, const float *w, int n, int dim);
+void cu_silu_mul(float *a, const float *b, size_t n);
 
 #endif

@@ -1,10 +1,16 @@
 /* cuda_mem.cu - memory for the CUDA backend: activation buffers, the staging
- * of host arguments, the weight cache, and error recording.
+ * of host arguments, the weights, and error recording.
  *
- * Activations come from cudaMallocManaged, so the host may read and write
- * them between ops (each op synchronises before it returns). Arguments that
- * are plain host memory are copied through a reusable device arena for the
- * duration of one op. Weights (host mmap'd checkpoint data) are copied to
+ * Every op is queued on one stream (cu_s) and returns without waiting;
+ * download and sync wait. Activations come from cudaMalloc through a pool of
+ * freed blocks (the model frees and allocates the same sizes every layer, and
+ * cudaFree would synchronise); their ranges are kept sorted so an op can tell
+ * a device pointer from a host one without asking the driver. In test mode
+ * (cuda_set_test_mode) activations are managed memory and every op
+ * synchronises, so a test may read and write them from the host. Arguments
+ * that are plain host memory are copied through a reusable device arena for
+ * the duration of one op (that op then synchronises). Weights are copied once
+ * at load by upload_weight (w->dev); weights without one (tests) are (host mmap'd checkpoint data) are copied to
  * cudaMalloc'd memory on first use, whole, one byte per FP8 weight plus its
  * scales, and found again by their host data pointer in an open-addressing
  * table. A cached copy is checked against a signature of the host bytes on
@@ -25,6 +31,8 @@ extern "C" {
 
 /* ---- errors */
 
+cudaStream_t cu_s;
+static bool g_test_mode;
 static ds_status g_status = DS_OK;
 static char g_msg[512];
 
@@ -57,26 +65,163 @@ extern "C" int cuda_device_count(void)
     return n;
 }
 
-/* ---- activation buffers */
+extern "C" void cuda_set_test_mode(bool on) { g_test_mode = on; }
+
+/* ---- activation buffers: a pool of device blocks, ranges sorted by address */
+
+typedef struct {
+    char *p;
+    size_t cap;
+    bool free;
+} blk;
+
+static blk *g_blk;
+static size_t g_nblk, g_capblk, g_pool_free_bytes;
+#define POOL_KEEP ((size_t)8 << 30) /* freed bytes kept for reuse; beyond that, cudaFree */
+
+/* Index of the block holding p, or -1. */
+static long blk_find(const void *p)
+{
+    size_t lo = 0, hi = g_nblk;
+    const char *c = (const char *)p;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (c < g_blk[mid].p) hi = mid;
+        else if (c >= g_blk[mid].p + g_blk[mid].cap) lo = mid + 1;
+        else return (long)mid;
+    }
+    return -1;
+}
+
+static bool blk_insert(char *p, size_t cap)
+{
+    if (g_nblk == g_capblk) {
+        size_t nc = g_capblk ? 2 * g_capblk : 256;
+        blk *t = (blk *)realloc(g_blk, nc * sizeof *t);
+        if (!t) return false;
+        g_blk = t;
+        g_capblk = nc;
+    }
+    size_t i = g_nblk;
+    while (i > 0 && g_blk[i - 1].p > p) {
+        g_blk[i] = g_blk[i - 1];
+        i--;
+    }
+    g_blk[i].p = p;
+    g_blk[i].cap = cap;
+    g_blk[i].free = false;
+    g_nblk++;
+    return true;
+}
+
+static void blk_remove(size_t i)
+{
+    memmove(&g_blk[i], &g_blk[i + 1], (g_nblk - i - 1) * sizeof *g_blk);
+    g_nblk--;
+}
+
+/* Releases every pooled free block (after the queued work that may use them). */
+static void pool_trim(void)
+{
+    cudaStreamSynchronize(cu_s);
+    for (size_t i = g_nblk; i-- > 0;)
+        if (g_blk[i].free) {
+            cudaFree(g_blk[i].p);
+            g_pool_free_bytes -= g_blk[i].cap;
+            blk_remove(i);
+        }
+}
 
 void *cu_alloc(size_t bytes)
 {
     void *p = NULL;
     if (bytes == 0) bytes = 256;
-    if (cudaMallocManaged(&p, bytes, cudaMemAttachGlobal) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
+    if (g_test_mode) {
+        if (cudaMallocManaged(&p, bytes, cudaMemAttachGlobal) != cudaSuccess) {
+            cudaGetLastError();
+            return NULL;
+        }
+        if (!cu_check(cudaMemset(p, 0, bytes), "alloc: memset") || !cu_check(cudaDeviceSynchronize(), "alloc")) {
+            cudaFree(p);
+            return NULL;
+        }
+        return p;
     }
-    if (!cu_check(cudaMemset(p, 0, bytes), "alloc: memset") || !cu_check(cudaDeviceSynchronize(), "alloc")) {
-        cudaFree(p);
-        return NULL;
+    size_t best = (size_t)-1;
+    for (size_t i = 0; i < g_nblk; i++)
+        if (g_blk[i].free && g_blk[i].cap >= bytes && g_blk[i].cap <= 2 * bytes + 65536 &&
+            (best == (size_t)-1 || g_blk[i].cap < g_blk[best].cap))
+            best = i;
+    if (best != (size_t)-1) {
+        g_blk[best].free = false;
+        g_pool_free_bytes -= g_blk[best].cap;
+        p = g_blk[best].p;
+    } else {
+        size_t cap = (bytes + 4095) & ~(size_t)4095;
+        if (cudaMalloc(&p, cap) != cudaSuccess) {
+            cudaGetLastError();
+            pool_trim();
+            if (cudaMalloc(&p, cap) != cudaSuccess) {
+                cudaGetLastError();
+                size_t fr = 0, tot = 0;
+                cudaMemGetInfo(&fr, &tot);
+                char what[160];
+                snprintf(what, sizeof what, "out of device memory allocating %.1f MiB (%.1f MiB free of %.1f MiB)",
+                         cap / 1048576.0, fr / 1048576.0, tot / 1048576.0);
+                cu_check(cudaErrorMemoryAllocation, what);
+                return NULL;
+            }
+        }
+        if (!blk_insert((char *)p, cap)) {
+            cudaFree(p);
+            return NULL;
+        }
     }
+    if (!cu_check(cudaMemsetAsync(p, 0, bytes, cu_s), "alloc: memset")) return NULL;
     return p;
 }
 
 void cu_free(void *p)
 {
-    if (p) cu_check(cudaFree(p), "free");
+    if (!p) return;
+    long i = blk_find(p);
+    if (i < 0 || g_blk[i].p != p) { /* managed (test mode) or foreign */
+        cudaStreamSynchronize(cu_s);
+        cu_check(cudaFree(p), "free");
+        return;
+    }
+    if (g_pool_free_bytes + g_blk[i].cap > POOL_KEEP) {
+        cudaStreamSynchronize(cu_s);
+        cudaFree(p);
+        blk_remove((size_t)i);
+        return;
+    }
+    g_blk[i].free = true; /* reused by later ops on the same stream, after this one's readers */
+    g_pool_free_bytes += g_blk[i].cap;
+}
+
+void cu_upload(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu_s), "upload");
+    if (g_test_mode) cu_check(cudaStreamSynchronize(cu_s), "upload: synchronize");
+}
+
+void cu_download(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu_s), "download");
+    cu_check(cudaStreamSynchronize(cu_s), "download: synchronize");
+}
+
+void cu_sync(void)
+{
+    cu_check(cudaGetLastError(), "launch");
+    cu_check(cudaStreamSynchronize(cu_s), "synchronize");
+}
+
+void cu_zero(void *p, size_t bytes)
+{
+    if (bytes) cu_check(cudaMemsetAsync(p, 0, bytes, cu_s), "zero");
+    if (g_test_mode) cu_check(cudaStreamSynchronize(cu_s), "zero: synchronize");
 }
 
 /* ---- staging */
@@ -86,6 +231,7 @@ static size_t g_arena_cap, g_arena_used, g_arena_want;
 
 bool cu_device_readable(const void *p)
 {
+    if (!p || blk_find(p) >= 0) return true;
     cudaPointerAttributes a;
     if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
         cudaGetLastError();
@@ -139,7 +285,8 @@ const void *cu_in(cu_io *io, const void *p, size_t bytes)
     if (!p || bytes == 0 || cu_device_readable(p)) return p;
     void *d = cu_tmp(io, bytes);
     if (!d) return NULL;
-    if (!cu_check(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice), "staging an argument")) {
+    io->host_io = true;
+    if (!cu_check(cudaMemcpyAsync(d, p, bytes, cudaMemcpyHostToDevice, cu_s), "staging an argument")) {
         io->failed = true;
         return NULL;
     }
@@ -151,6 +298,7 @@ void *cu_out(cu_io *io, void *p, size_t bytes, bool copy_in)
     if (!p || bytes == 0 || cu_device_readable(p)) return p;
     void *d = copy_in ? (void *)cu_in(io, p, bytes) : cu_tmp(io, bytes);
     if (!d) return NULL;
+    io->host_io = true;
     if (!io_push(io, d, p, bytes, true, false)) return NULL;
     return d;
 }
@@ -160,12 +308,21 @@ void cu_end(cu_io *io, const char *op)
     char what[96];
     snprintf(what, sizeof what, "%s: launch", op);
     cu_check(cudaGetLastError(), what);
+    /* Ops on device memory only are left queued; staged host arguments need the wait. */
+    bool grow = g_arena_want > g_arena_cap;
+    if (!g_test_mode && !io->host_io && !grow) { /* owned blocks imply grow */
+        io->n = 0;
+        g_arena_used = 0;
+        g_arena_want = 0;
+        return;
+    }
     snprintf(what, sizeof what, "%s: synchronize", op);
-    cu_check(cudaDeviceSynchronize(), what);
+    cu_check(cudaStreamSynchronize(cu_s), what);
     for (int i = 0; i < io->n; i++) {
         if (io->b[i].back && !io->failed) {
             snprintf(what, sizeof what, "%s: copying the result back", op);
             cu_check(cudaMemcpy(io->b[i].host, io->b[i].dev, io->b[i].bytes, cudaMemcpyDeviceToHost), what);
+            cudaStreamSynchronize(cu_s);
         }
     }
     for (int i = 0; i < io->n; i++)
@@ -274,10 +431,10 @@ static bool wentry_upload(wentry *e, const ds_weight *w, uint64_t sig)
     e->cols = w->cols;
     e->sig = sig;
     if (!cu_check(cudaMalloc(&e->data, nd ? nd : 16), "weight upload: allocation") ||
-        !cu_check(cudaMemcpy(e->data, w->data, nd, cudaMemcpyDefault), "weight upload: copy"))
+        !cu_check(cudaMemcpyAsync(e->data, w->data, nd, cudaMemcpyDefault, cu_s), "weight upload: copy"))
         return false;
     if (ns && (!cu_check(cudaMalloc((void **)&e->scale, ns * sizeof(float)), "weight upload: scale allocation") ||
-               !cu_check(cudaMemcpy(e->scale, w->scale, ns * sizeof(float), cudaMemcpyDefault),
+               !cu_check(cudaMemcpyAsync(e->scale, w->scale, ns * sizeof(float), cudaMemcpyDefault, cu_s),
                          "weight upload: scale copy")))
         return false;
     e->bytes = nd + ns * sizeof(float);
@@ -287,6 +444,10 @@ static bool wentry_upload(wentry *e, const ds_weight *w, uint64_t sig)
 
 bool cu_weight_get(const ds_weight *w, cu_weight *out)
 {
+    if (w->dev) {
+        *out = *(const cu_weight *)w->dev;
+        return true;
+    }
     /* Weights already in device-readable memory are used in place. */
     if (cu_device_readable(w->data) && (w->fmt != DS_W_FP8 || cu_device_readable(w->scale))) {
         out->data = w->data;
@@ -318,8 +479,66 @@ bool cu_weight_get(const ds_weight *w, cu_weight *out)
     return true;
 }
 
+/* ---- weights uploaded at load: w->dev points to a cu_dweight */
+
+typedef struct cu_dweight {
+    cu_weight w; /* first: w->dev is read as a cu_weight */
+    size_t bytes;
+    ds_weight *owner;
+    struct cu_dweight *next;
+} cu_dweight;
+
+static cu_dweight *g_dw;
+
+ds_status cu_upload_weight(ds_weight *w)
+{
+    if (w->dev) return DS_OK;
+    size_t nd = wdata_bytes(w), ns = wscale_count(w), off = (nd + 255) & ~(size_t)255;
+    size_t bytes = off + ns * sizeof(float);
+    cu_dweight *d = (cu_dweight *)calloc(1, sizeof *d);
+    void *p = NULL;
+    if (!d) return ds_errorf(DS_ERR_NOMEM, "out of host memory");
+    if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {
+        cudaGetLastError();
+        pool_trim();
+        if (cudaMalloc(&p, bytes ? bytes : 16) != cudaSuccess) {
+            cudaGetLastError();
+            free(d);
+            size_t fr = 0, tot = 0;
+            cudaMemGetInfo(&fr, &tot);
+            return ds_errorf(DS_ERR_NOMEM,
+                             "cuda: out of device memory: a %dx%d weight needs %.1f MiB, %.1f MiB free of %.1f MiB "
+                             "(%.2f GiB of weights already uploaded)",
+                             w->rows, w->cols, bytes / 1048576.0, fr / 1048576.0, tot / 1048576.0,
+                             g_wbytes / 1073741824.0);
+        }
+    }
+    d->w.data = p;
+    d->w.scale = ns ? (const float *)((char *)p + off) : NULL;
+    d->bytes = bytes;
+    d->owner = w;
+    bool ok = cu_check(cudaMemcpyAsync(p, w->data, nd, cudaMemcpyDefault, cu_s), "weight upload") &&
+              (!ns || cu_check(cudaMemcpyAsync((char *)p + off, w->scale, ns * sizeof(float), cudaMemcpyDefault, cu_s),
+                               "weight upload: scales"));
+    d->next = g_dw;
+    g_dw = d;
+    g_wbytes += bytes;
+    w->dev = d;
+    if (!ok) return cuda_backend_status();
+    return DS_OK;
+}
+
 extern "C" void cuda_forget_weights(void)
 {
+    cudaStreamSynchronize(cu_s);
+    while (g_dw) {
+        cu_dweight *d = g_dw;
+        g_dw = d->next;
+        cudaFree((void *)d->w.data);
+        g_wbytes -= d->bytes;
+        d->owner->dev = NULL;
+        free(d);
+    }
     for (size_t i = 0; i < g_wcap; i++)
         if (g_w[i].key) wentry_release(&g_w[i]);
     free(g_w);

@@ -1,0 +1,109 @@
+/* cpu_moe.c - the routed experts of a MoE layer (ds_ops.moe_experts) on the
+ * AVX-512 kernels.
+ *
+ * The (token, expert) assignments of this rank are ordered by expert and cut
+ * into chunks of at most MOE_CHUNK rows (one expert with more assignments
+ * forms a chunk of its own). Each chunk costs two matmul_many calls: w1 and
+ * w3 of all its experts together, then their w2s. A decode step (a few
+ * tokens, 6-8 experts each) is one chunk, so all its experts' rows are spread
+ * over the threads in one parallel region instead of three regions per
+ * expert; a prefill gives each expert's batched GEMMs their own regions, as
+ * before. Sums run in expert order, as in the reference's moe_experts. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ref.h"
+#include "cpu_simd.h"
+
+#define MOE_CHUNK 64
+
+typedef struct {
+    int *tok;         /* assignment -> token, ordered by expert */
+    float *w;         /* assignment -> routing weight */
+    int *first;       /* expert e's assignments: [first[e], first[e+1]) */
+    float *xs, *a, *g, *ys; /* chunk buffers: (rows, dim), (rows, inter) x2, (rows, dim) */
+    ds_matmul_job *jobs;
+} moe_bufs;
+
+/* Experts [e_lo, e_hi) as one chunk: assignments [r0, r1). */
+static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int e_hi, const ds_weight *ew1,
+                      const ds_weight *ew2, const ds_weight *ew3, ds_gemm_impl gemm, bool ue8m0)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows, r0 = b->first[e_lo], nj = 0;
+    for (int i = r0; i < b->first[e_hi]; i++)
+        memcpy(b->xs + (size_t)(i - r0) * dim, x + (size_t)b->tok[i] * dim, sizeof(float) * (size_t)dim);
+    for (int e = e_lo; e < e_hi; e++) {
+        int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
+        if (!cnt) continue;
+        b->jobs[nj++] = (ds_matmul_job){b->a + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew1[e], 0, inter};
+        b->jobs[nj++] = (ds_matmul_job){b->g + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew3[e], 0, inter};
+    }
+    avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
+    int rows = b->first[e_hi] - r0;
+    avx512_silu_mul(b->a, b->g, (size_t)rows * inter);
+    nj = 0;
+    for (int e = e_lo; e < e_hi; e++) {
+        int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
+        if (cnt) b->jobs[nj++] = (ds_matmul_job){b->ys + (size_t)o * dim, b->a + (size_t)o * inter, cnt, &ew2[e], 0, dim};
+    }
+    avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
+    /* y[t] += w * expert(x[t]), in expert order */
+    for (int i = 0; i < rows; i++) {
+        float *yt = y + (size_t)b->tok[r0 + i] * dim, wi = b->w[r0 + i];
+        const float *yi = b->ys + (size_t)i * dim;
+        for (int j = 0; j < dim; j++) yt[j] += wi * yi[j];
+    }
+}
+
+void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows;
+    const ds_ops *ops = cpu_backend(true); /* its alloc keeps freed buffers for reuse */
+    memset(y, 0, sizeof(float) * (size_t)n * dim);
+    moe_bufs b = {0};
+    b.first = calloc((size_t)ne + 1, sizeof(int));
+    b.tok = malloc(sizeof(int) * ((size_t)n * K + 1));
+    b.w = malloc(sizeof(float) * ((size_t)n * K + 1));
+    b.jobs = malloc(sizeof(ds_matmul_job) * 2 * (size_t)ne);
+    if (!b.first || !b.tok || !b.w || !b.jobs) abort(); /* a few KiB per token */
+    /* counting sort of the assignments by expert (tokens ascending within one) */
+    for (size_t i = 0; i < (size_t)n * K; i++)
+        if (idx[i] >= e0 && idx[i] < e0 + ne) b.first[idx[i] - e0 + 1]++;
+    int maxcnt = 0;
+    for (int e = 0; e < ne; e++) {
+        if (b.first[e + 1] > maxcnt) maxcnt = b.first[e + 1];
+        b.first[e + 1] += b.first[e];
+    }
+    int *fill = malloc(sizeof(int) * (size_t)(ne + 1));
+    if (!fill) abort();
+    memcpy(fill, b.first, sizeof(int) * (size_t)ne);
+    for (size_t i = 0; i < (size_t)n * K; i++)
+        if (idx[i] >= e0 && idx[i] < e0 + ne) {
+            int j = fill[idx[i] - e0]++;
+            b.tok[j] = (int)(i / (size_t)K);
+            b.w[j] = wt[i];
+        }
+    free(fill);
+    if (b.first[ne]) {
+        size_t cap = (size_t)(maxcnt > MOE_CHUNK ? maxcnt : MOE_CHUNK);
+        b.xs = ops->alloc(sizeof(float) * cap * dim);
+        b.ys = ops->alloc(sizeof(float) * cap * dim);
+        b.a = ops->alloc(sizeof(float) * cap * inter);
+        b.g = ops->alloc(sizeof(float) * cap * inter);
+        if (!b.xs || !b.ys || !b.a || !b.g) abort(); /* (64 + busiest expert) rows */
+        for (int lo = 0, hi; lo < ne; lo = hi) {
+            hi = lo + 1;
+            while (hi < ne && b.first[hi + 1] - b.first[lo] <= MOE_CHUNK) hi++;
+            if (b.first[hi] > b.first[lo]) moe_chunk(y, x, &b, lo, hi, ew1, ew2, ew3, gemm, ue8m0);
+        }
+        ops->free(b.xs);
+        ops->free(b.ys);
+        ops->free(b.a);
+        ops->free(b.g);
+    }
+    free(b.first);
+    free(b.tok);
+    free(b.w);
+    free(b.jobs);
+}

@@ -1,0 +1,170 @@
+/* bench_cuda_model.c - the whole model on the CUDA backend: batch-1 and
+ * batch-8 decode, decode at a 4k-token depth, and a 512-token prefill, each
+ * beside its ceiling measured in the same run (device-to-device copy
+ * bandwidth for decode, cuBLAS bf16 GEMM rate for prefill).
+ *
+ *   bench_cuda_model CKPT_DIR CONFIG [reps]
+ *
+ * Roofline for decode: bytes of the weights one token reads (attention, dense
+ * and shared MLPs, the K routed experts it selects, the head) / copy
+ * bandwidth. Batch 8 reads at most 8 * K experts per layer; its figure is
+ * tokens/s against batch 1. The 4k depth fills rows 0..4095 of the KV cache
+ * with random values (attention costs the same whatever the values). Not a
+ * test: prints figures. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "model/model.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static size_t wbytes(const ds_weight *w)
+{
+    if (!w->data) return 0;
+    size_t n = (size_t)w->rows * w->cols, e = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+    return n * e + (w->fmt == DS_W_FP8 ? (size_t)((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4 : 0);
+}
+
+static double token_bytes(const ds_model *m, int experts)
+{
+    double s = wbytes(&m->head) + (double)m->cfg.dim * (m->embed.fmt == DS_W_BF16 ? 2 : 4);
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const ds_layer *l = &m->layers[i];
+        s += wbytes(&l->wq) + wbytes(&l->wq_a) + wbytes(&l->wq_b) + wbytes(&l->wkv_a) + wbytes(&l->wkv_b) + wbytes(&l->wo);
+        if (!l->moe) {
+            s += wbytes(&l->w1) + wbytes(&l->w2) + wbytes(&l->w3);
+            continue;
+        }
+        s += wbytes(&l->gate) + wbytes(&l->sw1) + wbytes(&l->sw2) + wbytes(&l->sw3);
+        s += experts * (double)(wbytes(&l->ew1[0]) + wbytes(&l->ew2[0]) + wbytes(&l->ew3[0]));
+    }
+    return s;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median seconds of `reps` decode steps of `bs` sequences at positions depth, depth+1, ... */
+static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, float *logits)
+{
+    int32_t tok[64];
+    int seq[64], pos[64];
+    bool want[64];
+    double t[256];
+    for (int r = 0; r < reps + 2; r++) {
+        for (int i = 0; i < bs; i++) {
+            tok[i] = (int32_t)((r * 7919 + i * 104729) % m->cfg.vocab_size);
+            seq[i] = i;
+            pos[i] = depth + r;
+            want[i] = true;
+        }
+        double t0 = now();
+        if (model_forward(m, kv, bs, tok, seq, pos, want, logits)) return -1;
+        if (r >= 2) t[r - 2] = now() - t0;
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp);
+    return t[reps / 2];
+}
+
+static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
+{
+    size_t R = (size_t)m->cfg.kv_lora_rank, rp = (size_t)m->cfg.qk_rope_head_dim, n = (size_t)rows * (R > rp ? R : rp);
+    float *h = malloc(sizeof(float) * n);
+    uint64_t s = 42;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = (float)(s >> 40) / 8388608.0f - 1.0f;
+    }
+    for (int li = 0; li < kv->n_layers; li++) {
+        m->ops->upload(kv->kv[li], h, sizeof(float) * rows * R);
+        m->ops->upload(kv->pe[li], h, sizeof(float) * rows * rp);
+    }
+    m->ops->sync();
+    free(h);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_cuda_model CKPT_DIR CONFIG [reps]\n");
+        return 2;
+    }
+    int reps = argc > 3 ? atoi(argv[3]) : 20;
+    if (reps < 1 || reps > 250) reps = 20;
+    if (cuda_device_count() == 0) {
+        printf("bench_cuda_model: skipped: no GPU\n");
+        return 0;
+    }
+    const ds_ops *ops = cuda_backend();
+    ds_config cfg;
+    ds_model *m = NULL;
+    ds_kvcache *kv = NULL;
+    if (!ops || config_load(&cfg, argv[2])) goto fail;
+    double bw = cuda_measure_copy_bandwidth(), tc = cuda_measure_bf16_tc_peak();
+    printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s\n", bw, tc);
+    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = DS_GEMM_BF16, .ops = ops};
+    double t0 = now();
+    if (model_load(&m, argv[1], &cfg, &o)) goto fail;
+    printf("load + upload: %.1f s, %.2f GiB of weights on the device\n", now() - t0, cuda_weight_bytes() / 1073741824.0);
+    int depth = 4096, ctx = depth + reps + 8;
+    if (kvcache_new(&kv, m, 8, ctx)) goto fail;
+    printf("KV cache: 8 x %d positions, %.2f GiB\n", ctx,
+           8.0 * ctx * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 * cfg.n_layers / 1073741824.0);
+    float *logits = malloc(sizeof(float) * 8 * (size_t)cfg.vocab_size);
+    if (!logits) goto fail;
+    double b1 = token_bytes(m, cfg.n_activated_experts), roof = b1 / (bw * 1e9);
+    double t1 = decode(m, kv, 1, 0, reps, logits);
+    double t8 = decode(m, kv, 8, 0, reps, logits);
+    fill_cache(m, kv, depth);
+    double t4k = decode(m, kv, 1, depth, reps, logits);
+    /* prefill 512 at positions 0..511 of sequence 0, logits of the last token */
+    int np = 512;
+    int32_t *tok = malloc(sizeof(int32_t) * np);
+    int *seq = calloc((size_t)np, sizeof(int)), *pos = malloc(sizeof(int) * np);
+    bool *want = calloc((size_t)np, 1);
+    double tp[5];
+    for (int i = 0; i < np; i++) {
+        tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
+        pos[i] = i;
+    }
+    want[np - 1] = true;
+    for (int r = 0; r < 6; r++) {
+        double s0 = now();
+        if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
+        if (r >= 1) tp[r - 1] = now() - s0;
+    }
+    qsort(tp, 5, sizeof *tp, cmp);
+    if (cuda_backend_status() || t1 < 0 || t8 < 0 || t4k < 0) goto fail;
+    double flop = 2.0 * token_bytes(m, cfg.n_activated_experts) / (m->head.fmt == DS_W_FP8 ? 1 : 2) * np;
+    printf("bytes of active weights per token: %.3f GB; roofline %.3f ms/token = %.0f tok/s\n", b1 / 1e9, roof * 1e3,
+           1 / roof);
+    printf("%-22s %10s %10s %s\n", "test", "ms", "tok/s", "vs limit");
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.0f GB/s)\n", "decode batch 1", t1 * 1e3, 1 / t1,
+           100 * roof / t1, b1 / t1 / 1e9);
+    printf("%-22s %10.3f %10.1f %5.2fx batch 1\n", "decode batch 8", t8 * 1e3, 8 / t8, (8 / t8) / (1 / t1));
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (weights only)\n", "decode depth 4096", t4k * 1e3, 1 / t4k,
+           100 * roof / t4k);
+    printf("%-22s %10.3f %10.1f %5.1f%% of bf16 peak (%.1f TFLOP/s on weights)\n", "prefill 512", tp[2] * 1e3,
+           np / tp[2], 100 * flop / tp[2] / 1e12 / tc, flop / tp[2] / 1e12);
+    printf("{\"copy_gbs\": %.1f, \"tc_tflops\": %.1f, \"bytes_per_token\": %.0f, \"decode1_ms\": %.4f, "
+           "\"decode8_ms\": %.4f, \"decode4k_ms\": %.4f, \"prefill512_ms\": %.3f}\n",
+           bw, tc, b1, t1 * 1e3, t8 * 1e3, t4k * 1e3, tp[2] * 1e3);
+    kvcache_free(kv);
+    model_free(m);
+    cuda_forget_weights();
+    return 0;
+fail:
+    fprintf(stderr, "bench_cuda_model: %s\n", ds_last_error());
+    return 1;
+}
