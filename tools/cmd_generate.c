@@ -13,6 +13,7 @@
 #include "cmds.h"
 #include "device.h"
 #include "dist/dist.h"
+#include "dist/nccl_comm.h"
 #include "model/generate.h"
 #include "tok/tokenizer.h"
 
@@ -323,7 +324,7 @@ int cmd_generate(int argc, char **argv)
     }
     ds_config cfg;
     rc = 1;
-    if (dist_init(&argc, &argv, &c.comm) || tool_backend(c.device, c.ref_kernels, &o.ops) || config_load(&cfg, c.config) ||
+    if (dist_init(&argc, &argv, &c.comm) || tool_backend(c.device, c.ref_kernels, &o.ops) || dist_attach_device(c.comm, o.ops) || config_load(&cfg, c.config) ||
         tok_load(&c.tok, c.tokenizer_dir ? c.tokenizer_dir : c.ckpt))
         goto fail;
     o.comm = c.comm;

@@ -8,6 +8,7 @@
 #include "cmds.h"
 #include "device.h"
 #include "dist/dist.h"
+#include "dist/nccl_comm.h"
 #include "io/safetensors.h"
 #include "model/model.h"
 
@@ -81,7 +82,7 @@ int cmd_logits(int argc, char **argv)
         pos[i] = i;
         want[i] = all || i == n - 1;
     }
-    if (dist_init(&argc, &argv, &comm) || tool_backend(device, ref, &o.ops) || config_load(&cfg, config)) goto fail;
+    if (dist_init(&argc, &argv, &comm) || tool_backend(device, ref, &o.ops) || dist_attach_device(comm, o.ops) || config_load(&cfg, config)) goto fail;
     o.comm = comm;
     if (n > cfg.max_seq_len) {
         ds_errorf(DS_ERR_RANGE, "%d tokens exceed max_seq_len %d", n, cfg.max_seq_len);

@@ -50,6 +50,10 @@ typedef struct {
     const float *k_cache, *v_cache;
     int ctx;                   /* cache length per sequence */
     float *out;                /* absorb: [n][heads][kv_rank]; naive: [n][heads][vdim] */
+    /* Optional hint (false: unknown): token i is sequence seq0 at position
+     * pos0 + i for every i (a prefill), so a backend may use dense products. */
+    bool contiguous;
+    int seq0, pos0;
 } ds_attn_args;
 
 /* One product of a batch of matmuls: y[n][rows] = x[n][w->cols] @ W[row0:row0+rows]^T. */
@@ -131,6 +135,16 @@ typedef struct ds_ops {
     /* Makes the backend's own copy of w (w->dev), once, at load; NULL for backends that read
      * weights in place. DS_ERR_NOMEM names the bytes needed and available. */
     ds_status (*upload_weight)(ds_weight *w);
+    /* Optional (NULL: not supported): recorded op sequences. The ops queued
+     * between graph_begin and graph_end are recorded instead of run and must
+     * neither wait nor read host memory (no download, sync, host arguments);
+     * graph_end returns the recording, or NULL when it failed (nothing ran:
+     * run the ops again). graph_run queues the recorded ops with the pointers
+     * and sizes they had, reading whatever the buffers hold then. */
+    void (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_run)(void *g);
+    void (*graph_free)(void *g);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

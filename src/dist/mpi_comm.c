@@ -22,6 +22,7 @@
  * - Threads: unless OMP_NUM_THREADS is set, each rank takes
  *   min(cores it may run on, online cores / ranks on this machine). */
 #include "dist/dist.h"
+#include "dist/nccl_comm.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -206,6 +207,9 @@ ds_status dist_init(int *argc, char ***argv, ds_comm **out)
 {
     *out = NULL;
     if (!launched_by_mpi()) return DS_OK;
+#ifdef DSV3_NCCL
+    nccl_bind_device(); /* one GPU per rank, chosen before MPI_Init (which may start CUDA) */
+#endif
     double timeout;
     ds_status s = parse_timeout(&timeout);
     if (s) return s;

@@ -19,6 +19,8 @@
 typedef struct {
     int n;
     const int *seq, *pos, *row;
+    bool contiguous; /* token i is sequence seq0 at position pos0 + i */
+    int seq0, pos0;
 } batch;
 
 static float *scratch(const ds_model *m, size_t nfloats)
@@ -131,6 +133,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     ds_attn_args a = {
         .n_tokens = n, .seq = b->seq, .pos = b->pos, .n_heads = H, .nope = nope, .rope = rope,
         .vdim = vd, .kv_rank = R, .softmax_scale = m->softmax_scale, .ctx = kv->ctx, .out = o,
+        .contiguous = b->contiguous, .seq0 = b->seq0, .pos0 = b->pos0,
     };
     if (kv->attn == DS_ATTN_ABSORB) {
         float *kc = kv->kv[li], *pc = kv->pe[li];
@@ -367,13 +370,14 @@ done:
 static ds_status gather_logits(ds_model *m, const float *part, int n_out, float *logits)
 {
     size_t vl = (size_t)m->vocab_local, per = (size_t)n_out * vl;
-    float *all = scratch(m, per * m->world_size);
+    /* part and logits are host memory (downloaded), so the gather is too */
+    float *all = malloc(sizeof(float) * per * m->world_size);
     if (!all) return ds_errorf(DS_ERR_NOMEM, "out of memory gathering logits");
     ds_status s = m->opt.comm->all_gather(m->opt.comm, part, per, all);
     for (int r = 0; !s && r < m->world_size; r++)
         for (int i = 0; i < n_out; i++)
             memcpy(logits + (size_t)i * vl * m->world_size + r * vl, all + r * per + i * vl, sizeof(float) * vl);
-    m->ops->free(all);
+    free(all);
     return s;
 }
 
@@ -392,32 +396,25 @@ static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, con
     return DS_OK;
 }
 
-ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                        const bool *want, float *logits)
+/* Queues the pass of n tokens whose arrays ids_d [tok | seq | pos | cache row |
+ * wanted rows] are in ops->alloc memory: embedding, the layers, the final norm
+ * and the head of the n_out wanted rows into lg (n_out, vocab_local). Nothing
+ * here waits for the device (world size 1), so a backend graph may record it.
+ * contig (may be NULL): the tokens are one sequence's consecutive positions,
+ * with the sequence and first position (a hint for attention). */
+static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, const int32_t *ids_d, float *lg,
+                               const int *contig)
 {
     const ds_config *c = &m->cfg;
-    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
-    ds_status s = check_batch(m, kv, n, tok, seq, pos);
-    if (s) return s;
-    int dim = c->dim, n_out = 0;
-    for (int i = 0; i < n; i++) n_out += want[i];
-    /* per-token arrays, uploaded once: tok, seq, pos, cache row, wanted rows */
-    int32_t *ids = malloc(sizeof(int32_t) * 5 * (size_t)n), *ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n);
+    int dim = c->dim;
+    ds_status s = DS_OK;
     float *h = scratch(m, (size_t)n * dim), *x = scratch(m, (size_t)n * dim), *y = scratch(m, (size_t)n * dim);
-    float *part = NULL, *lg = NULL;
-    if (!h || !x || !y || !ids || !ids_d) {
+    if (!h || !x || !y) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
         goto done;
     }
-    for (int i = 0, j = 0; i < n; i++) {
-        ids[i] = tok[i];
-        ids[n + i] = seq[i];
-        ids[2 * n + i] = pos[i];
-        ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
-        if (want[i]) ids[4 * n + j++] = i;
-    }
-    m->ops->upload(ids_d, ids, sizeof(int32_t) * 5 * (size_t)n);
-    batch b = {n, ids_d + n, ids_d + 2 * n, ids_d + 3 * n};
+    batch b = {n, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, contig != NULL, contig ? contig[0] : 0,
+               contig ? contig[1] : 0};
     if ((s = embed(m, h, n, ids_d))) goto done;
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *l = &m->layers[li];
@@ -433,21 +430,86 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
     if (n_out) {
         m->ops->copy_rows(x, dim, NULL, h, dim, ids_d + 4 * n, n_out, dim);
         m->ops->rmsnorm(x, x, m->norm, n_out, dim, EPS);
-        size_t nl = (size_t)n_out * m->vocab_local;
-        if (!(lg = scratch(m, nl)) || (m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
-            s = ds_errorf(DS_ERR_NOMEM, "out of memory for logits");
-            goto done;
-        }
         m->ops->matmul(lg, x, n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+    }
+done:
+    m->ops->free(h);
+    m->ops->free(x);
+    m->ops->free(y);
+    return s;
+}
+
+/* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
+ * the backend's recorded graph for n: the first step of each n runs eagerly
+ * (warm-up: weights, tables and buffers settle), the second is recorded, and
+ * every later one uploads its token arrays to the recording's fixed buffer and
+ * replays it. Returns false when the step must run eagerly instead (no graph
+ * support, the recording failed, DSV3_GRAPH=0). */
+static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, float *logits, ds_status *s)
+{
+    const ds_ops *ops = m->ops;
+    const char *env = getenv("DSV3_GRAPH");
+    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || (env && !strcmp(env, "0"))) return false;
+    ds_graph_slot *d = &kv->dec[n];
+    if (d->failed || (!d->graph && d->runs++ < 1)) return false;
+    size_t nl = (size_t)n * m->vocab_local;
+    if (!d->ids) d->ids = ops->alloc(sizeof(int32_t) * 5 * (size_t)n);
+    if (!d->logits) d->logits = scratch(m, nl);
+    if (!d->ids || !d->logits) return false;
+    ops->upload(d->ids, ids, sizeof(int32_t) * 5 * (size_t)n);
+    if (!d->graph) {
+        ops->graph_begin();
+        *s = forward_queue(m, kv, n, n, d->ids, d->logits, NULL); /* positions vary between replays */
+        d->graph = ops->graph_end();
+        if (*s) return true;
+        if (!d->graph) {
+            d->failed = true;
+            return false;
+        }
+    }
+    ops->graph_run(d->graph);
+    ops->download(logits, d->logits, sizeof(float) * nl);
+    return true;
+}
+
+ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                        const bool *want, float *logits)
+{
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
+    ds_status s = check_batch(m, kv, n, tok, seq, pos);
+    if (s) return s;
+    int n_out = 0;
+    for (int i = 0; i < n; i++) n_out += want[i];
+    /* per-token arrays, uploaded once: tok, seq, pos, cache row, wanted rows */
+    int32_t *ids = malloc(sizeof(int32_t) * 5 * (size_t)n), *ids_d = NULL;
+    float *part = NULL, *lg = NULL;
+    if (!ids) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+    for (int i = 0, j = 0; i < n; i++) {
+        ids[i] = tok[i];
+        ids[n + i] = seq[i];
+        ids[2 * n + i] = pos[i];
+        ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
+        if (want[i]) ids[4 * n + j++] = i;
+    }
+    if (n_out == n && forward_graph(m, kv, n, ids, logits, &s)) goto done;
+    size_t nl = (size_t)n_out * m->vocab_local;
+    if (!(ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n)) || (n_out && !(lg = scratch(m, nl))) ||
+        (n_out && m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+        goto done;
+    }
+    m->ops->upload(ids_d, ids, sizeof(int32_t) * 5 * (size_t)n);
+    int contig[2] = {seq[0], pos[0]};
+    bool one_run = true;
+    for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
+    if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL))) goto done;
+    if (n_out) {
         m->ops->download(m->world_size > 1 ? part : logits, lg, sizeof(float) * nl);
         if (m->world_size > 1) s = gather_logits(m, part, n_out, logits);
     } else {
         m->ops->sync();
     }
 done:
-    m->ops->free(h);
-    m->ops->free(x);
-    m->ops->free(y);
     m->ops->free(lg);
     m->ops->free(ids_d);
     free(part);

@@ -523,6 +523,11 @@ oom:
 void kvcache_free(ds_kvcache *kv)
 {
     if (!kv) return;
+    for (int n = 0; n <= DS_GRAPH_NMAX; n++) {
+        if (kv->dec[n].graph) kv->ops->graph_free(kv->dec[n].graph);
+        kv->ops->free(kv->dec[n].ids);
+        kv->ops->free(kv->dec[n].logits);
+    }
     float **bufs[4] = {kv->kv, kv->pe, kv->k, kv->v};
     for (int j = 0; j < 4; j++) {
         for (int i = 0; bufs[j] && i < kv->n_layers; i++) kv->ops->free(bufs[j][i]);

@@ -53,6 +53,18 @@ typedef struct {
     bool dev_vectors;        /* norms, gate bias and rotary tables are in ops->alloc memory */
 } ds_model;
 
+#define DS_GRAPH_NMAX 8
+
+/* A recorded decode step, and its token arrays and logits at the fixed
+ * addresses the recording uses. */
+typedef struct {
+    void *graph;
+    int32_t *ids;
+    float *logits;
+    int runs;    /* eager steps of this n so far (the first is the warm-up) */
+    bool failed; /* recording failed: eager from now on */
+} ds_graph_slot;
+
 typedef struct {
     int n_seq, ctx;          /* sequences (rows) and positions per sequence */
     ds_attn_impl attn;
@@ -60,6 +72,9 @@ typedef struct {
     float **k, **v;          /* naive, per layer: (n_seq, ctx, H, qk), (n_seq, ctx, H, vdim) */
     int n_layers;
     const ds_ops *ops;
+    /* Decode steps of n <= DS_GRAPH_NMAX tokens recorded as backend graphs
+     * (ops->graph_*; forward.c), indexed by n. */
+    ds_graph_slot dec[DS_GRAPH_NMAX + 1];
 } ds_kvcache;
 
 /* Loads the weights for this rank from dir: model{rank}-mp{ws}.safetensors as

@@ -9,8 +9,10 @@
  * and shared MLPs, the K routed experts it selects, the head) / copy
  * bandwidth. Batch 8 reads at most 8 * K experts per layer; its figure is
  * tokens/s against batch 1. The 4k depth fills rows 0..4095 of the KV cache
- * with random values (attention costs the same whatever the values). Not a
- * test: prints figures. */
+ * with random values (attention costs the same whatever the values). Decode
+ * steps replay a recorded graph after two warm-up steps (DSV3_GRAPH=0: every
+ * step eager); batch 1 is also timed eagerly, and the logits of a recorded
+ * step are compared with the eager ones. Not a test: prints figures. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,6 +79,32 @@ static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, f
     return t[reps / 2];
 }
 
+/* Max |graph - eager| / max |eager| over the logits of decode step 4 of one sequence. */
+static double graph_vs_eager(ds_model *m, float *a, float *b)
+{
+    float *out[2] = {a, b};
+    for (int mode = 0; mode < 2; mode++) {
+        ds_kvcache *kv = NULL;
+        setenv("DSV3_GRAPH", mode ? "0" : "1", 1);
+        if (kvcache_new(&kv, m, 1, 8)) return -1;
+        for (int i = 0; i < 5; i++) {
+            int32_t tok = (int32_t)((i * 7919 + 11) % m->cfg.vocab_size);
+            int seq = 0, pos = i;
+            bool want = true;
+            if (model_forward(m, kv, 1, &tok, &seq, &pos, &want, out[mode])) return -1;
+        }
+        kvcache_free(kv);
+    }
+    unsetenv("DSV3_GRAPH");
+    double err = 0, mx = 0;
+    for (int i = 0; i < m->cfg.vocab_size; i++) {
+        double d = a[i] - b[i];
+        err = d > err ? d : -d > err ? -d : err;
+        mx = b[i] > mx ? b[i] : -b[i] > mx ? -b[i] : mx;
+    }
+    return err / mx;
+}
+
 static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
 {
     size_t R = (size_t)m->cfg.kv_lora_rank, rp = (size_t)m->cfg.qk_rope_head_dim, n = (size_t)rows * (R > rp ? R : rp);
@@ -125,6 +153,10 @@ int main(int argc, char **argv)
     if (!logits) goto fail;
     double b1 = token_bytes(m, cfg.n_activated_experts), roof = b1 / (bw * 1e9);
     double t1 = decode(m, kv, 1, 0, reps, logits);
+    setenv("DSV3_GRAPH", "0", 1);
+    double t1e = decode(m, kv, 1, 0, reps, logits);
+    unsetenv("DSV3_GRAPH");
+    double gerr = graph_vs_eager(m, logits, logits + cfg.vocab_size);
     double t8 = decode(m, kv, 8, 0, reps, logits);
     fill_cache(m, kv, depth);
     double t4k = decode(m, kv, 1, depth, reps, logits);
@@ -145,21 +177,23 @@ int main(int argc, char **argv)
         if (r >= 1) tp[r - 1] = now() - s0;
     }
     qsort(tp, 5, sizeof *tp, cmp);
-    if (cuda_backend_status() || t1 < 0 || t8 < 0 || t4k < 0) goto fail;
+    if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || gerr < 0) goto fail;
     double flop = 2.0 * token_bytes(m, cfg.n_activated_experts) / (m->head.fmt == DS_W_FP8 ? 1 : 2) * np;
     printf("bytes of active weights per token: %.3f GB; roofline %.3f ms/token = %.0f tok/s\n", b1 / 1e9, roof * 1e3,
            1 / roof);
     printf("%-22s %10s %10s %s\n", "test", "ms", "tok/s", "vs limit");
     printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.0f GB/s)\n", "decode batch 1", t1 * 1e3, 1 / t1,
            100 * roof / t1, b1 / t1 / 1e9);
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline; graph vs eager logits: max diff %.2e of max |logit|\n",
+           "decode batch 1 eager", t1e * 1e3, 1 / t1e, 100 * roof / t1e, gerr);
     printf("%-22s %10.3f %10.1f %5.2fx batch 1\n", "decode batch 8", t8 * 1e3, 8 / t8, (8 / t8) / (1 / t1));
     printf("%-22s %10.3f %10.1f %5.1f%% of roofline (weights only)\n", "decode depth 4096", t4k * 1e3, 1 / t4k,
            100 * roof / t4k);
     printf("%-22s %10.3f %10.1f %5.1f%% of bf16 peak (%.1f TFLOP/s on weights)\n", "prefill 512", tp[2] * 1e3,
            np / tp[2], 100 * flop / tp[2] / 1e12 / tc, flop / tp[2] / 1e12);
     printf("{\"copy_gbs\": %.1f, \"tc_tflops\": %.1f, \"bytes_per_token\": %.0f, \"decode1_ms\": %.4f, "
-           "\"decode8_ms\": %.4f, \"decode4k_ms\": %.4f, \"prefill512_ms\": %.3f}\n",
-           bw, tc, b1, t1 * 1e3, t8 * 1e3, t4k * 1e3, tp[2] * 1e3);
+           "\"decode1_eager_ms\": %.4f, \"decode8_ms\": %.4f, \"decode4k_ms\": %.4f, \"prefill512_ms\": %.3f}\n",
+           bw, tc, b1, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3, tp[2] * 1e3);
     kvcache_free(kv);
     model_free(m);
     cuda_forget_weights();

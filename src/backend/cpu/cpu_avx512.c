@@ -291,142 +291,203 @@ AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_im
         avx512_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
 }
 
-/* ---- prefill GEMM with vdpbf16ps ---------------------------------------- */
+/* ---- prefill GEMM with vdpbf16ps ----------------------------------------
+ * y[t][r] = sum_k x[t][k] w[r][k] in register tiles of 64 rows (4 zmm of 16
+ * rows) x up to GEMM_GT tokens. A zmm of weights holds one k-pair
+ * (w[r][2p], w[r][2p+1]) of 16 rows; each token's pair of activations is
+ * broadcast (vpbroadcastd) and vdpbf16ps accumulates in place, so there are
+ * no horizontal sums. Weights are widened to bf16 (exact for FP8 and BF16)
+ * and packed into that layout once per matmul, a panel of 64 rows x GEMM_KC
+ * columns at a time (16x16 transposes of pairs, about 1/8 op per weight);
+ * FP8 block scales (times 2^8) multiply the accumulators after each
+ * 128-column block. Activations are converted once per matmul: per token and
+ * pair the bf16 hi pair and, in SPLIT precision, the lo pair (x - hi, rounded)
+ * beside it: two vdpbf16ps per pair against the same weight register. */
 
-/* A GEMM operand in bf16: rows of `ld` uint16 elements, `ke` of them used. In
- * SPLIT precision each k is a pair: activations (hi, lo), weights (w, w). */
+#define GEMM_PANEL 64  /* rows per packed panel: 4 vectors of 16 */
+#define GEMM_KC 1024   /* columns per packed chunk (multiple of 128): 128 KiB packed */
+#define GEMM_GT 6      /* tokens per register tile: 24 accumulators */
 
-#define GEMM_ROWS 64    /* rows per work unit (divides the 128-row scale block) */
-#define GEMM_TOKENS 48  /* tokens per work unit */
-#define GEMM_KC 1024    /* bf16 elements per k chunk (multiple of 32) */
+static __mmask32 mask32(int n) { return n >= 32 ? 0xFFFFFFFFu : n <= 0 ? 0 : (__mmask32)((1u << n) - 1); }
 
-/* 16 floats -> 16 bf16 (round to nearest even), or 16 (hi, lo) pairs. */
-AVX512 INLINE void put_acts(uint16_t *o, __m512 v, bool split)
+/* Activation pairs of token t: xa[t][p] = bf16 (x[2p], x[2p+1]) or, split,
+ * xa[t][2p] that hi pair and xa[t][2p+1] the lo pair; rows of ldx uint32.
+ * x[K] (odd K) counts as 0. */
+AVX512 static void gemm_acts(uint32_t *xa, size_t ldx, const float *x, int K, int t, bool split)
 {
-    __m256i hi = (__m256i)_mm512_cvtneps_pbh(v);
-    if (!split) {
-        _mm256_storeu_si256((__m256i *)o, hi);
-        return;
+    int KP = (K + 1) / 2;
+    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+    const float *xi = x + (size_t)t * K;
+    uint32_t *o = xa + (size_t)t * ldx;
+    for (int k = 0; k < K; k += 32) {
+        __m512 a = _mm512_maskz_loadu_ps(mask16(K - k), xi + k);
+        __m512 b = _mm512_maskz_loadu_ps(K - k > 16 ? mask16(K - k - 16) : 0, xi + k + 16);
+        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+        int np = MIN(16, KP - k / 2); /* pairs in this block */
+        if (!split) {
+            _mm512_mask_storeu_epi32(o + k / 2, mask16(np), hi);
+            continue;
+        }
+        __m512 ra = _mm512_sub_ps(a, bf16x16_to_f32(_mm512_castsi512_si256(hi)));
+        __m512 rb = _mm512_sub_ps(b, bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1)));
+        __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(rb, ra);
+        _mm512_mask_storeu_epi32(o + k, mask16(2 * np), _mm512_permutex2var_epi32(hi, i0, lo));
+        if (np > 8) _mm512_mask_storeu_epi32(o + k + 16, mask16(2 * np - 16), _mm512_permutex2var_epi32(hi, i1, lo));
     }
-    __m512 rest = _mm512_sub_ps(v, bf16x16_to_f32(hi));
-    __m256i lo = (__m256i)_mm512_cvtneps_pbh(rest);
-    __m512i pr = _mm512_or_si512(_mm512_cvtepu16_epi32(hi), _mm512_slli_epi32(_mm512_cvtepu16_epi32(lo), 16));
-    _mm512_storeu_si512(o, pr);
 }
 
-/* Activations of tokens [t0, t1) for scale block rb, as bf16 rows of ld elements
- * (zero padded beyond K). */
-AVX512 static void gemm_acts(uint16_t *xp, size_t ld, const float *x, int t0, int t1, const ds_weight *w, int rb,
-                             bool split)
+/* Weights k..k+31 of a row as 16 bf16 pairs; only the first nk are read. */
+AVX512 INLINE __m512i load_pairs(ds_wfmt f, const void *row, int k, int nk)
+{
+    if (f == DS_W_BF16) return _mm512_maskz_loadu_epi16(mask32(nk), (const uint16_t *)row + k);
+    __m512 lo, hi;
+    fp8x32_to_f32(_mm256_maskz_loadu_epi8(mask32(nk), (const uint8_t *)row + k), &lo, &hi);
+    return (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* exact: e4m3 fits in bf16 */
+}
+
+/* In-register transpose of a 16x16 matrix of 32-bit elements: 4x4 transposes
+ * within 128-bit lanes, then a 4x4 transpose of the lanes. */
+AVX512 INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    #pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        __m512i t0 = _mm512_unpacklo_epi32(r[4 * g], r[4 * g + 1]), t1 = _mm512_unpackhi_epi32(r[4 * g], r[4 * g + 1]);
+        __m512i t2 = _mm512_unpacklo_epi32(r[4 * g + 2], r[4 * g + 3]);
+        __m512i t3 = _mm512_unpackhi_epi32(r[4 * g + 2], r[4 * g + 3]);
+        t[4 * g] = _mm512_unpacklo_epi64(t0, t2);
+        t[4 * g + 1] = _mm512_unpackhi_epi64(t0, t2);
+        t[4 * g + 2] = _mm512_unpacklo_epi64(t1, t3);
+        t[4 * g + 3] = _mm512_unpackhi_epi64(t1, t3);
+    }
+    /* t[4g + j], lane L: column 4L + j of rows 4g..4g+3 */
+    #pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        __m512i v0 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0x44), v1 = _mm512_shuffle_i32x4(t[j], t[4 + j], 0xEE);
+        __m512i v2 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0x44);
+        __m512i v3 = _mm512_shuffle_i32x4(t[8 + j], t[12 + j], 0xEE);
+        r[j] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(v0, v2, 0xDD);
+        r[8 + j] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(v1, v3, 0xDD);
+    }
+}
+
+/* Rows [r, r+nr), nr <= 64, columns [k0, k0+kc) packed as wp[p][v][16]: the
+ * pair p of rows r+16v.. r+16v+15. Rows past nr, columns past K are zero. */
+AVX512 static void gemm_pack(uint32_t *wp, const ds_weight *w, int r, int nr, int k0, int kc)
+{
+    int K = w->cols, esz = w->fmt == DS_W_FP8 ? 1 : 2;
+    for (int v = 0; v < 4 && 16 * v < nr; v++)
+        for (int k = 0; k < kc; k += 32) {
+            __m512i m[16];
+            #pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) {
+                if (16 * v + i >= nr) {
+                    m[i] = _mm512_setzero_si512();
+                    continue;
+                }
+                const char *row = w_row(w, r + 16 * v + i);
+                /* 16 short strided streams: prefetch 256 columns ahead */
+                if (k + 256 < kc) _mm_prefetch(row + (size_t)(k0 + k + 256) * esz, _MM_HINT_T0);
+                m[i] = load_pairs(w->fmt, row, k0 + k, K - k0 - k);
+            }
+            transpose16(m);
+            #pragma GCC unroll 16
+            for (int q = 0; q < 16; q++) _mm512_store_si512(wp + ((size_t)(k / 2 + q) * 4 + v) * 16, m[q]);
+        }
+    for (int v = (nr + 15) / 16; v < 4; v++) /* vectors wholly past nr */
+        for (int p = 0; p < (kc + 31) / 32 * 16; p++) _mm512_store_si512(wp + ((size_t)p * 4 + v) * 16, _mm512_setzero_si512());
+}
+
+/* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and xa[t], t < T; s per
+ * row (sv, or 1 when NULL), rows masked by rm. */
+AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
+                             float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+{
+    __m512 acc[4][GEMM_GT];
+    #pragma GCC unroll 16
+    for (int v = 0; v < 4; v++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[v][t] = _mm512_setzero_ps();
+    int e = split ? 2 : 1;
+    for (int p = p0; p < p1; p++) {
+        const uint32_t *wq = wp + (size_t)p * 64;
+        __m512bh wv[4];
+        #pragma GCC unroll 16
+        for (int v = 0; v < 4; v++) wv[v] = (__m512bh)_mm512_load_si512(wq + 16 * v);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const uint32_t *xt = xa + t * ldx + (size_t)p * e;
+            __m512bh h = (__m512bh)_mm512_set1_epi32((int)xt[0]);
+            #pragma GCC unroll 16
+            for (int v = 0; v < 4; v++) acc[v][t] = _mm512_dpbf16_ps(acc[v][t], wv[v], h);
+            if (split) {
+                __m512bh l = (__m512bh)_mm512_set1_epi32((int)xt[1]);
+                #pragma GCC unroll 16
+                for (int v = 0; v < 4; v++) acc[v][t] = _mm512_dpbf16_ps(acc[v][t], wv[v], l);
+            }
+        }
+    }
+    #pragma GCC unroll 16
+    for (int v = 0; v < 4; v++) {
+        __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            float *o = y + t * ldy + 16 * v;
+            __m512 r = add ? _mm512_fmadd_ps(acc[v][t], s, _mm512_maskz_loadu_ps(rm[v], o)) : _mm512_mul_ps(acc[v][t], s);
+            _mm512_mask_storeu_ps(o, rm[v], r);
+        }
+    }
+}
+
+#define GEMM_T_CASES(S)                                                                            \
+    switch (T) {                                                                                   \
+    case 6: gemm_tile(6, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
+    case 5: gemm_tile(5, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
+    case 4: gemm_tile(4, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
+    case 3: gemm_tile(3, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
+    case 2: gemm_tile(2, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
+    default: gemm_tile(1, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                     \
+    }
+
+AVX512 static void gemm_tiles(int T, bool split, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
+                              float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+{
+    if (split) GEMM_T_CASES(true)
+    else GEMM_T_CASES(false)
+}
+
+/* One panel: rows [a, a+nr) relative to row0, all n tokens. */
+AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr,
+                              const uint32_t *xa, size_t ldx, uint32_t *wp, bool split)
 {
     int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, e = split ? 2 : 1;
-    for (int t = t0; t < t1; t++) {
-        const float *xi = x + (size_t)t * K;
-        uint16_t *o = xp + (size_t)(t - t0) * ld;
-        for (int b = 0; b < kb; b++) {
-            float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)rb * kb + b] * 256.0f : 1.0f;
-            __m512 sv = _mm512_set1_ps(s);
-            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16)
-                put_acts(o + (size_t)k * e, _mm512_mul_ps(_mm512_maskz_loadu_ps(mask16(K - k), xi + k), sv), split);
-        }
-        memset(o + (size_t)K * e, 0, sizeof(uint16_t) * (ld - (size_t)K * e));
-    }
-}
-
-/* Weight rows [r, r+nr) columns [k0, k0+kc) as bf16 (pairs (w, w) when split). */
-AVX512 static void gemm_pack(uint16_t *wp, size_t ld, const ds_weight *w, int r, int nr, int k0, int kc, bool split)
-{
-    size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
-    for (int i = 0; i < nr; i++) {
-        const void *row = w_row(w, r + i);
-        uint16_t *o = wp + (size_t)i * ld;
-        /* the rows' chunks are short strided streams: prefetch two rows ahead */
-        if (i + 2 < nr)
-            for (size_t b = 0; b < (size_t)kc * esz; b += 64)
-                _mm_prefetch((const char *)w_row(w, r + i + 2) + (size_t)k0 * esz + b, _MM_HINT_T0);
-        for (int k = 0; k < kc; k += 16) {
-            __mmask16 m = mask16(kc - k);
-            __m512 v;
-            if (w->fmt == DS_W_FP8) v = fp8x16_to_f32(_mm_maskz_loadu_epi8(m, (const uint8_t *)row + k0 + k));
-            else v = load_w(w->fmt, row, k0 + k, m);
-            __m512i b = _mm512_srli_epi32(_mm512_castps_si512(v), 16); /* exact for FP8/BF16 */
-            if (split) _mm512_storeu_si512(o + 2 * k, _mm512_or_si512(b, _mm512_slli_epi32(b, 16)));
-            else _mm256_storeu_si256((__m256i *)(o + k), _mm512_cvtepi32_epi16(b));
-        }
-    }
-}
-
-/* y[t][r] (+)= sum over ke bf16 elements of w[r] * x[t], R <= 4, T <= 6. w rows
- * are read with masks (they may be the checkpoint itself); x rows are padded. */
-AVX512 INLINE void dp_tile(int R, int T, const uint16_t *const *wr, const uint16_t *x, size_t ldx, int ke, float *y,
-                           size_t ldy, bool add)
-{
-    __m512 acc[4][6];
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int k = 0; k < ke; k += 32) {
-        __mmask32 m = ke - k >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (ke - k)) - 1);
-        __m512i wv[4];
-        #pragma GCC unroll 16
-        for (int r = 0; r < R; r++) wv[r] = _mm512_maskz_loadu_epi16(m, wr[r] + k);
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            __m512i xv = _mm512_loadu_si512(x + t * ldx + k);
-            #pragma GCC unroll 16
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], (__m512bh)wv[r], (__m512bh)xv);
-        }
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            float s = _mm512_reduce_add_ps(acc[r][t]);
-            y[t * ldy + r] = add ? y[t * ldy + r] + s : s;
-        }
-}
-
-AVX512 static void dp_tiles(int R, int T, const uint16_t *const *wr, const uint16_t *x, size_t ldx, int ke, float *y,
-                            size_t ldy, bool add)
-{
-    if (R == 4) {
-        switch (T) {
-        case 6: dp_tile(4, 6, wr, x, ldx, ke, y, ldy, add); return;
-        case 5: dp_tile(4, 5, wr, x, ldx, ke, y, ldy, add); return;
-        case 4: dp_tile(4, 4, wr, x, ldx, ke, y, ldy, add); return;
-        case 3: dp_tile(4, 3, wr, x, ldx, ke, y, ldy, add); return;
-        case 2: dp_tile(4, 2, wr, x, ldx, ke, y, ldy, add); return;
-        default: break;
-        }
-    }
-    #pragma GCC unroll 16
-    for (int r = 0; r < R; r++)
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) dp_tile(1, 1, wr + r, x + t * ldx, ldx, ke, y + t * ldy + r, ldy, add);
-}
-
-/* One work unit: rows [a, b) (one scale block) x tokens [t0, t1). */
-AVX512 static void gemm_unit(float *y, const float *x, const ds_weight *w, int row0, int rows, int a, int b, int t0,
-                             int t1, uint16_t *xp, uint16_t *wp, bool split)
-{
-    int K = w->cols, e = split ? 2 : 1;
-    size_t ldx = ((size_t)K * e + 31) / 32 * 32;
-    bool direct = w->fmt == DS_W_BF16 && !split; /* read the checkpoint's bf16 rows as they are */
-    gemm_acts(xp, ldx, x, t0, t1, w, (row0 + a) / DS_BLOCK, split);
+    bool fp8 = w->fmt == DS_W_FP8;
+    __mmask16 rm[4];
+    for (int v = 0; v < 4; v++) rm[v] = 16 * v < nr ? mask16(nr - 16 * v) : 0;
+    float sc[GEMM_KC / DS_BLOCK][GEMM_PANEL]; /* FP8: scale * 2^8 per block and row */
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
-        int kc = MIN(GEMM_KC, K - k0);
-        size_t ldw = (size_t)GEMM_KC * e;
-        if (!direct) gemm_pack(wp, ldw, w, row0 + a, b - a, k0, kc, split);
-        for (int r = a; r < b; r += 4) {
-            int R = MIN(4, b - r);
-            const uint16_t *wr[4];
-            #pragma GCC unroll 16
-            for (int i = 0; i < R; i++)
-                wr[i] = direct ? (const uint16_t *)w_row(w, row0 + r + i) + k0 : wp + (size_t)(r - a + i) * ldw;
-            for (int t = t0; t < t1; t += 6)
-                dp_tiles(R, MIN(6, t1 - t), wr, xp + (size_t)(t - t0) * ldx + (size_t)k0 * e, ldx, kc * e,
-                         y + (size_t)t * rows + r, (size_t)rows, k0 > 0);
+        int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
+        gemm_pack(wp, w, row0 + a, nr, k0, kc);
+        if (fp8)
+            for (int b = 0; b * DS_BLOCK < kc; b++)
+                for (int i = 0; i < GEMM_PANEL; i++)
+                    sc[b][i] = i < nr ? w->scale[(size_t)((row0 + a + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f
+                                      : 0.0f;
+        const uint32_t *xc = xa + (size_t)(k0 / 2) * e;
+        for (int t = 0; t < n; t += GEMM_GT) {
+            int T = MIN(GEMM_GT, n - t);
+            float *yt = y + (size_t)t * rows + a;
+            const uint32_t *xt = xc + (size_t)t * ldx;
+            if (!fp8) {
+                gemm_tiles(T, split, wp, xt, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
+                continue;
+            }
+            for (int b = 0; b * DS_BLOCK < kc; b++)
+                gemm_tiles(T, split, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt, (size_t)rows,
+                           sc[b], rm, k0 > 0 || b > 0);
         }
     }
 }
@@ -437,25 +498,22 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
         avx512_matmul_decode(y, x, n, w, row0, rows);
         return;
     }
+    if (n <= 0 || rows <= 0) return;
     bool split = cpu_gemm_precision == CPU_GEMM_SPLIT;
-    int K = w->cols, e = split ? 2 : 1;
-    /* units: row spans of up to GEMM_ROWS aligned to absolute multiples of GEMM_ROWS */
-    int first = row0 / GEMM_ROWS, last = (row0 + rows - 1) / GEMM_ROWS;
-    int nr = last - first + 1, nt = (n + GEMM_TOKENS - 1) / GEMM_TOKENS;
-    size_t ldx = ((size_t)K * e + 31) / 32 * 32;
+    int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL;
+    size_t ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16;
+    uint32_t *xa = scratch(3, sizeof(uint32_t) * ldx * (size_t)n); /* the calling thread's, shared below */
+    if (!xa) abort(); /* n x K x 4 bytes: a few MiB */
     #pragma omp parallel
     {
-        uint16_t *xp = scratch(0, sizeof(uint16_t) * ldx * GEMM_TOKENS);
-        uint16_t *wp = scratch(1, sizeof(uint16_t) * (size_t)GEMM_ROWS * GEMM_KC * e);
-        if (!xp || !wp) abort(); /* internal scratch of about 1 MiB */
+        uint32_t *wp = scratch(1, sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
+        if (!wp) abort(); /* internal scratch of 128 KiB */
+        #pragma omp for schedule(static)
+        for (int t = 0; t < n; t++) gemm_acts(xa, ldx, x, K, t, split);
         #pragma omp for schedule(dynamic, 1)
-        for (int u = 0; u < nr * nt; u++) {
-            int ri = u / nt, ti = u % nt;
-            int a = MIN(rows, (first + ri) * GEMM_ROWS - row0), b = MIN(rows, (first + ri + 1) * GEMM_ROWS - row0);
-            if (a < 0) a = 0;
-            int t0 = ti * GEMM_TOKENS, t1 = MIN(n, t0 + GEMM_TOKENS);
-            gemm_unit(y, x, w, row0, rows, a, b, t0, t1, xp, wp, split);
-        }
+        for (int pi = 0; pi < np; pi++)
+            gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), xa, ldx, wp,
+                       split);
     }
 }
 

@@ -3,7 +3,9 @@
  * Activations, the KV cache and the weights live in device memory (cudaMalloc);
  * every op is queued on one stream and returns without waiting, so the host
  * never touches activations: it uploads the per-pass token arrays and
- * downloads the logits (and, per MoE layer, the routing choice). Weights are
+ * downloads the logits (and, per MoE layer of a prefill, the routing choice;
+ * decode reads it on the device). A decode step can be recorded as a CUDA
+ * graph and replayed (ops graph_*; model_forward does it). Weights are
  * copied once at load (upload_weight); a weight without a device copy is
  * copied on first use and cached by its host data pointer. Pointers an op
  * receives may also be managed or plain host memory (tests): host arguments

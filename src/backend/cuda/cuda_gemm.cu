@@ -513,6 +513,43 @@ __global__ void heads_t_kernel(float *__restrict__ y, int ys, const float *__res
     }
 }
 
+/* The per-head products of n >= BLAS_MIN tokens with BF16 weights on the
+ * tensor cores: one strided-batched GEMM over the heads (batch stride xs in x,
+ * ys in y, hstride rows in W), activations split into bf16 hi + lo as in
+ * blas_product (both halves as 2n columns of one product, then summed).
+ * trans: matmul_heads_t (y = x W_h); else matmul_heads (y = x W_h^T).
+ * out: columns per head in y (cols for _t, rows otherwise), which must equal
+ * ys so that the halves' sum writes nothing else. False: not taken. */
+static bool blas_heads(cu_io *io, bool trans, float *y, int ys, const float *x, int xs, int n, int H,
+                       const ds_weight *w, const cu_weight *dw, int row0, int hstride, int rows)
+{
+    int cols = w->cols, out = trans ? cols : rows;
+    if (n < BLAS_MIN || w->fmt != DS_W_BF16 || out != ys || !blas_ready()) return false;
+    int m2 = g_split ? 2 * n : n;
+    size_t nx = (size_t)n * H * xs, ny = (size_t)n * H * ys;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_tmp(io, sizeof(__nv_bfloat16) * nx * (g_split ? 2 : 1));
+    float *y2 = g_split ? (float *)cu_tmp(io, sizeof(float) * ny * 2) : y;
+    if (!xb || !y2) return false;
+    split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)dw->data + (size_t)row0 * cols;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st;
+    if (trans) /* column-major per head: Y_h^T (cols x m2) = W_h (cols x rows) X_h^T (rows x m2) */
+        st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, m2, rows, &one, wb, CUDA_R_16BF, cols,
+                                        (long long)hstride * cols, xb, CUDA_R_16BF, H * xs, xs, &zero, y2, CUDA_R_32F,
+                                        H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    else /* Y_h^T (rows x m2) = W_h^T' (rows x cols) X_h^T (cols x m2) */
+        st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m2, cols, &one, wb, CUDA_R_16BF, cols,
+                                        (long long)hstride * cols, xb, CUDA_R_16BF, H * xs, xs, &zero, y2, CUDA_R_32F,
+                                        H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        cu_check(cudaErrorUnknown, "cublasGemmStridedBatchedEx");
+        return true;
+    }
+    if (g_split) sum_halves_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, y2, ny);
+    return true;
+}
+
 void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
                      int rows)
 {
@@ -521,7 +558,7 @@ void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, con
     cu_weight dw;
     const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * H * xs);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
-    if (dx && dy && cu_weight_get(w, &dw)) {
+    if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, false, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         unsigned grid = cu_blocks((size_t)H * rows, 4);
         if (w->fmt == DS_W_FP8) heads_kernel<DS_W_FP8><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
         else if (w->fmt == DS_W_BF16) heads_kernel<DS_W_BF16><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
@@ -538,13 +575,146 @@ void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, c
     cu_weight dw;
     const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * H * xs);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
-    if (dx && dy && cu_weight_get(w, &dw)) {
+    if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, true, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         dim3 grid(cu_blocks((size_t)w->cols, 128), (unsigned)H);
         if (w->fmt == DS_W_FP8) heads_t_kernel<DS_W_FP8><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
         else if (w->fmt == DS_W_BF16) heads_t_kernel<DS_W_BF16><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
         else heads_t_kernel<DS_W_F32><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
     }
     cu_end(&io, "matmul_heads_t");
+}
+
+/* ---- grouped products (the experts of a prefill): y_p (cnt_p, rows) =
+ * x_p (cnt_p, k) @ W_p^T for p < np, x_p = x + off_p * k, y_p = y + off_p * rows,
+ * W_p BF16 (rows, k): one cublasGemmGroupedBatchedEx of 2 np problems (bf16 hi
+ * and lo activations, as blas_product), then the halves summed. */
+bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const int *cnt, const cu_weight *w, int np,
+                     int k, int rows)
+{
+    static bool refused; /* this cuBLAS does not take the types: per-expert products from then on */
+    if (refused || !blas_ready() || np <= 0) return false;
+    int halves = g_split ? 2 : 1, ng = halves * np;
+    size_t nx = (size_t)total * k, ny = (size_t)total * rows;
+    cu_io io = {};
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_tmp(&io, sizeof(__nv_bfloat16) * nx * halves);
+    float *y2 = g_split ? (float *)cu_tmp(&io, sizeof(float) * ny * 2) : y;
+    const void **ptr = (const void **)cu_tmp(&io, sizeof(void *) * 3 * (size_t)ng);
+    const void **hp = (const void **)malloc(sizeof(void *) * 3 * (size_t)ng);
+    int *ia = (int *)malloc(sizeof(int) * 6 * (size_t)ng);
+    cublasOperation_t *op = (cublasOperation_t *)malloc(sizeof(cublasOperation_t) * 2 * (size_t)ng);
+    float *ab = (float *)malloc(sizeof(float) * 2 * (size_t)ng);
+    bool ok = xb && y2 && ptr && hp && ia && op && ab;
+    if (ok) {
+        int *m = ia, *nn = ia + ng, *kk = ia + 2 * ng, *ld_a = ia + 3 * ng, *ld_c = ia + 4 * ng, *size = ia + 5 * ng;
+        for (int g = 0; g < ng; g++) {
+            int p = g % np, half = g / np;
+            op[g] = CUBLAS_OP_T;
+            op[ng + g] = CUBLAS_OP_N;
+            m[g] = rows;
+            nn[g] = cnt[p];
+            kk[g] = ld_a[g] = k;
+            ld_c[g] = rows;
+            size[g] = 1;
+            ab[g] = 1.0f;
+            ab[ng + g] = 0.0f;
+            hp[g] = w[p].data;                                       /* A: W_p, k x rows column-major */
+            hp[ng + g] = xb + (size_t)half * nx + (size_t)off[p] * k; /* B: x_p^T, k x cnt_p */
+            hp[2 * ng + g] = y2 + (size_t)half * ny + (size_t)off[p] * rows;
+        }
+        split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+        ok = cu_check(cudaMemcpyAsync(ptr, hp, sizeof(void *) * 3 * (size_t)ng, cudaMemcpyHostToDevice, cu_s),
+                      "grouped product: pointers");
+        /* column-major per problem: Y_p^T (rows x cnt_p) = W_p^T' (rows x k) X_p^T (k x cnt_p) */
+        if (ok)
+            ok = cublasGemmGroupedBatchedEx(g_blas, op, op + ng, m, nn, kk, ab, ptr, CUDA_R_16BF, ld_a, ptr + ng,
+                                            CUDA_R_16BF, kk, ab + ng, (void *const *)(ptr + 2 * ng), CUDA_R_32F, ld_c,
+                                            ng, size, CUBLAS_COMPUTE_32F) == CUBLAS_STATUS_SUCCESS;
+        refused = !ok;
+        if (ok && g_split) sum_halves_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, y2, ny);
+    }
+    /* the host arrays are read when the call is queued; the pointer copy waits for its source */
+    cu_end(&io, "grouped product");
+    free(hp);
+    free(ia);
+    free(op);
+    free(ab);
+    return ok;
+}
+
+/* ---- dense absorb attention for a prefill (one sequence's consecutive
+ * positions): per chunk of tokens, S = q_c KV^T + q_pe PE^T over the cache rows
+ * 0 .. L-1 (all heads of a token share them: one product for all heads),
+ * causal softmax of S * scale in place, out = P KV. float32 SGEMMs (no TF32):
+ * the same sums as the kernel up to order, at GEMM speed. */
+
+#define DENSE_ATTN_MIN 16
+#define DENSE_ATTN_BYTES ((size_t)256 << 20) /* score matrix per chunk */
+
+/* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale; zeros beyond. */
+__global__ void causal_softmax_kernel(float *s, int L, int H, int pos0, float scale)
+{
+    __shared__ float red[32];
+    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int nw = blockDim.x / 32;
+    float *row = s + (size_t)i * L;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, row[j] * scale);
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        float e = expf(row[j] * scale - mx);
+        row[j] = e;
+        sum += e;
+    }
+    sum = cu_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0;
+    for (int w = 0; w < nw; w++) sum += red[w];
+    for (int j = threadIdx.x; j < L; j += blockDim.x) row[j] = j < len ? row[j] / sum : 0.0f;
+}
+
+bool cu_attention_dense(const ds_attn_args *a)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope;
+    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx) return false;
+    if (!cu_device_readable(a->q_c) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
+        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
+        return false;
+    int Lmax = a->pos0 + n;
+    size_t per_tok = sizeof(float) * (size_t)H * Lmax;
+    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    if (tc < 1) tc = 1;
+    if (tc > n) tc = n;
+    float *S = (float *)cu_alloc(per_tok * tc);
+    if (!S) return false;
+    const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
+    const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
+    const float one = 1.0f, zero = 0.0f;
+    bool ok = true;
+    for (int t0 = 0; t0 < n && ok; t0 += tc) {
+        int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
+        /* column-major: S^T (L x rows) = KV (R x L)^T Q_c^T (R x rows), ldc = L */
+        ok = cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, R, &one, kv, R, a->q_c + (size_t)t0 * H * R, R,
+                         &zero, S, L) == CUBLAS_STATUS_SUCCESS;
+        if (ok && rp)
+            ok = cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, rp, &one, pe, rp,
+                             a->q_pe + (size_t)t0 * H * rp, rp, &one, S, L) == CUBLAS_STATUS_SUCCESS;
+        if (ok) causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, L, H, a->pos0 + t0, a->softmax_scale);
+        /* out^T (R x rows) = KV^T (R x L) P^T (L x rows) */
+        if (ok)
+            ok = cublasSgemm(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, L, &one, kv, R, S, L, &zero,
+                             a->out + (size_t)t0 * H * R, R) == CUBLAS_STATUS_SUCCESS;
+    }
+    if (!ok) cu_check(cudaErrorUnknown, "attention: cublasSgemm");
+    cu_free(S);
+    cu_check(cudaGetLastError(), "attention: launch");
+    return true;
 }
 
 /* ---- the machine's ceilings (dsv3 bench): device-to-device copy and bf16 GEMM */

@@ -161,5 +161,17 @@ void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, i
                   int len);
 void cu_add_rows_scaled(float *y, const int *idx, const float *x, const float *w, int n, int dim);
 void cu_silu_mul(float *a, const float *b, size_t n);
+/* y_p (cnt_p, rows) = x_p (cnt_p, k) @ W_p^T for p < np (x_p = x + off_p * k,
+ * y_p = y + off_p * rows; off, cnt host arrays; W_p BF16 (rows, k)) in one
+ * grouped cuBLAS product; false when cuBLAS refuses it. */
+bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const int *cnt, const cu_weight *w, int np,
+                     int k, int rows);
+/* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
+ * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
+bool cu_attention_dense(const ds_attn_args *a);
+/* Fills the graph entries of the ops table (cuda_mem.cu). */
+void cu_graph_ops(ds_ops *ops);
+/* Frees the MoE layers' expert tables (cuda_forget_weights). */
+void cu_moe_forget(void);
 
 #endif

@@ -73,11 +73,21 @@ typedef struct {
     char *p;
     size_t cap;
     bool free;
+    bool graph; /* handed out during a graph capture: scratch of a recorded graph */
 } blk;
 
 static blk *g_blk;
 static size_t g_nblk, g_capblk, g_pool_free_bytes;
 #define POOL_KEEP ((size_t)8 << 30) /* freed bytes kept for reuse; beyond that, cudaFree */
+
+/* Graphs (cu_graph_*): a recorded graph keeps the addresses its ops had at
+ * capture, so while any graph exists no pool block and no staging arena is
+ * given back to the driver, and blocks handed out during a capture are only
+ * ever reused by later captures (graphs run one at a time on the stream), so
+ * that no buffer living outside a graph aliases a graph's scratch. */
+static bool g_capturing;
+static int g_graphs;
+static ds_status g_status_before_capture;
 
 /* Index of the block holding p, or -1. */
 static long blk_find(const void *p)
@@ -110,6 +120,7 @@ static bool blk_insert(char *p, size_t cap)
     g_blk[i].p = p;
     g_blk[i].cap = cap;
     g_blk[i].free = false;
+    g_blk[i].graph = false;
     g_nblk++;
     return true;
 }
@@ -123,6 +134,7 @@ static void blk_remove(size_t i)
 /* Releases every pooled free block (after the queued work that may use them). */
 static void pool_trim(void)
 {
+    if (g_graphs || g_capturing) return;
     cudaStreamSynchronize(cu_s);
     for (size_t i = g_nblk; i-- > 0;)
         if (g_blk[i].free) {
@@ -149,7 +161,7 @@ void *cu_alloc(size_t bytes)
     }
     size_t best = (size_t)-1;
     for (size_t i = 0; i < g_nblk; i++)
-        if (g_blk[i].free && g_blk[i].cap >= bytes && g_blk[i].cap <= 2 * bytes + 65536 &&
+        if (g_blk[i].free && g_blk[i].graph == g_capturing && g_blk[i].cap >= bytes && g_blk[i].cap <= 2 * bytes + 65536 &&
             (best == (size_t)-1 || g_blk[i].cap < g_blk[best].cap))
             best = i;
     if (best != (size_t)-1) {
@@ -176,7 +188,9 @@ void *cu_alloc(size_t bytes)
             cudaFree(p);
             return NULL;
         }
+        best = (size_t)blk_find(p);
     }
+    g_blk[best].graph = g_capturing;
     if (!cu_check(cudaMemsetAsync(p, 0, bytes, cu_s), "alloc: memset")) return NULL;
     return p;
 }
@@ -190,13 +204,14 @@ void cu_free(void *p)
         cu_check(cudaFree(p), "free");
         return;
     }
-    if (g_pool_free_bytes + g_blk[i].cap > POOL_KEEP) {
+    if (g_pool_free_bytes + g_blk[i].cap > POOL_KEEP && !g_graphs && !g_capturing) {
         cudaStreamSynchronize(cu_s);
         cudaFree(p);
         blk_remove((size_t)i);
         return;
     }
     g_blk[i].free = true; /* reused by later ops on the same stream, after this one's readers */
+    if (g_capturing) g_blk[i].graph = true; /* the recording uses it: graph scratch from now on */
     g_pool_free_bytes += g_blk[i].cap;
 }
 
@@ -331,7 +346,7 @@ void cu_end(cu_io *io, const char *op)
     /* Grow the arena to what this op wanted, so the next op stages without cudaMalloc. */
     if (g_arena_want > g_arena_cap) {
         size_t cap = g_arena_want + g_arena_want / 2;
-        cudaFree(g_arena);
+        if (!g_graphs && !g_capturing) cudaFree(g_arena); /* else a graph may use it: kept */
         g_arena = NULL;
         g_arena_cap = 0;
         if (cudaMalloc((void **)&g_arena, cap) == cudaSuccess) g_arena_cap = cap;
@@ -531,6 +546,7 @@ ds_status cu_upload_weight(ds_weight *w)
 extern "C" void cuda_forget_weights(void)
 {
     cudaStreamSynchronize(cu_s);
+    cu_moe_forget();
     while (g_dw) {
         cu_dweight *d = g_dw;
         g_dw = d->next;
@@ -547,3 +563,63 @@ extern "C" void cuda_forget_weights(void)
 }
 
 extern "C" size_t cuda_weight_bytes(void) { return g_wbytes; }
+
+/* ---- graphs: the ops queued between cu_graph_begin and cu_graph_end are
+ * recorded (CUDA stream capture) instead of run; cu_graph_run replays them. */
+
+static void cu_graph_begin(void)
+{
+    g_status_before_capture = g_status;
+    if (g_test_mode || g_capturing) return;
+    if (cu_check(cudaStreamBeginCapture(cu_s, cudaStreamCaptureModeRelaxed), "graph: begin capture"))
+        g_capturing = true;
+}
+
+/* The recorded graph, instantiated, or NULL when the capture failed (an op
+ * that waits or copies from the host); its errors are then forgotten and the
+ * caller runs the ops again without a graph. */
+static void *cu_graph_end(void)
+{
+    if (!g_capturing) {
+        g_status = g_status_before_capture;
+        return NULL;
+    }
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    cudaError_t e = cudaStreamEndCapture(cu_s, &g);
+    g_capturing = false;
+    if (e == cudaSuccess && g_status == g_status_before_capture)
+        e = cudaGraphInstantiateWithFlags(&x, g, 0);
+    else if (e == cudaSuccess)
+        e = cudaErrorStreamCaptureInvalidated;
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        g_status = g_status_before_capture;
+        return NULL;
+    }
+    g_graphs++;
+    return x;
+}
+
+static void cu_graph_run(void *g)
+{
+    cu_check(cudaGraphLaunch((cudaGraphExec_t)g, cu_s), "graph: launch");
+}
+
+static void cu_graph_free(void *g)
+{
+    if (!g) return;
+    cudaStreamSynchronize(cu_s);
+    cudaGraphExecDestroy((cudaGraphExec_t)g);
+    if (--g_graphs == 0) /* no recording left: its scratch is ordinary pool again */
+        for (size_t i = 0; i < g_nblk; i++) g_blk[i].graph = false;
+}
+
+void cu_graph_ops(ds_ops *ops)
+{
+    ops->graph_begin = cu_graph_begin;
+    ops->graph_end = cu_graph_end;
+    ops->graph_run = cu_graph_run;
+    ops->graph_free = cu_graph_free;
+}

@@ -1,26 +1,338 @@
 /* cuda_moe.cu - the routed experts of an MoE layer (moe_experts).
  *
- * The routing choice (idx, wt; n x K) is downloaded once per layer (the
- * layer's one synchronisation), the tokens are grouped per local expert on
- * the host, the groups uploaded in one copy, and each expert with tokens runs
- * gather -> w1, w3 -> silu * -> w2 -> weighted scatter-add on the device, in
- * expert order (the order of the CPU reference's sum).
- * Not yet: a grouped product over all selected experts in one launch, which
- * would remove the synchronisation and most launches at decode. */
+ * Decode (n <= MOE_GROUPED_MAX tokens): two launches read the routing choice
+ * (idx, wt; n x K) on the device, so the layer never waits for the host and
+ * the step can be captured in a CUDA graph:
+ *   up:   one block per (token, k, 4-row tile) computes rows of w1 and w3 of
+ *         expert idx[t][k] against x[t] and writes h = silu(w1 x) * w3 x;
+ *   down: one block per (token, 4-row tile of dim) sums over k the rows of w2
+ *         of each chosen expert against h[t][k], weighted by wt[t][k], in k
+ *         order (deterministic; no atomics).
+ * Experts outside [e0, e0 + ne) (another rank's) are skipped. The experts'
+ * device addresses are kept in a per-layer table on the device, re-uploaded
+ * only when a weight moved.
+ * Prefill: the routing choice is downloaded (one synchronisation per layer),
+ * tokens grouped per local expert on the host, and each expert with tokens
+ * runs gather -> w1, w3 -> silu * -> w2 -> weighted scatter-add, so that large
+ * groups reach the tensor-core products. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
 
+#define MOE_GROUPED_MAX 8
+#define MOE_RW 4      /* weight rows per block */
+#define MOE_THREADS 128
+
+/* ---- per-layer tables of expert weights (device addresses) */
+
+typedef struct {
+    const ds_weight *key; /* the layer's ew1 array */
+    int ne;
+    cu_weight *host;      /* [3][ne]: w1, w3, w2 */
+    cu_weight *dev;
+} moe_table;
+
+static moe_table *g_tab;
+static int g_ntab, g_captab;
+
+/* The device table for experts ew1/ew3/ew2[0 .. ne); NULL (error recorded) on failure. */
+static const cu_weight *moe_table_get(const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int ne)
+{
+    size_t bytes = sizeof(cu_weight) * 3 * (size_t)ne;
+    cu_weight *now = (cu_weight *)malloc(bytes);
+    if (!now) return NULL;
+    for (int e = 0; e < ne; e++)
+        if (!cu_weight_get(&ew1[e], &now[e]) || !cu_weight_get(&ew3[e], &now[ne + e]) ||
+            !cu_weight_get(&ew2[e], &now[2 * ne + e])) {
+            free(now);
+            return NULL;
+        }
+    moe_table *t = NULL;
+    for (int i = 0; i < g_ntab; i++)
+        if (g_tab[i].key == ew1 && g_tab[i].ne == ne) t = &g_tab[i];
+    if (t && !memcmp(t->host, now, bytes)) {
+        free(now);
+        return t->dev;
+    }
+    if (!t) {
+        if (g_ntab == g_captab) {
+            int cap = g_captab ? 2 * g_captab : 64;
+            moe_table *nt = (moe_table *)realloc(g_tab, sizeof(moe_table) * (size_t)cap);
+            if (!nt) {
+                free(now);
+                return NULL;
+            }
+            g_tab = nt;
+            g_captab = cap;
+        }
+        t = &g_tab[g_ntab++];
+        memset(t, 0, sizeof *t);
+        t->key = ew1;
+        t->ne = ne;
+        if (!cu_check(cudaMalloc((void **)&t->dev, bytes), "moe_experts: expert table")) {
+            t->dev = NULL;
+            g_ntab--;
+            free(now);
+            return NULL;
+        }
+    }
+    free(t->host);
+    t->host = now;
+    /* a synchronous copy: the host table may change before the stream reaches it */
+    if (!cu_check(cudaMemcpy(t->dev, now, bytes, cudaMemcpyHostToDevice), "moe_experts: expert table")) return NULL;
+    return t->dev;
+}
+
+void cu_moe_forget(void)
+{
+    for (int i = 0; i < g_ntab; i++) {
+        cudaFree(g_tab[i].dev);
+        free(g_tab[i].host);
+    }
+    free(g_tab);
+    g_tab = NULL;
+    g_ntab = g_captab = 0;
+}
+
+/* ---- grouped kernels */
+
+/* acc[rr] += x[c .. c+E) . W[row rr][c .. c+E) for one 16-byte chunk of each of
+ * MOE_RW rows (base[rr] = row * k), FP8 block scales applied per 16 elements. */
+template <int F>
+__device__ __forceinline__ void moe_dot_chunk(float *acc, const float *xv, const void *w, const float *ws,
+                                              const size_t *base, const int *row, int k, int c)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    uint4 raw[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) raw[rr] = *(const uint4 *)((const uint8_t *)w + (base[rr] + c) * cu_wsize<F>::v);
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        float wv[E];
+        cu_wload16<F>(&raw[rr], 0, wv);
+        float part = 0;
+        #pragma unroll
+        for (int e = 0; e < E; e++) part += xv[e] * wv[e];
+        acc[rr] += F == DS_W_FP8 ? part * ws[(size_t)(row[rr] / DS_BLOCK) * kb + c / DS_BLOCK] : part;
+    }
+}
+
+template <int E>
+__device__ __forceinline__ void moe_xload(const float *x, float *xv)
+{
+    #pragma unroll
+    for (int e = 0; e < E; e += 4) {
+        float4 v = *(const float4 *)(x + e);
+        xv[e] = v.x;
+        xv[e + 1] = v.y;
+        xv[e + 2] = v.z;
+        xv[e + 3] = v.w;
+    }
+}
+
+/* Sums NV per-thread values over the block; thread rr < NV gets value rr. */
+template <int NV>
+__device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
+{
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    #pragma unroll
+    for (int i = 0; i < NV; i++) {
+        float s = cu_warp_sum(v[i]);
+        if (lane == 0) red[warp][i] = s;
+    }
+    __syncthreads();
+    float s = 0;
+    if (threadIdx.x < NV)
+        for (int w = 0; w < MOE_THREADS / 32; w++) s += red[w][threadIdx.x];
+    return s;
+}
+
+/* h[t*K + k][r] = silu(w1_e[r] . x[t]) * (w3_e[r] . x[t]), e = idx[t*K + k] - e0; grid (row tiles, n*K). */
+template <int F>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const int *__restrict__ idx, int e0, int ne,
+              const cu_weight *__restrict__ tab, int k, int inter)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    __shared__ float red[MOE_THREADS / 32][2 * MOE_RW];
+    int p = blockIdx.y, e = idx[p] - e0, r0 = blockIdx.x * MOE_RW;
+    if (e < 0 || e >= ne) return;
+    cu_weight w1 = tab[e], w3 = tab[ne + e];
+    const float *xr = x + (size_t)(p / K) * k;
+    size_t base[MOE_RW];
+    int row[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        row[rr] = min(r0 + rr, inter - 1);
+        base[rr] = (size_t)row[rr] * k;
+    }
+    float acc[2 * MOE_RW] = {};
+    for (int c = threadIdx.x * E; c < k; c += MOE_THREADS * E) {
+        float xv[E];
+        moe_xload<E>(xr + c, xv);
+        moe_dot_chunk<F>(acc, xv, w1.data, w1.scale, base, row, k, c);
+        moe_dot_chunk<F>(acc + MOE_RW, xv, w3.data, w3.scale, base, row, k, c);
+    }
+    float s = moe_block_sum<2 * MOE_RW>(acc, red);
+    __syncthreads();
+    float *sh = &red[0][0];
+    if (threadIdx.x < 2 * MOE_RW) sh[threadIdx.x] = s; /* red[0] is free again */
+    __syncthreads();
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < inter) {
+        float a = sh[threadIdx.x], g = sh[MOE_RW + threadIdx.x];
+        h[(size_t)p * inter + r0 + threadIdx.x] = a / (1.0f + expf(-a)) * g;
+    }
+}
+
+/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e; grid (row tiles, n). */
+template <int F>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
+                const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    __shared__ float red[MOE_THREADS / 32][MOE_RW];
+    int t = blockIdx.y, r0 = blockIdx.x * MOE_RW;
+    size_t base[MOE_RW];
+    int row[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        row[rr] = min(r0 + rr, dim - 1);
+        base[rr] = (size_t)row[rr] * inter;
+    }
+    float out[MOE_RW] = {};
+    for (int kk = 0; kk < K; kk++) {
+        int p = t * K + kk, e = idx[p] - e0;
+        if (e < 0 || e >= ne) continue;
+        cu_weight w2 = tab[2 * ne + e];
+        const float *hr = h + (size_t)p * inter;
+        float acc[MOE_RW] = {};
+        for (int c = threadIdx.x * E; c < inter; c += MOE_THREADS * E) {
+            float xv[E];
+            moe_xload<E>(hr + c, xv);
+            moe_dot_chunk<F>(acc, xv, w2.data, w2.scale, base, row, inter, c);
+        }
+        float s = moe_block_sum<MOE_RW>(acc, red);
+        __syncthreads();
+        if (threadIdx.x < MOE_RW) out[0] += wt[p] * s; /* thread rr keeps row rr's sum in out[0] */
+    }
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out[0];
+}
+
+template <int F>
+static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
+                        const cu_weight *tab, int dim, int inter, float *h)
+{
+    dim3 gu(cu_blocks((size_t)inter, MOE_RW), (unsigned)(n * K)), gd(cu_blocks((size_t)dim, MOE_RW), (unsigned)n);
+    moe_up_kernel<F><<<gu, MOE_THREADS, 0, cu_s>>>(h, x, K, idx, e0, ne, tab, dim, inter);
+    moe_down_kernel<F><<<gd, MOE_THREADS, 0, cu_s>>>(y, h, K, idx, wt, e0, ne, tab, inter, dim);
+}
+
+/* True when the grouped kernels apply: few tokens, exact-dequantisation
+ * products (not the FP8 act_quant path), rows of whole 16-byte chunks. */
+static bool moe_grouped_ok(int n, const ds_weight *ew1, int ne, ds_gemm_impl gemm)
+{
+    if (n > MOE_GROUPED_MAX || ne <= 0) return false;
+    ds_wfmt f = ew1[0].fmt;
+    if (gemm == DS_GEMM_FP8 && f == DS_W_FP8) return false;
+    int sz = f == DS_W_FP8 ? 1 : f == DS_W_BF16 ? 2 : 4;
+    return (size_t)ew1[0].cols * sz % 16 == 0 && (size_t)ew1[0].rows * sz % 16 == 0 && ew1[0].cols % 4 == 0 &&
+           ew1[0].rows % 4 == 0;
+}
+
+static bool moe_experts_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                                const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
+    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+    if (!tab) return false;
+    cu_io io = {};
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * dim);
+    const int *di = (const int *)cu_in(&io, idx, sizeof(int) * (size_t)nk);
+    const float *dw = (const float *)cu_in(&io, wt, sizeof(float) * (size_t)nk);
+    float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * dim, false);
+    float *h = (float *)cu_alloc(sizeof(float) * (size_t)nk * inter);
+    if (dx && di && dw && dy && h) {
+        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
+        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
+        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
+    }
+    cu_free(h);
+    cu_end(&io, "moe_experts");
+    return true;
+}
+
+/* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order. */
+__global__ void moe_combine_kernel(float *__restrict__ y, const float *__restrict__ ys, const int *__restrict__ at,
+                                   const float *__restrict__ wt, int K, int dim)
+{
+    int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= dim) return;
+    float acc = 0;
+    for (int k = 0; k < K; k++) {
+        int i = at[t * K + k];
+        if (i >= 0) acc += wt[t * K + k] * ys[(size_t)i * dim + j];
+    }
+    y[(size_t)t * dim + j] = acc;
+}
+
+/* Prefill with BF16 experts: all local experts' products in three grouped
+ * cuBLAS calls over the tokens gathered in expert order (list: cnt[ne]
+ * tokens, expert e's at cnt[e] ..), then one combine. False when cuBLAS
+ * refuses (nothing written to y). */
+static bool moe_experts_blas(float *y, const float *x, int n, int K, const float *wt, const ds_weight *ew1,
+                             const ds_weight *ew2, const ds_weight *ew3, int ne, const int *cnt, const int *list,
+                             const int *at)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows, total = cnt[ne], np = 0;
+    if (total == 0) {
+        cu_zero(y, sizeof(float) * (size_t)n * dim);
+        return true;
+    }
+    int *off = (int *)malloc(sizeof(int) * 2 * (size_t)ne), *c = off ? off + ne : NULL;
+    cu_weight *w = (cu_weight *)malloc(sizeof(cu_weight) * 3 * (size_t)ne);
+    float *xs = (float *)cu_alloc(sizeof(float) * (size_t)total * dim), *ys = (float *)cu_alloc(sizeof(float) * (size_t)total * dim);
+    float *a = (float *)cu_alloc(sizeof(float) * (size_t)total * inter), *g = (float *)cu_alloc(sizeof(float) * (size_t)total * inter);
+    bool ok = off && w && xs && ys && a && g;
+    for (int e = 0; ok && e < ne; e++) {
+        if (cnt[e + 1] == cnt[e]) continue;
+        off[np] = cnt[e];
+        c[np] = cnt[e + 1] - cnt[e];
+        ok = cu_weight_get(&ew1[e], &w[np]) && cu_weight_get(&ew3[e], &w[ne + np]) && cu_weight_get(&ew2[e], &w[2 * ne + np]);
+        np++;
+    }
+    if (ok) {
+        cu_copy_rows(xs, dim, NULL, x, dim, list, total, dim);
+        ok = cu_blas_grouped(a, xs, total, off, c, w, np, dim, inter) &&
+             cu_blas_grouped(g, xs, total, off, c, w + ne, np, dim, inter);
+        if (ok) {
+            cu_silu_mul(a, g, (size_t)total * inter);
+            ok = cu_blas_grouped(ys, a, total, off, c, w + 2 * ne, np, inter, dim);
+        }
+        if (ok) moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, at, wt, K, dim);
+    }
+    free(off);
+    free(w);
+    cu_free(xs);
+    cu_free(ys);
+    cu_free(a);
+    cu_free(g);
+    return ok;
+}
+
 void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
                     const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0)
 {
     if (n <= 0) return;
+    if (moe_grouped_ok(n, ew1, ne, gemm) && moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne)) return;
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
     int *hidx = (int *)malloc(sizeof(int) * (size_t)nk), *cnt = (int *)calloc((size_t)ne + 1, sizeof(int));
     float *hwt = (float *)malloc(sizeof(float) * (size_t)nk);
-    int *hl = (int *)malloc(sizeof(int) * 2 * (size_t)nk); /* [token list | weights as float bits] */
-    int *dl = (int *)cu_alloc(sizeof(int) * 2 * (size_t)nk);
+    /* [token list | weights as float bits | sorted position of pair (t, k) or -1] */
+    int *hl = (int *)malloc(sizeof(int) * 3 * (size_t)nk);
+    int *dl = (int *)cu_alloc(sizeof(int) * 3 * (size_t)nk);
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * dim), *ys = (float *)cu_alloc(sizeof(float) * (size_t)n * dim);
     float *a = (float *)cu_alloc(sizeof(float) * (size_t)n * inter), *g = (float *)cu_alloc(sizeof(float) * (size_t)n * inter);
     if (!hidx || !cnt || !hwt || !hl || !dl || !xs || !ys || !a || !g) {
@@ -38,14 +350,19 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
         for (int t = 0; t < n; t++)
             for (int k = 0; k < K; k++) {
                 int e = hidx[(size_t)t * K + k] - e0;
+                hl[2 * nk + t * K + k] = -1;
                 if (e < 0 || e >= ne) continue;
                 int at = cnt[e] + fill[e]++;
+                hl[2 * nk + t * K + k] = at;
                 hl[at] = t;
                 memcpy(&hl[nk + at], &hwt[(size_t)t * K + k], sizeof(float));
             }
         free(fill);
     }
-    cu_upload(dl, hl, sizeof(int) * 2 * (size_t)nk);
+    cu_upload(dl, hl, sizeof(int) * 3 * (size_t)nk);
+    if (ew1[0].fmt == DS_W_BF16 && cu_device_readable(x) && cu_device_readable(y) && cu_device_readable(wt) &&
+        moe_experts_blas(y, x, n, K, wt, ew1, ew2, ew3, ne, cnt, dl, dl + 2 * nk))
+        goto done;
     cu_zero(y, sizeof(float) * (size_t)n * dim);
     for (int e = 0; e < ne; e++) {
         int c = cnt[e + 1] - cnt[e];

@@ -139,6 +139,12 @@ typedef struct {
     float scale;
     float *out;                    /* + (t*H + h) * outs */
     long long outs;
+    /* split over positions (flash-decoding): block z covers positions
+     * [z * chunk, (z + 1) * chunk) and writes its running max, sum and
+     * unnormalised outputs to pm, pl, po [(t*H + h) * splits + z] (po: dv each);
+     * attn_combine_kernel merges them. splits == 1: out directly. */
+    int splits, chunk;
+    float *pm, *pl, *po;
 } attn_p;
 
 /* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER. */
@@ -156,14 +162,18 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     for (int c = threadIdx.x; c < p.d1; c += blockDim.x) sq[c] = q1[c];
     for (int c = threadIdx.x; c < p.d2; c += blockDim.x) sq[p.d1 + c] = q2[c];
     __syncthreads();
-    int s = p.seq[t], len = p.pos[t] + 1;
+    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
+    if (p.splits > 1) {
+        j0 = blockIdx.z * p.chunk;
+        len = min(len, j0 + p.chunk);
+    }
     const float *k1 = p.k1 + s * p.k1_seq + h * p.k1_head;
     const float *k2 = p.k2 ? p.k2 + s * p.k2_seq + h * p.k2_head : nullptr;
     const float *v = p.v + s * p.v_seq + h * p.v_head;
     float m = -INFINITY, l = 0, o[PER];
     #pragma unroll
     for (int u = 0; u < PER; u++) o[u] = 0;
-    for (int j = warp; j < len; j += ATTN_WARPS) {
+    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
         const float *kj = k1 + j * p.k1_pos;
         float d = 0;
         for (int c = lane; c < p.d1; c += 32) d += sq[c] * kj[c];
@@ -193,6 +203,21 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wm[w]);
     float sum = 0;
     for (int w = 0; w < ATTN_WARPS; w++) sum += wl[w] * expf(wm[w] - mx);
+    if (p.splits > 1) { /* partial result; an empty split has mx = -inf and contributes nothing */
+        size_t ps = (size_t)th * p.splits + blockIdx.z;
+        if (threadIdx.x == 0 && blockIdx.y == 0) {
+            p.pm[ps] = mx;
+            p.pl[ps] = mx == -INFINITY ? 0.0f : sum;
+        }
+        for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
+            if (c0 + c >= p.dv) continue;
+            float acc = 0;
+            if (mx != -INFINITY)
+                for (int w = 0; w < ATTN_WARPS; w++) acc += wo[w * 32 * PER + c] * expf(wm[w] - mx);
+            p.po[ps * p.dv + c0 + c] = acc;
+        }
+        return;
+    }
     float *out = p.out + (size_t)th * p.outs;
     for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
         if (c0 + c >= p.dv) continue;
@@ -202,19 +227,55 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     }
 }
 
+/* out[th][c] = sum_z po[th][z][c] e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z; one block per (t, h). */
+__global__ void attn_combine_kernel(attn_p p)
+{
+    int th = blockIdx.x;
+    const float *pm = p.pm + (size_t)th * p.splits, *pl = p.pl + (size_t)th * p.splits;
+    float mx = -INFINITY, sum = 0;
+    for (int z = 0; z < p.splits; z++) mx = fmaxf(mx, pm[z]);
+    for (int z = 0; z < p.splits; z++)
+        if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
+    float *out = p.out + (size_t)th * p.outs;
+    for (int c = threadIdx.x; c < p.dv; c += blockDim.x) {
+        float acc = 0;
+        for (int z = 0; z < p.splits; z++)
+            if (pm[z] != -INFINITY) acc += p.po[((size_t)th * p.splits + z) * p.dv + c] * expf(pm[z] - mx);
+        out[c] = acc / sum;
+    }
+}
+
 template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
-    dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER));
+    dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER), (unsigned)p->splits);
     size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
     if (smem > 48 * 1024) cudaFuncSetAttribute(attn_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     attn_kernel<PER><<<grid, ATTN_WARPS * 32, smem, cu_s>>>(*p);
+    if (p->splits > 1) attn_combine_kernel<<<(unsigned)tokens * p->heads, 128, 0, cu_s>>>(*p);
+}
+
+/* Splits over positions: enough blocks to fill the device (ATTN_FILL) when
+ * tokens x heads alone do not, each split at least ATTN_MIN_CHUNK positions.
+ * Depends only on the shapes (n, H, ctx), never on positions, so a captured
+ * graph stays valid as the positions advance. */
+#define ATTN_FILL 264
+#define ATTN_MIN_CHUNK 128
+
+static void attn_split(attn_p *p, int n, int ctx)
+{
+    long long th = (long long)n * p->heads, want = (ATTN_FILL + th - 1) / th;
+    long long most = (ctx + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK;
+    p->splits = (int)(want < most ? want : most);
+    if (p->splits < 1) p->splits = 1;
+    p->chunk = (ctx + p->splits - 1) / p->splits;
 }
 
 static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
     int n = a->n_tokens, H = a->n_heads;
     if (n <= 0 || H <= 0) return;
+    if (impl == DS_ATTN_ABSORB && cu_attention_dense(a)) return;
     int nseq = 1; /* only sizes the staging of host caches (tests), which come with host seq */
     if (!cu_device_readable(a->seq))
         for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
@@ -263,6 +324,15 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         p.outs = vd;
         ok = p.q1 && p.k1 && p.v && p.out;
     }
+    p.splits = 1;
+    if (ok) attn_split(&p, n, a->ctx);
+    if (ok && p.splits > 1) {
+        size_t np = th * p.splits;
+        p.pm = (float *)cu_alloc(sizeof(float) * np * (2 + (size_t)p.dv)); /* pool: stays valid in a graph */
+        p.pl = p.pm ? p.pm + np : NULL;
+        p.po = p.pm ? p.pm + 2 * np : NULL;
+        ok = p.pm != NULL;
+    }
     if (ok && p.seq && p.pos) {
         if (p.dv <= 32) launch_attn<1>(&p, n);
         else if (p.dv <= 64) launch_attn<2>(&p, n);
@@ -270,6 +340,7 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         else if (p.dv <= 256) launch_attn<8>(&p, n);
         else launch_attn<16>(&p, n); /* slices of 512 columns */
     }
+    cu_free(p.pm);
     cu_end(&io, "attention");
 }
 
@@ -503,6 +574,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.moe_route = cu_moe_route;
         g_ops.moe_experts = cu_moe_experts;
         g_ops.upload_weight = cu_upload_weight;
+        cu_graph_ops(&g_ops);
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
         g_ops.name = "cuda";
     }
