@@ -56,9 +56,12 @@ test)
   # without a GPU (scripts/gpu_check.sh runs them on a GPU machine).
   nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
   if [ -n "$nvcc" ]; then
-    cmake -S . -B build-cuda -DDSV3_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    # with MPI too, so the NCCL communicator compiles as well
+    cmake -S . -B build-cuda -DDSV3_CUDA=ON -DDSV3_MPI=ON -DCMAKE_CUDA_COMPILER="$nvcc" \
+      -DCMAKE_BUILD_TYPE=Release >/dev/null
     cmake --build build-cuda -j"$jobs"
-    ctest --test-dir build-cuda --output-on-failure -R cuda
+    ctest --test-dir build-cuda --output-on-failure -R 'cuda|nccl'
+
   else
     echo "setup: nvcc not found; the CUDA backend was not built" >&2
   fi

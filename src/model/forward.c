@@ -461,11 +461,12 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         ops->graph_begin();
         *s = forward_queue(m, kv, n, n, d->ids, d->logits, NULL); /* positions vary between replays */
         d->graph = ops->graph_end();
-        if (*s) return true;
-        if (!d->graph) {
+        if (!d->graph) { /* nothing ran (an op had to wait): this n runs eagerly from now on */
             d->failed = true;
+            *s = DS_OK;
             return false;
         }
+        if (*s) return true;
     }
     ops->graph_run(d->graph);
     ops->download(logits, d->logits, sizeof(float) * nl);

@@ -34,6 +34,7 @@ extern "C" {
 cudaStream_t cu_s;
 static bool g_test_mode;
 static ds_status g_status = DS_OK;
+static bool g_capturing; /* a graph capture is in progress (cu_graph_begin) */
 static char g_msg[512];
 
 bool cu_check(cudaError_t e, const char *what)
@@ -42,7 +43,7 @@ bool cu_check(cudaError_t e, const char *what)
     if (g_status == DS_OK) {
         g_status = e == cudaErrorMemoryAllocation ? DS_ERR_NOMEM : DS_ERR_INTERNAL;
         snprintf(g_msg, sizeof g_msg, "cuda: %s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-        fprintf(stderr, "dsv3 %s\n", g_msg);
+        if (!g_capturing) fprintf(stderr, "dsv3 %s\n", g_msg); /* a failed capture is undone and rerun */
     }
     return false;
 }
@@ -85,7 +86,6 @@ static size_t g_nblk, g_capblk, g_pool_free_bytes;
  * given back to the driver, and blocks handed out during a capture are only
  * ever reused by later captures (graphs run one at a time on the stream), so
  * that no buffer living outside a graph aliases a graph's scratch. */
-static bool g_capturing;
 static int g_graphs;
 static ds_status g_status_before_capture;
 
@@ -596,6 +596,8 @@ static void *cu_graph_end(void)
     if (e != cudaSuccess) {
         cudaGetLastError();
         g_status = g_status_before_capture;
+        if (!g_graphs)
+            for (size_t i = 0; i < g_nblk; i++) g_blk[i].graph = false;
         return NULL;
     }
     g_graphs++;

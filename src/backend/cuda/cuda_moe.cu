@@ -202,7 +202,7 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
         row[rr] = min(r0 + rr, dim - 1);
         base[rr] = (size_t)row[rr] * inter;
     }
-    float out[MOE_RW] = {};
+    float out = 0; /* thread rr < MOE_RW: row r0 + rr */
     for (int kk = 0; kk < K; kk++) {
         int p = t * K + kk, e = idx[p] - e0;
         if (e < 0 || e >= ne) continue;
@@ -216,9 +216,9 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
         }
         float s = moe_block_sum<MOE_RW>(acc, red);
         __syncthreads();
-        if (threadIdx.x < MOE_RW) out[0] += wt[p] * s; /* thread rr keeps row rr's sum in out[0] */
+        if (threadIdx.x < MOE_RW) out += wt[p] * s;
     }
-    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out[0];
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
 template <int F>
