@@ -15,6 +15,10 @@
 # for 16B, started in the background while the tests run), then runs bench_cuda_model
 # (whole-model decode/prefill against the measured ceilings) and scripts/hf_bench.py
 # (Hugging Face transformers' DeepseekV3, random BF16 weights, the same shapes).
+# GPU_CHECK_PROFILE=1 (with GPU_CHECK_MODEL) first runs bench_cuda_model's BENCH_PROFILE mode
+# under Nsight Compute (one eager decode step each: batch 1, batch 1 at depth 4096, batch 8;
+# per-kernel time and DRAM bytes) into $OUT/prof.csv and prints scripts/ncu_summary.py's table.
+# GPU_CHECK_HF=0 skips hf_bench.
 # Exit status: the number of failing programs (0: all passed).
 set -u
 cd "$(dirname "$0")/.."
@@ -85,11 +89,24 @@ if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"
   echo "== synth"; cat "$logdir/synth.log"; du -sh "$ckpt"
   bin=$(find_prog bench_cuda_model)
+  if [ "${GPU_CHECK_PROFILE:-0}" = 1 ]; then
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n1)
+    echo "== ncu profile ($ncu)"
+    t0=$EPOCHREALTIME
+    BENCH_PROFILE=1 timeout 300 "$ncu" --profile-from-start off --clock-control none \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+      --csv --page raw --print-units base --log-file "$logdir/prof.csv" "$bin" "$ckpt" "$model_cfg" 2>&1 | tail -n 5
+    echo "ncu rc ${PIPESTATUS[0]} in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
+    python3 scripts/ncu_summary.py "$logdir/prof.csv" 2>&1 | tee "$logdir/prof_summary.txt"
+  fi
   echo "== bench_cuda_model ($model_cfg)"
   "$bin" "$ckpt" "$model_cfg" 2>&1 | tee "$logdir/bench_cuda_model.log"
   rc=${PIPESTATUS[0]}
   results+=("$(printf '%-26s %-8s' bench_cuda_model "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
   [ "$rc" = 0 ] || fails=$((fails + 1))
+  [ "${GPU_CHECK_HF:-1}" = 0 ] && model_cfg=
+fi
+if [ -n "$model_cfg" ]; then
   echo "== hf_bench ($model_cfg)"
   PYTHONUNBUFFERED=1 python3 scripts/hf_bench.py "$model_cfg" 2>&1 | grep -v Warning | tee "$logdir/hf_bench.log"
   rc=${PIPESTATUS[0]}

@@ -152,6 +152,27 @@ int main(int argc, char **argv)
     float *logits = malloc(sizeof(float) * 8 * (size_t)cfg.vocab_size);
     if (!logits) goto fail;
     double b1 = token_bytes(m, cfg.n_activated_experts), roof = b1 / (bw * 1e9);
+    if (getenv("BENCH_PROFILE")) {
+        /* for ncu --profile-from-start off: one eager batch-1 step at depth 0, one
+         * at depth 4096, one batch-8 step (after warm-up steps each) */
+        setenv("DSV3_GRAPH", "0", 1);
+        if (decode(m, kv, 1, 0, 1, logits) < 0) goto fail;
+        int prof[3][2] = {{1, 0}, {1, 4096}, {8, 0}};
+        for (int c = 0; c < 3; c++) {
+            int bs = prof[c][0], d = prof[c][1];
+            if (d) fill_cache(m, kv, depth);
+            if (decode(m, kv, bs, d, 1, logits) < 0) goto fail; /* warm-up: 3 steps */
+            int32_t tk[8];
+            int sq[8], ps[8];
+            bool wn[8];
+            for (int i = 0; i < bs; i++) tk[i] = 17 + i, sq[i] = i, ps[i] = d + 3, wn[i] = true;
+            cuda_profile_range(true);
+            if (model_forward(m, kv, bs, tk, sq, ps, wn, logits)) goto fail;
+            cuda_profile_range(false);
+        }
+        printf("profile steps done\n");
+        return 0;
+    }
     double t1 = decode(m, kv, 1, 0, reps, logits);
     setenv("DSV3_GRAPH", "0", 1);
     double t1e = decode(m, kv, 1, 0, reps, logits);

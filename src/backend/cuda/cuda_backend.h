@@ -54,6 +54,10 @@ void cuda_set_test_mode(bool on);
 double cuda_measure_copy_bandwidth(void);
 double cuda_measure_bf16_tc_peak(void);
 
+/* Marks a region for a profiler started with --profile-from-start off (ncu):
+ * cudaProfilerStart (on) or cudaProfilerStop (off), after a device sync. */
+void cuda_profile_range(bool on);
+
 /* The FP8 kernels on their own, for tests against the reference's Triton
  * kernels (quant.h has the definitions). Host pointers in and out. */
 ds_status cuda_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0);

@@ -489,27 +489,53 @@ __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restr
     }
 }
 
-/* One thread per (head, column c): y[t][h*ys + c] = sum_r x[t][h*xs + r] W[row0 + h*hstride + r][c] */
+/* y[t][h*ys + c] = sum_r x[t][h*xs + r] W[row0 + h*hstride + r][c]. Block (64-column slice,
+ * head) of HT_WARPS warps: lane l takes columns c0 + l and c0 + 32 + l (coalesced per row),
+ * warp w rows w, w + HT_WARPS, ..., partial sums reduced through shared memory. (One thread
+ * per column walking all rows: 64 blocks, 30.7 us per call on the 16B model at decode.) */
+#define HT_WARPS 8
 template <int F>
-__global__ void heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
-                               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0,
-                               int hstride, int rows)
+__global__ void __launch_bounds__(HT_WARPS * 32)
+heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
+               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows)
 {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, h = blockIdx.y, cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
-    if (c >= cols) return;
+    __shared__ float red[HT_WARPS][HEADS_TB][64];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
+    int c0 = blockIdx.x * 64 + lane, c1 = c0 + 32;
+    bool v0 = c0 < cols, v1 = c1 < cols;
     for (int t0 = 0; t0 < n; t0 += HEADS_TB) {
-        float acc[HEADS_TB] = {};
-        for (int r = 0; r < rows; r++) {
+        float a0[HEADS_TB] = {}, a1[HEADS_TB] = {};
+        for (int r = warp; r < rows; r += HT_WARPS) {
             int wr = row0 + h * hstride + r;
-            float wv = cu_wload<F>(w, (size_t)wr * cols + c);
-            if (F == DS_W_FP8) wv *= ws[(size_t)(wr / DS_BLOCK) * cb + c / DS_BLOCK];
+            float w0 = v0 ? cu_wload<F>(w, (size_t)wr * cols + c0) : 0.0f;
+            float w1 = v1 ? cu_wload<F>(w, (size_t)wr * cols + c1) : 0.0f;
+            if (F == DS_W_FP8) {
+                if (v0) w0 *= ws[(size_t)(wr / DS_BLOCK) * cb + c0 / DS_BLOCK];
+                if (v1) w1 *= ws[(size_t)(wr / DS_BLOCK) * cb + c1 / DS_BLOCK];
+            }
             #pragma unroll
             for (int j = 0; j < HEADS_TB; j++)
-                if (t0 + j < n) acc[j] += x[((size_t)(t0 + j) * H + h) * xs + r] * wv;
+                if (t0 + j < n) {
+                    float xv = x[((size_t)(t0 + j) * H + h) * xs + r];
+                    a0[j] += xv * w0;
+                    a1[j] += xv * w1;
+                }
         }
         #pragma unroll
-        for (int j = 0; j < HEADS_TB; j++)
-            if (t0 + j < n) y[((size_t)(t0 + j) * H + h) * ys + c] = acc[j];
+        for (int j = 0; j < HEADS_TB; j++) {
+            red[warp][j][lane] = a0[j];
+            red[warp][j][lane + 32] = a1[j];
+        }
+        __syncthreads();
+        for (int o = threadIdx.x; o < HEADS_TB * 64; o += blockDim.x) {
+            int j = o / 64, cc = o % 64, c = blockIdx.x * 64 + cc;
+            if (t0 + j >= n || c >= cols) continue;
+            float v = 0;
+            #pragma unroll
+            for (int wi = 0; wi < HT_WARPS; wi++) v += red[wi][j][cc];
+            y[((size_t)(t0 + j) * H + h) * ys + c] = v;
+        }
+        __syncthreads();
     }
 }
 
@@ -576,10 +602,10 @@ void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, c
     const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * H * xs);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, true, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
-        dim3 grid(cu_blocks((size_t)w->cols, 128), (unsigned)H);
-        if (w->fmt == DS_W_FP8) heads_t_kernel<DS_W_FP8><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_BF16) heads_t_kernel<DS_W_BF16><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else heads_t_kernel<DS_W_F32><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        dim3 grid(cu_blocks((size_t)w->cols, 64), (unsigned)H);
+        if (w->fmt == DS_W_FP8) heads_t_kernel<DS_W_FP8><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
+        else if (w->fmt == DS_W_BF16) heads_t_kernel<DS_W_BF16><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else heads_t_kernel<DS_W_F32><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
     }
     cu_end(&io, "matmul_heads_t");
 }

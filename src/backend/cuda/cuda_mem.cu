@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "cuda_internal.cuh"
+#include <cuda_profiler_api.h>
 
 extern "C" {
 #include "base/status.h"
@@ -624,4 +625,11 @@ void cu_graph_ops(ds_ops *ops)
     ops->graph_end = cu_graph_end;
     ops->graph_run = cu_graph_run;
     ops->graph_free = cu_graph_free;
+}
+
+extern "C" void cuda_profile_range(bool on)
+{
+    cudaDeviceSynchronize();
+    if (on) cudaProfilerStart();
+    else cudaProfilerStop();
 }

@@ -58,7 +58,9 @@ static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim,
         dx = (const float *)cu_in(&io, x, bytes);
         dy = (float *)cu_out(&io, y, bytes, false);
     }
-    if (dw && dx && dy) rmsnorm_kernel<<<(unsigned)n, 256, 0, cu_s>>>(dy, dx, dw, dim, eps);
+    /* one block per row, up to 1024 threads (a decode row of 2048 took 6.7 us with 256) */
+    unsigned th = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
+    if (dw && dx && dy) rmsnorm_kernel<<<(unsigned)n, th, 0, cu_s>>>(dy, dx, dw, dim, eps);
     cu_end(&io, "rmsnorm");
 }
 
@@ -227,22 +229,36 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     }
 }
 
-/* out[th][c] = sum_z po[th][z][c] e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z; one block per (t, h). */
-__global__ void attn_combine_kernel(attn_p p)
+/* out[th][c] = sum_z po[th][z][c] e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z;
+ * block (t*H + h, 64-column slice); the per-split factors are computed once into shared memory. */
+#define COMBINE_COLS 64
+__global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
 {
+    extern __shared__ float fz[];
+    __shared__ float red[2];
     int th = blockIdx.x;
     const float *pm = p.pm + (size_t)th * p.splits, *pl = p.pl + (size_t)th * p.splits;
-    float mx = -INFINITY, sum = 0;
-    for (int z = 0; z < p.splits; z++) mx = fmaxf(mx, pm[z]);
-    for (int z = 0; z < p.splits; z++)
-        if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
-    float *out = p.out + (size_t)th * p.outs;
-    for (int c = threadIdx.x; c < p.dv; c += blockDim.x) {
-        float acc = 0;
-        for (int z = 0; z < p.splits; z++)
-            if (pm[z] != -INFINITY) acc += p.po[((size_t)th * p.splits + z) * p.dv + c] * expf(pm[z] - mx);
-        out[c] = acc / sum;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY, sum = 0;
+        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, pm[z]);
+        mx = cu_warp_max(mx);
+        for (int z = threadIdx.x; z < p.splits; z += 32)
+            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
+        sum = cu_warp_sum(sum);
+        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
     }
+    __syncthreads();
+    for (int z = threadIdx.x; z < p.splits; z += blockDim.x)
+        fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
+    __syncthreads();
+    int c = blockIdx.y * COMBINE_COLS + threadIdx.x;
+    if (c >= p.dv) return;
+    const float *po = p.po + (size_t)th * p.splits * p.dv + c;
+    float acc = 0;
+    #pragma unroll 4
+    for (int z = 0; z < p.splits; z++)
+        if (fz[z] != 0.0f) acc += po[(size_t)z * p.dv] * fz[z];
+    p.out[(size_t)th * p.outs + c] = acc;
 }
 
 template <int PER>
@@ -252,15 +268,17 @@ static void launch_attn(const attn_p *p, int tokens)
     size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
     if (smem > 48 * 1024) cudaFuncSetAttribute(attn_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     attn_kernel<PER><<<grid, ATTN_WARPS * 32, smem, cu_s>>>(*p);
-    if (p->splits > 1) attn_combine_kernel<<<(unsigned)tokens * p->heads, 128, 0, cu_s>>>(*p);
+    if (p->splits > 1)
+        attn_combine_kernel<<<dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
+                              sizeof(float) * (size_t)p->splits, cu_s>>>(*p);
 }
 
 /* Splits over positions: enough blocks to fill the device (ATTN_FILL) when
  * tokens x heads alone do not, each split at least ATTN_MIN_CHUNK positions.
  * Depends only on the shapes (n, H, ctx), never on positions, so a captured
  * graph stays valid as the positions advance. */
-#define ATTN_FILL 264
-#define ATTN_MIN_CHUNK 128
+#define ATTN_FILL 1056 /* 8 blocks of 4 warps per SM (was 264: 144 us per layer at depth 4096) */
+#define ATTN_MIN_CHUNK 64
 
 static void attn_split(attn_p *p, int n, int ctx)
 {
@@ -380,14 +398,15 @@ static void cu_add(float *y, const float *x, size_t n)
 
 /* ---- data movement: one warp per row, 16-byte accesses when strides allow */
 
+/* Block (row i, 1024-column chunk): the decode calls copy one 2048-float row, which
+ * one warp walked serially (6.3 us per call profiled). */
 __global__ void copy_rows_kernel(float *dst, int ds, const int *__restrict__ di, const float *src, int ss,
                                  const int *__restrict__ si, int n, int len)
 {
-    int i = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (i >= n) return;
+    int i = blockIdx.x;
     float *d = dst + (size_t)(di ? di[i] : i) * ds;
     const float *s = src + (size_t)(si ? si[i] : i) * ss;
-    for (int j = lane; j < len; j += 32) d[j] = s[j];
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < len; j += gridDim.y * blockDim.x) d[j] = s[j];
 }
 
 void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, int src_stride, const int *si, int n,
@@ -399,7 +418,8 @@ void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, i
         cu_check(cudaErrorInvalidValue, "copy_rows: arguments must be device memory");
         return;
     }
-    copy_rows_kernel<<<cu_blocks((size_t)n, 8), 256, 0, cu_s>>>(dst, dst_stride, di, src, src_stride, si, n, len);
+    dim3 grid((unsigned)n, cu_blocks((size_t)len, 256) < 16 ? cu_blocks((size_t)len, 256) : 16);
+    copy_rows_kernel<<<grid, 256, 0, cu_s>>>(dst, dst_stride, di, src, src_stride, si, n, len);
     cu_end(&io, "copy_rows");
 }
 
@@ -446,39 +466,35 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
     cu_end(&io, "embed");
 }
 
-/* ---- moe_route: one block per token; the scores are softmaxed / sigmoided in
- * parallel, then one thread picks groups and the top k as the reference does. */
+/* ---- moe_route: one warp per token (profiled at 65 us per call with one thread doing
+ * the top-k; now the lanes hold experts lane, lane + 32, ...). Softmax / sigmoid with warp
+ * reductions, group scores one lane per group, then K rounds of a warp argmax over the
+ * experts not taken (ties to the lowest index, as the reference's first strict maximum). */
 
-__global__ void moe_route_kernel(int *idx, float *wt, float *sc_all, const float *__restrict__ bias, int E, int K, int G,
-                                 int limited, bool sigmoid, float rscale)
+#define ROUTE_MAXE 1024 /* 32 per lane: the taken set is one 32-bit mask per lane */
+
+__global__ void __launch_bounds__(32) moe_route_kernel(int *idx, float *wt, float *sc_all, const float *__restrict__ bias,
+                                                       int E, int K, int G, int limited, bool sigmoid, float rscale)
 {
     extern __shared__ float sm[];
     float *biased = sm, *gs = sm + E;
-    __shared__ float red[2];
-    int t = blockIdx.x;
+    int t = blockIdx.x, lane = threadIdx.x;
     float *sc = sc_all + (size_t)t * E;
     if (!sigmoid) {
-        if (threadIdx.x == 0) {
-            float mx = -INFINITY, sum = 0;
-            for (int e = 0; e < E; e++) mx = fmaxf(mx, sc[e]);
-            for (int e = 0; e < E; e++) sum += expf(sc[e] - mx);
-            red[0] = mx;
-            red[1] = sum;
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = expf(sc[e] - red[0]) / red[1];
+        float mx = -INFINITY, sum = 0;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, sc[e]);
+        mx = cu_warp_max(mx);
+        for (int e = lane; e < E; e += 32) sum += expf(sc[e] - mx);
+        sum = cu_warp_sum(sum);
+        for (int e = lane; e < E; e += 32) sc[e] = expf(sc[e] - mx) / sum;
     } else {
-        for (int e = threadIdx.x; e < E; e += blockDim.x) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
+        for (int e = lane; e < E; e += 32) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
     }
-    __syncthreads();
-    for (int e = threadIdx.x; e < E; e += blockDim.x) biased[e] = bias ? sc[e] + bias[e] : sc[e];
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    int per = E / G;
-    int *ix = idx + (size_t)t * K;
-    float *w = wt + (size_t)t * K;
+    for (int e = lane; e < E; e += 32) biased[e] = bias ? sc[e] + bias[e] : sc[e];
+    __syncwarp();
     if (G > 1) {
-        for (int g = 0; g < G; g++) {
+        int per = E / G;
+        for (int g = lane; g < G; g += 32) {
             const float *p = biased + g * per;
             float m1 = -INFINITY, m2 = -INFINITY;
             for (int j = 0; j < per; j++) {
@@ -491,32 +507,47 @@ __global__ void moe_route_kernel(int *idx, float *wt, float *sc_all, const float
             }
             gs[g] = bias ? m1 + m2 : m1;
         }
-        /* keep the `limited` best groups: mark kept ones with +inf in gs */
-        for (int k = 0; k < limited; k++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (gs[g] != INFINITY && (best < 0 || gs[g] > gs[best])) best = g;
-            gs[best] = INFINITY;
-        }
-        for (int g = 0; g < G; g++)
-            if (gs[g] != INFINITY)
-                for (int j = 0; j < per; j++) biased[g * per + j] = -INFINITY;
+        __syncwarp();
+        if (lane == 0) /* keep the `limited` best groups: mark kept ones with +inf in gs */
+            for (int k = 0; k < limited; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (gs[g] != INFINITY && (best < 0 || gs[g] > gs[best])) best = g;
+                gs[best] = INFINITY;
+            }
+        __syncwarp();
+        for (int e = lane; e < E; e += 32)
+            if (gs[e / per] != INFINITY) biased[e] = -INFINITY;
+        __syncwarp();
     }
+    int *ix = idx + (size_t)t * K;
+    float *w = wt + (size_t)t * K;
+    uint32_t taken = 0;
     float sum = 0;
     for (int k = 0; k < K; k++) {
         int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int j = 0; j < k; j++) taken |= ix[j] == e;
-            if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
+        float bv = 0;
+        for (int e = lane, i = 0; e < E; e += 32, i++)
+            if (!(taken >> i & 1) && (best < 0 || biased[e] > bv)) best = e, bv = biased[e];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            int ob = __shfl_xor_sync(0xffffffffu, best, o);
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
         }
-        ix[k] = best;
-        w[k] = sc[best];
-        sum += w[k];
+        if (best % 32 == lane) taken |= 1u << (best / 32);
+        float v = sc[best];
+        sum += v;
+        if (lane == 0) {
+            ix[k] = best;
+            w[k] = v;
+        }
     }
-    for (int k = 0; k < K; k++) {
-        if (sigmoid) w[k] /= sum;
-        w[k] *= rscale;
+    __syncwarp();
+    for (int k = lane; k < K; k += 32) {
+        float v = w[k];
+        if (sigmoid) v /= sum;
+        w[k] = v * rscale;
     }
 }
 
@@ -530,8 +561,9 @@ static void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int 
     float *dw = (float *)cu_out(&io, wt, sizeof(float) * (size_t)n * K, false);
     const float *db = (const float *)cu_in(&io, bias, sizeof(float) * (size_t)E);
     size_t smem = sizeof(float) * ((size_t)E + groups);
-    if (dsc && di && dw && (db || !bias))
-        moe_route_kernel<<<(unsigned)n, 128, smem, cu_s>>>(di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
+    if (E > ROUTE_MAXE) cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts");
+    else if (dsc && di && dw && (db || !bias))
+        moe_route_kernel<<<(unsigned)n, 32, smem, cu_s>>>(di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
                                                            route_scale);
     cu_end(&io, "moe_route");
 }
