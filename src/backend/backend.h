@@ -145,6 +145,19 @@ typedef struct ds_ops {
     void *(*graph_end)(void);
     void (*graph_run)(void *g);
     void (*graph_free)(void *g);
+
+    /* ---- Optional fusions (NULL: the model runs the unfused sequence). */
+    /* For i < n: when r is not NULL, first x[i*xs + j] += r[i*dim + j] (the residual add,
+     * x updated in place; y must not alias x then); then
+     *   y[(di ? di[i] : i) * ys + j] = x[i*xs + j] / rms(x[i*xs + 0..dim)) * w[j], j < dim
+     * (di: distinct rows, e.g. KV-cache rows). With r NULL, y may alias x when ys == xs and di is NULL. */
+    void (*rmsnorm_rows)(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w, int n,
+                         int dim, float eps);
+    /* For t < n, v < nvec: dst[((di ? di[t] : t) * nvec + v) * ds + j], j < rope, is
+     * src[(t * nvec + v) * ss + j] rotated by the angles of position pos[t] as in rope
+     * (interleaved pairs); src is not changed. */
+    void (*rope_copy)(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
+                      const int *pos, const float *cos_tab, const float *sin_tab);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

@@ -61,13 +61,16 @@ static void scatter_cols(const ds_ops *ops, float *dst, const float *src, int n,
 /* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
  * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
 static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q, float *qc, float *qp, float *t1,
-                     float *t2)
+                     float *t2, const batch *rot)
 {
     const ds_ops *ops = m->ops;
     int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, rope = m->cfg.qk_rope_head_dim;
     int qk = m->qk_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
-    /* q_pe: the (token, head) pairs as n*H rows of qk floats */
-    ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
+    /* q_pe: the (token, head) pairs as n*H rows of qk floats (rot: not rotated yet) */
+    if (rot)
+        ops->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, rot->pos, m->cos_tab, m->sin_tab);
+    else
+        ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
     if (ops->matmul_heads_t) {
         ops->matmul_heads_t(qc, R, q, qk, n, H, &l->wkv_b, 0, nope + vd, nope);
         return;
@@ -122,13 +125,18 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
         ops->rmsnorm(qa, qa, l->q_norm, n, c->q_lora_rank, EPS);
         linear(m, q, qa, n, &l->wq_b);
     }
-    ops->rope(q, n, H, qk, nope, rope, b->pos, m->cos_tab, m->sin_tab);
+    /* absorb with the fused ops: the rotary parts are rotated as they are copied into
+     * q_pe and the pe cache, and kv_norm writes the latent straight into its cache rows */
+    bool fused = kv->attn == DS_ATTN_ABSORB && ops->rope_copy && ops->rmsnorm_rows;
+    if (!fused) ops->rope(q, n, H, qk, nope, rope, b->pos, m->cos_tab, m->sin_tab);
 
     /* kv = wkv_a(x): latent (n, R) and k_pe (n, rope), rotary on k_pe */
     linear(m, kvx, x, n, &l->wkv_a);
-    ops->rope(kvx, n, 1, kva, R, rope, b->pos, m->cos_tab, m->sin_tab);
-    gather_cols(ops, lat, kvx, n, kva, 0, R);
-    ops->rmsnorm(lat, lat, l->kv_norm, n, R, EPS);
+    if (!fused) {
+        ops->rope(kvx, n, 1, kva, R, rope, b->pos, m->cos_tab, m->sin_tab);
+        gather_cols(ops, lat, kvx, n, kva, 0, R);
+        ops->rmsnorm(lat, lat, l->kv_norm, n, R, EPS);
+    }
 
     ds_attn_args a = {
         .n_tokens = n, .seq = b->seq, .pos = b->pos, .n_heads = H, .nope = nope, .rope = rope,
@@ -137,8 +145,13 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     };
     if (kv->attn == DS_ATTN_ABSORB) {
         float *kc = kv->kv[li], *pc = kv->pe[li];
-        ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
-        ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
+        if (fused) {
+            ops->rmsnorm_rows(kc, R, b->row, kvx, kva, NULL, l->kv_norm, n, R, EPS);
+            ops->rope_copy(pc, rope, b->row, kvx + R, kva, n, 1, rope, b->pos, m->cos_tab, m->sin_tab);
+        } else {
+            ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
+            ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
+        }
         float *qc = scratch(m, (size_t)n * H * R), *qp = scratch(m, (size_t)n * H * rope);
         if (!qc || !qp) {
             ops->free(qc);
@@ -146,7 +159,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
             s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
             goto done;
         }
-        absorb_q(m, l, n, q, qc, qp, t1, t2);
+        absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL);
         a.q_c = qc;
         a.q_pe = qp;
         a.kv_cache = kc;
@@ -416,20 +429,39 @@ static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, co
     batch b = {n, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, contig != NULL, contig ? contig[0] : 0,
                contig ? contig[1] : 0};
     if ((s = embed(m, h, n, ids_d))) goto done;
+    /* rr (optional): each residual add fused with the norm that reads its sum */
+    void (*rr)(float *, int, const int *, float *, int, const float *, const float *, int, int, float) =
+        m->ops->rmsnorm_rows;
+    bool normed = false; /* x already holds this layer's attn_norm(h) */
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *l = &m->layers[li];
-        m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
+        if (!normed) m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
         if ((s = mla(m, kv, li, &b, x, y))) goto done;
-        m->ops->add(h, y, (size_t)n * dim);
-        m->ops->rmsnorm(x, h, l->ffn_norm, n, dim, EPS);
+        if (rr) {
+            rr(x, dim, NULL, h, dim, y, l->ffn_norm, n, dim, EPS);
+        } else {
+            m->ops->add(h, y, (size_t)n * dim);
+            m->ops->rmsnorm(x, h, l->ffn_norm, n, dim, EPS);
+        }
         s = l->moe ? moe(m, li, x, n, y) : mlp(m, &l->w1, &l->w2, &l->w3, x, n, y);
         if (!s && !l->moe) s = all_reduce(m, y, (size_t)n * dim);
         if (s) goto done;
-        m->ops->add(h, y, (size_t)n * dim);
+        normed = false;
+        if (rr && li + 1 < c->n_layers) {
+            rr(x, dim, NULL, h, dim, y, m->layers[li + 1].attn_norm, n, dim, EPS);
+            normed = true;
+        } else if (rr && n_out == n) { /* every row wanted, in order: the final norm too */
+            rr(x, dim, NULL, h, dim, y, m->norm, n, dim, EPS);
+            normed = true;
+        } else {
+            m->ops->add(h, y, (size_t)n * dim);
+        }
     }
     if (n_out) {
-        m->ops->copy_rows(x, dim, NULL, h, dim, ids_d + 4 * n, n_out, dim);
-        m->ops->rmsnorm(x, x, m->norm, n_out, dim, EPS);
+        if (!normed) {
+            m->ops->copy_rows(x, dim, NULL, h, dim, ids_d + 4 * n, n_out, dim);
+            m->ops->rmsnorm(x, x, m->norm, n_out, dim, EPS);
+        }
         m->ops->matmul(lg, x, n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
     }
 done:

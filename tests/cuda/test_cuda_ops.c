@@ -245,6 +245,86 @@ static void test_rope(int n, int nvec, int stride, int off, int rope, bool dev_t
     free(pos);
 }
 
+/* rmsnorm_rows: strided rows, optional scatter (cache rows) and residual add. */
+static void test_rmsnorm_rows(int n, int dim, int xs, int ys, int yrows, bool scatter, bool resid)
+{
+    char label[128];
+    snprintf(label, sizeof label, "rmsnorm_rows n=%d dim=%d xs=%d ys=%d%s%s", n, dim, xs, ys,
+             scatter ? " scatter" : "", resid ? " +residual" : "");
+    size_t xsz = (size_t)n * xs, ysz = (size_t)yrows * ys;
+    float *x = hrand(xsz, 3.0f), *r = hrand((size_t)n * dim, 2.0f), *w = hrand((size_t)dim, 1.0f);
+    float *y0 = hrand(ysz, 1.0f), *xref = malloc(sizeof(float) * xsz), *yref = malloc(sizeof(float) * ysz);
+    int *di = malloc(sizeof(int) * (size_t)n);
+    for (int i = 0; i < n; i++) di[i] = scatter ? (i * 7 + 3) % yrows : i;
+    memcpy(xref, x, sizeof(float) * xsz);
+    memcpy(yref, y0, sizeof(float) * ysz);
+    C->rmsnorm_rows(yref, ys, scatter ? di : NULL, xref, xs, resid ? r : NULL, w, n, dim, 1e-6f);
+    float *gx = gcopy(x, xsz), *gy = gcopy(y0, ysz), *gr = gcopy(r, (size_t)n * dim), *gw = gcopy(w, (size_t)dim);
+    int *gdi = G->alloc(sizeof(int) * (size_t)n);
+    memcpy(gdi, di, sizeof(int) * (size_t)n);
+    G->rmsnorm_rows(gy, ys, scatter ? gdi : NULL, gx, xs, resid ? gr : NULL, gw, n, dim, 1e-6f);
+    G->sync();
+    compare(label, gy, yref, ysz, 1e-6);
+    check_guard(label, gy, ysz);
+    char l2[160];
+    snprintf(l2, sizeof l2, "%s (x)", label);
+    compare(l2, gx, xref, xsz, 1e-7);
+    check_guard(l2, gx, xsz);
+    G->free(gx);
+    G->free(gy);
+    G->free(gr);
+    G->free(gw);
+    G->free(gdi);
+    free(x);
+    free(r);
+    free(w);
+    free(y0);
+    free(xref);
+    free(yref);
+    free(di);
+}
+
+/* rope_copy: rotated copies of column blocks, optionally to scattered rows. */
+static void test_rope_copy(int n, int nvec, int ss, int off, int rope, bool scatter)
+{
+    char label[128];
+    snprintf(label, sizeof label, "rope_copy n=%d nvec=%d ss=%d off=%d rope=%d%s", n, nvec, ss, off, rope,
+             scatter ? " scatter" : "");
+    int maxpos = 300, half = rope / 2, drows = n + 5, ds = rope + 3;
+    size_t sz = (size_t)n * nvec * ss, dsz = (size_t)drows * nvec * ds;
+    float *x = hrand(sz, 1.0f), *d0 = hrand(dsz, 1.0f), *ref = malloc(sizeof(float) * dsz);
+    float *ct = hrand((size_t)maxpos * half, 1.0f), *st = hrand((size_t)maxpos * half, 1.0f);
+    int *pos = malloc(sizeof(int) * (size_t)n), *di = malloc(sizeof(int) * (size_t)n);
+    for (int t = 0; t < n; t++) {
+        pos[t] = (t * 97 + 13) % maxpos;
+        di[t] = scatter ? (t * 3 + 2) % drows : t;
+    }
+    memcpy(ref, d0, sizeof(float) * dsz);
+    C->rope_copy(ref, ds, scatter ? di : NULL, x + off, ss, n, nvec, rope, pos, ct, st);
+    float *gx = gcopy(x, sz), *gd = gcopy(d0, dsz), *gct = gcopy(ct, (size_t)maxpos * half),
+          *gst = gcopy(st, (size_t)maxpos * half);
+    int *gi = G->alloc(sizeof(int) * 2 * (size_t)n);
+    memcpy(gi, pos, sizeof(int) * (size_t)n);
+    memcpy(gi + n, di, sizeof(int) * (size_t)n);
+    G->rope_copy(gd, ds, scatter ? gi + n : NULL, gx + off, ss, n, nvec, rope, gi, gct, gst);
+    G->sync();
+    compare(label, gd, ref, dsz, 1e-6);
+    check_guard(label, gd, dsz);
+    compare("rope_copy source unchanged", gx, x, sz, 0);
+    G->free(gx);
+    G->free(gd);
+    G->free(gct);
+    G->free(gst);
+    G->free(gi);
+    free(x);
+    free(d0);
+    free(ref);
+    free(ct);
+    free(st);
+    free(pos);
+    free(di);
+}
+
 /* Tokens over two sequences, mixed positions (including 0 and ctx-1). */
 static void test_attention(ds_attn_impl impl, int H, int R, int rope, int nope, int vdim, int ctx)
 {
@@ -610,6 +690,14 @@ int main(void)
     test_rmsnorm(2, 7168, false);
     test_rope(5, 3, 100, 36, 32, false);
     test_rope(9, 1, 160, 128, 32, true);
+    test_rmsnorm_rows(7, 300, 300, 300, 7, false, false);
+    test_rmsnorm_rows(3, 2048, 2048, 2048, 3, false, true);   /* decode: h += y; x = norm(h) */
+    test_rmsnorm_rows(9, 7168, 7168, 7168, 9, false, true);
+    test_rmsnorm_rows(5, 512, 576, 512, 40, true, false);     /* kv_norm into cache rows */
+    test_rmsnorm_rows(1, 512, 576, 512, 12, true, false);
+    test_rope_copy(5, 3, 100, 36, 32, false);                 /* q_pe of 3 heads */
+    test_rope_copy(1, 16, 192, 128, 64, false);
+    test_rope_copy(6, 1, 576, 512, 64, true);                 /* k_pe into cache rows */
     test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 70);
     test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 45);   /* two 512-column slices */
     test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1000); /* long context: split over positions */

@@ -394,6 +394,39 @@ static void moe_experts_ref(float *y, const float *x, int n, int K, const int *i
     free(ys);
 }
 
+static void rmsnorm_rows_ref(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w,
+                             int n, int dim, float eps)
+{
+    for (int i = 0; i < n; i++) {
+        float *xi = x + (size_t)i * xs;
+        float *yi = y + (size_t)(di ? di[i] : i) * ys;
+        if (r)
+            for (int j = 0; j < dim; j++) xi[j] += r[(size_t)i * dim + j];
+        double ss = 0;
+        for (int j = 0; j < dim; j++) ss += (double)xi[j] * xi[j];
+        float rs = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int j = 0; j < dim; j++) yi[j] = xi[j] * rs * w[j];
+    }
+}
+
+static void rope_copy_ref(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
+                          const int *pos, const float *cos_tab, const float *sin_tab)
+{
+    int half = rope / 2;
+    for (int t = 0; t < n; t++) {
+        const float *c = cos_tab + (size_t)pos[t] * half, *s = sin_tab + (size_t)pos[t] * half;
+        for (int v = 0; v < nvec; v++) {
+            const float *p = src + ((size_t)t * nvec + v) * ss;
+            float *d = dst + ((size_t)(di ? di[t] : t) * nvec + v) * ds;
+            for (int i = 0; i < half; i++) {
+                float a = p[2 * i], b = p[2 * i + 1];
+                d[2 * i] = a * c[i] - b * s[i];
+                d[2 * i + 1] = a * s[i] + b * c[i];
+            }
+        }
+    }
+}
+
 const ds_ops cpu_ref_ops = {
     .name = "cpu-ref",
     .alloc = cpu_alloc,
@@ -416,4 +449,6 @@ const ds_ops cpu_ref_ops = {
     .matmul_heads_t = matmul_heads_t_ref,
     .moe_route = moe_route_ref,
     .moe_experts = moe_experts_ref,
+    .rmsnorm_rows = rmsnorm_rows_ref,
+    .rope_copy = rope_copy_ref,
 };

@@ -21,15 +21,27 @@ extern "C" {
 }
 
 
-/* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read) */
+/* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
+ * The general form (rmsnorm_rows) scatters row i to row di[i] of y (stride ys) and, with r,
+ * first adds the residual r into x (h += y; x = norm(h) in one pass of the decode layer). */
 
-__global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict__ w, int dim, float eps)
+__global__ void rmsnorm_kernel(float *y, int ys, const int *__restrict__ di, float *x, int xs,
+                               const float *__restrict__ r, const float *__restrict__ w, int dim, float eps)
 {
     __shared__ float part[32];
-    const float *xi = x + (size_t)blockIdx.x * dim;
-    float *yi = y + (size_t)blockIdx.x * dim;
+    float *xi = x + (size_t)blockIdx.x * xs;
+    float *yi = y + (size_t)(di ? di[blockIdx.x] : (int)blockIdx.x) * ys;
     float ss = 0;
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+    if (r) {
+        const float *ri = r + (size_t)blockIdx.x * dim;
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+            float v = xi[j] + ri[j];
+            xi[j] = v;
+            ss += v * v;
+        }
+    } else {
+        for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
+    }
     ss = cu_warp_sum(ss);
     if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
     __syncthreads();
@@ -39,9 +51,12 @@ __global__ void rmsnorm_kernel(float *y, const float *x, const float *__restrict
         if (threadIdx.x == 0) part[0] = v;
     }
     __syncthreads();
-    float r = rsqrtf(part[0] / dim + eps);
-    for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = xi[j] * r * w[j];
+    float rs = rsqrtf(part[0] / dim + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = xi[j] * rs * w[j];
 }
+
+/* one block per row, up to 1024 threads (a decode row of 2048 took 6.7 us with 256) */
+static unsigned norm_threads(int dim) { return dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256; }
 
 static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps)
 {
@@ -58,10 +73,24 @@ static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim,
         dx = (const float *)cu_in(&io, x, bytes);
         dy = (float *)cu_out(&io, y, bytes, false);
     }
-    /* one block per row, up to 1024 threads (a decode row of 2048 took 6.7 us with 256) */
-    unsigned th = dim >= 4096 ? 1024 : dim >= 1024 ? 512 : 256;
-    if (dw && dx && dy) rmsnorm_kernel<<<(unsigned)n, th, 0, cu_s>>>(dy, dx, dw, dim, eps);
+    if (dw && dx && dy)
+        rmsnorm_kernel<<<(unsigned)n, norm_threads(dim), 0, cu_s>>>(dy, dim, NULL, (float *)dx, dim, NULL, dw, dim,
+                                                                   eps);
     cu_end(&io, "rmsnorm");
+}
+
+static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w, int n,
+                            int dim, float eps)
+{
+    if (n <= 0 || dim <= 0) return;
+    if (!cu_device_readable(y) || !cu_device_readable(x) || !cu_device_readable(di) || !cu_device_readable(r)) {
+        cu_check(cudaErrorInvalidValue, "rmsnorm_rows: arguments must be device memory");
+        return;
+    }
+    cu_io io = {};
+    const float *dw = (const float *)cu_in(&io, w, sizeof(float) * (size_t)dim);
+    if (dw) rmsnorm_kernel<<<(unsigned)n, norm_threads(dim), 0, cu_s>>>(y, ys, di, x, xs, r, dw, dim, eps);
+    cu_end(&io, "rmsnorm_rows");
 }
 
 /* ---- rope: one thread per rotated pair; c, s are rows idx[t] of the tables */
@@ -124,6 +153,41 @@ static void cu_rope(float *x, int n, int nvec, int stride, int off, int rope, co
     cu_end(&io, "rope");
     free(rows);
     free(g);
+}
+
+/* rope_copy: one thread per rotated pair, read from src and written to row di[t] of dst */
+__global__ void rope_copy_kernel(float *__restrict__ dst, int dstride, const int *__restrict__ di,
+                                 const float *__restrict__ src, int ss, int n, int nvec, int half,
+                                 const int *__restrict__ pos, const float *__restrict__ c, const float *__restrict__ s)
+{
+    size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (g >= (size_t)n * nvec * half) return;
+    int i = (int)(g % half);
+    size_t tv = g / half;
+    int t = (int)(tv / nvec), v = (int)(tv % nvec);
+    const float *p = src + tv * ss + 2 * i;
+    float *d = dst + ((size_t)(di ? di[t] : t) * nvec + v) * dstride + 2 * i;
+    float cv = c[(size_t)pos[t] * half + i], sv = s[(size_t)pos[t] * half + i];
+    float a = p[0], b = p[1];
+    d[0] = a * cv - b * sv;
+    d[1] = a * sv + b * cv;
+}
+
+static void cu_rope_copy(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
+                         const int *pos, const float *cos_tab, const float *sin_tab)
+{
+    int half = rope / 2;
+    if (n <= 0 || nvec <= 0 || half <= 0) return;
+    if (!cu_device_readable(dst) || !cu_device_readable(src) || !cu_device_readable(di) || !cu_device_readable(pos) ||
+        !cu_device_readable(cos_tab) || !cu_device_readable(sin_tab)) {
+        cu_check(cudaErrorInvalidValue, "rope_copy: arguments must be device memory");
+        return;
+    }
+    cu_io io = {};
+    size_t total = (size_t)n * nvec * half;
+    rope_copy_kernel<<<cu_blocks(total, 128), 128, 0, cu_s>>>(dst, ds, di, src, ss, n, nvec, half, pos, cos_tab,
+                                                              sin_tab);
+    cu_end(&io, "rope_copy");
 }
 
 /* ---- attention */
@@ -606,6 +670,8 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.moe_route = cu_moe_route;
         g_ops.moe_experts = cu_moe_experts;
         g_ops.upload_weight = cu_upload_weight;
+        g_ops.rmsnorm_rows = cu_rmsnorm_rows;
+        g_ops.rope_copy = cu_rope_copy;
         cu_graph_ops(&g_ops);
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
         g_ops.name = "cuda";
