@@ -73,9 +73,12 @@ if command -v tmux >/dev/null; then
   tmux -S "$sock" send-keys '/exit' Enter
   wait_for 'EXITED 0' && ok || bad "tmux: /exit did not end the REPL cleanly: $(tmux -S "$sock" capture-pane -p)"
   tmux -S "$sock" kill-server 2>/dev/null
-  # Ctrl-D at the prompt
+  # Ctrl-D at the prompt (a fresh server: the old one may still be shutting down)
+  sock="$tmp/tmux2.sock"
   tmux -S "$sock" new-session -d -x 200 -y 50 "$bin generate --ckpt-path $tmp/m --config $cfg --interactive; echo EXITED \$?; sleep 30"
-  wait_for '>>>' && tmux -S "$sock" send-keys C-d
+  wait_for '>>>' || bad "tmux: no prompt in the second session"
+  sleep 0.5
+  tmux -S "$sock" send-keys C-d
   wait_for 'EXITED 0' && ok || bad "tmux: Ctrl-D did not exit cleanly"
   tmux -S "$sock" kill-server 2>/dev/null
 else
