@@ -8,17 +8,15 @@
  *     2^-8 exactly, subnormals included, and 2^8 is folded into the block
  *     scale. NaN codes (0x7f/0xff) become finite values; they never occur in
  *     valid weights.
- * FP8 block scales are folded into the activations: for the 128 rows of one
- * scale block, xs[k] = x[k] * s[rb][k/128] * 2^8, so the inner loops are plain
- * dot products.
  *
  * Decode (few tokens): bandwidth bound. One row at a time, read sequentially
  * with software prefetch, widened once per four tokens; rows split statically
- * over threads. float32 arithmetic throughout.
- * Prefill (many tokens): compute bound. vdpbf16ps on bf16 weights (FP8 is
- * exact in bf16) against activations rounded to bf16 or split hi+lo (see
- * cpu_gemm_precision); work units are (64 rows, 48 tokens), each building its
- * own activation copy so that the FP8 scales can be folded in. */
+ * over threads. float32 arithmetic throughout; FP8 block scales are folded
+ * into the activations: for the 128 rows of one scale block,
+ * xs[k] = x[k] * s[rb][k/128] * 2^8, so the inner loops are plain dot products.
+ * Prefill (many tokens): compute bound. vdpbf16ps on weights packed once per
+ * matmul into k-pair panels (FP8 is exact in bf16), activations broadcast
+ * as bf16 pairs, rounded or split hi+lo (see cpu_gemm_precision). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -28,7 +26,7 @@
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vbmi,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
@@ -109,6 +107,27 @@ AVX512 INLINE __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
+/* ---- activations with the FP8 scales folded in ------------------------- */
+
+/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^8 for FP8 weights (row block rb),
+ * x itself otherwise; tokens [t0, t1), xs rows of ldx floats. */
+AVX512 static void scale_acts(float *xs, size_t ldx, const float *x, int t0, int t1, const ds_weight *w, int rb)
+{
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    for (int t = t0; t < t1; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xs + (size_t)(t - t0) * ldx;
+        for (int b = 0; b < kb; b++) {
+            float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)rb * kb + b] * 256.0f : 1.0f;
+            __m512 sv = _mm512_set1_ps(s);
+            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16) {
+                __mmask16 m = mask16(K - k);
+                _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
+            }
+        }
+    }
+}
+
 /* ---- decode: y[t][r] = W[r] . xs[t], one row, T <= 4 tokens -------------
  * One row at a time, so the weight is read strictly sequentially (the rows of
  * a matrix are contiguous) with software prefetch a few KiB ahead: the
@@ -164,6 +183,10 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
     default: gemv_tile(F, 1, w, r, xs, ldx, y, ldy); break;                        \
     }
 
+AVX512 static void gemv_fp8(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
+{
+    GEMV_CASES(DS_W_FP8)
+}
 AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
 {
     GEMV_CASES(DS_W_BF16)
@@ -173,225 +196,24 @@ AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, s
     GEMV_CASES(DS_W_F32)
 }
 
-/* ---- decode, FP8 rows: table widening and vdpbf16ps ---------------------
- * Widening e4m3 with shifts and vcvtph2ps costs more than the memory system
- * delivers (the kernel was arithmetic bound at ~55 GB/s on 2 cores). Here 64
- * codes at a time become bf16 with two byte-table lookups (vpermi2b: the high
- * and low byte of each magnitude's exact bf16, sign or'ed in) and two byte
- * interleaves; vdpbf16ps multiplies them with the activations split into bf16
- * hi + lo (|x - hi - lo| <= 2^-18 |x|, so float32-like accuracy). The
- * interleaves leave the weights of a 64-block as two vectors
- *   A = pairs 0-3, 8-11, 16-19, 24-27;  B = pairs 4-7, 12-15, 20-23, 28-31
- * (pair j = elements 2j, 2j+1), and the activations are stored in that order:
- * per 64-block hi A, hi B, lo A, lo B, 16 dwords each. */
-
-typedef struct {
-    __m512i hi0, hi1, lo0, lo1; /* bytes of bf16(|code|) for codes 0-63 and 64-127 */
-} fp8_lut;
-
-/* dwords per token of FP8 decode activations: 64 per 64-block of K */
-static size_t fp8_ldq(const ds_weight *w) { return ((size_t)w->cols + 63) / 64 * 64; }
-
-AVX512 static fp8_lut fp8_lut_make(void)
-{
-    uint8_t hb[128], lb[128];
-    for (int c = 0; c < 128; c += 16) {
-        __m512 v = _mm512_mul_ps(fp8x16_to_f32(_mm_add_epi8(_mm_set1_epi8((char)c), _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6,
-                                                                                                  7, 8, 9, 10, 11, 12,
-                                                                                                  13, 14, 15))),
-                                 _mm512_set1_ps(256.0f)); /* exact */
-        __m512i b = _mm512_srli_epi32(_mm512_castps_si512(v), 16);
-        _mm_storeu_si128((__m128i *)(hb + c), _mm512_cvtepi32_epi8(_mm512_srli_epi32(b, 8)));
-        _mm_storeu_si128((__m128i *)(lb + c), _mm512_cvtepi32_epi8(b));
-    }
-    fp8_lut t = {_mm512_loadu_si512(hb), _mm512_loadu_si512(hb + 64), _mm512_loadu_si512(lb),
-                 _mm512_loadu_si512(lb + 64)};
-    return t;
-}
-
-/* 64 codes -> their bf16 values as the vectors A and B (see above). */
-AVX512 INLINE void fp8x64_to_bf16(const fp8_lut *t, __m512i b, __m512i *A, __m512i *B)
-{
-    __m512i h = _mm512_permutex2var_epi8(t->hi0, b, t->hi1); /* index bit 7 (the sign) is ignored */
-    __m512i l = _mm512_permutex2var_epi8(t->lo0, b, t->lo1);
-    h = _mm512_ternarylogic_epi32(h, b, _mm512_set1_epi8((char)0x80), 0xF8); /* h | (b & 0x80) */
-    *A = _mm512_unpacklo_epi8(l, h);
-    *B = _mm512_unpackhi_epi8(l, h);
-}
-
-/* Activations for FP8 row block rb: xq[t] = x[t] * s[rb][k/128] in the order above,
- * zero padded to a multiple of 64; rows of ldq dwords (ldq >= 64 * ceil(K/64)). */
-AVX512 static void fp8_acts(uint32_t *xq, size_t ldq, const float *x, int n, const ds_weight *w, int rb)
-{
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
-    const __m512i ia = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    const __m512i ib = _mm512_add_epi32(ia, _mm512_set1_epi32(4));
-    for (int t = 0; t < n; t++) {
-        const float *xi = x + (size_t)t * K;
-        uint32_t *o = xq + (size_t)t * ldq;
-        for (int k = 0; k < K; k += 64, o += 64) {
-            __m512 s = _mm512_set1_ps(w->scale[(size_t)rb * kb + k / DS_BLOCK]);
-            __m512 v[4];
-            __m256i h[4], l[4];
-            for (int i = 0; i < 4; i++) {
-                int m = K - k - 16 * i;
-                v[i] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m > 0 ? mask16(m) : 0, xi + k + 16 * i), s);
-                h[i] = (__m256i)_mm512_cvtneps_pbh(v[i]);
-                l[i] = (__m256i)_mm512_cvtneps_pbh(_mm512_sub_ps(v[i], bf16x16_to_f32(h[i])));
-            }
-            /* pairs 0-15 and 16-31 of hi and lo */
-            __m512i h0 = _mm512_inserti64x4(_mm512_castsi256_si512(h[0]), h[1], 1);
-            __m512i h1 = _mm512_inserti64x4(_mm512_castsi256_si512(h[2]), h[3], 1);
-            __m512i l0 = _mm512_inserti64x4(_mm512_castsi256_si512(l[0]), l[1], 1);
-            __m512i l1 = _mm512_inserti64x4(_mm512_castsi256_si512(l[2]), l[3], 1);
-            _mm512_store_si512(o, _mm512_permutex2var_epi32(h0, ia, h1));
-            _mm512_store_si512(o + 16, _mm512_permutex2var_epi32(h0, ib, h1));
-            _mm512_store_si512(o + 32, _mm512_permutex2var_epi32(l0, ia, l1));
-            _mm512_store_si512(o + 48, _mm512_permutex2var_epi32(l0, ib, l1));
-        }
-    }
-}
-
-/* y[t][r] = W[r] . xq[t] for T <= 4 tokens; U accumulators per token (8 gives
- * one token enough independent chains to cover the vdpbf16ps latency). */
-AVX512 INLINE void gemv_fp8_tile(int T, int U, const fp8_lut *lut, const ds_weight *w, int r, const uint32_t *xq,
-                                 size_t ldq, float *y, size_t ldy)
-{
-    int K = w->cols;
-    const uint8_t *row = w_row(w, r);
-    __m512 acc[4][8];
-    #pragma GCC unroll 16
-    for (int t = 0; t < T; t++)
-        #pragma GCC unroll 16
-        for (int u = 0; u < U; u++) acc[t][u] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 128 <= K; k += 128) {
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, _MM_HINT_T0);
-        __m512i wv[4];
-        fp8x64_to_bf16(lut, _mm512_loadu_si512(row + k), &wv[0], &wv[1]);
-        fp8x64_to_bf16(lut, _mm512_loadu_si512(row + k + 64), &wv[2], &wv[3]);
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            const uint32_t *xp = xq + t * ldq + (size_t)k; /* 64 dwords per 64-block */
-            #pragma GCC unroll 16
-            for (int q = 0; q < 8; q++) /* block q/4; hi A, hi B, lo A, lo B */
-                acc[t][q % U] = _mm512_dpbf16_ps(acc[t][q % U], (__m512bh)wv[(q / 4) * 2 + (q & 1)],
-                                                 (__m512bh)_mm512_load_si512(xp + 16 * q));
-        }
-    }
-    if (k < K) { /* one or two last 64-blocks, masked */
-        for (; k < K; k += 64) {
-            __m512i A, B;
-            int m = K - k;
-            fp8x64_to_bf16(lut, _mm512_maskz_loadu_epi8(m >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << m) - 1), row + k),
-                           &A, &B);
-            #pragma GCC unroll 16
-            for (int t = 0; t < T; t++) {
-                const uint32_t *xp = xq + t * ldq + (size_t)k;
-                #pragma GCC unroll 16
-                for (int q = 0; q < 4; q++)
-                    acc[t][q % U] = _mm512_dpbf16_ps(acc[t][q % U], (__m512bh)(q & 1 ? B : A),
-                                                     (__m512bh)_mm512_load_si512(xp + 16 * q));
-            }
-        }
-    }
-    #pragma GCC unroll 16
-    for (int t = 0; t < T; t++) {
-        __m512 s = acc[t][0];
-        #pragma GCC unroll 16
-        for (int u = 1; u < U; u++) s = _mm512_add_ps(s, acc[t][u]);
-        y[t * ldy] = _mm512_reduce_add_ps(s);
-    }
-}
-
-/* Rows r..r+3 at once for T <= 4 tokens: four interleaved row streams keep
- * more cache-line misses in flight than one, and the final reductions of
- * four rows overlap. Two accumulators per (row, token) for one token. */
-AVX512 INLINE void gemv_fp8_tile4(int T, const fp8_lut *lut, const ds_weight *w, int r, const uint32_t *xq, size_t ldq,
-                                  float *y, size_t ldy)
-{
-    int K = w->cols, NA = T == 1 ? 2 : 1;
-    const uint8_t *row[4];
-    __m512 acc[4][4][2];
-    #pragma GCC unroll 4
-    for (int i = 0; i < 4; i++) {
-        row[i] = w_row(w, r + i);
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            #pragma GCC unroll 2
-            for (int u = 0; u < NA; u++) acc[i][t][u] = _mm512_setzero_ps();
-    }
-    for (int k = 0; k < K; k += 64) {
-        __mmask64 m = K - k >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (K - k)) - 1);
-        __m512i A[4], B[4];
-        #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++) {
-            _mm_prefetch((const char *)row[i] + 0, _MM_HINT_T0); /* the next four rows */
-            fp8x64_to_bf16(lut, _mm512_maskz_loadu_epi8(m, row[i] + k), &A[i], &B[i]);
-        }
-        #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) {
-            const uint32_t *xp = xq + t * ldq + (size_t)k;
-            __m512bh xv[4];
-            #pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) xv[q] = (__m512bh)_mm512_load_si512(xp + 16 * q);
-            #pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                #pragma GCC unroll 4
-                for (int q = 0; q < 4; q++) /* hi A, hi B, lo A, lo B */
-                    acc[i][t][q % NA] = _mm512_dpbf16_ps(acc[i][t][q % NA], (__m512bh)(q & 1 ? B[i] : A[i]), xv[q]);
-        }
-    }
-    #pragma GCC unroll 4
-    for (int t = 0; t < T; t++)
-        #pragma GCC unroll 4
-        for (int i = 0; i < 4; i++)
-            y[t * ldy + i] = _mm512_reduce_add_ps(NA == 2 ? _mm512_add_ps(acc[i][t][0], acc[i][t][1]) : acc[i][t][0]);
-}
-
-/* Row r, or rows r..r+3 when nr >= 4 (nr: rows left). */
-AVX512 static void gemv_fp8q(int T, const fp8_lut *lut, const ds_weight *w, int r, const uint32_t *xq, size_t ldq,
-                             float *y, size_t ldy, int nr)
-{
-    if (nr >= 4) {
-        switch (T) {
-        case 4: gemv_fp8_tile4(4, lut, w, r, xq, ldq, y, ldy); return;
-        case 3: gemv_fp8_tile4(3, lut, w, r, xq, ldq, y, ldy); return;
-        case 2: gemv_fp8_tile4(2, lut, w, r, xq, ldq, y, ldy); return;
-        default: gemv_fp8_tile4(1, lut, w, r, xq, ldq, y, ldy); return;
-        }
-    }
-    switch (T) {
-    case 4: gemv_fp8_tile(4, 4, lut, w, r, xq, ldq, y, ldy); break;
-    case 3: gemv_fp8_tile(3, 4, lut, w, r, xq, ldq, y, ldy); break;
-    case 2: gemv_fp8_tile(2, 8, lut, w, r, xq, ldq, y, ldy); break;
-    default: gemv_fp8_tile(1, 8, lut, w, r, xq, ldq, y, ldy); break;
-    }
-}
-
 /* Rows [a, b) (relative to row0, one FP8 scale block) for all n tokens. */
-AVX512 static void gemv_rows(float *y, const float *xs, int n, const ds_weight *w, int row0, int rows, int a, int b,
-                             const fp8_lut *lut)
+AVX512 static void gemv_rows(float *y, const float *xs, int n, const ds_weight *w, int row0, int rows, int a, int b)
 {
-    size_t ldx = w->fmt == DS_W_FP8 ? fp8_ldq(w) : (size_t)w->cols;
-    for (int r = a, step; r < b; r += step) {
-        step = w->fmt == DS_W_FP8 && b - r >= 4 ? 4 : 1; /* FP8: four rows at a time */
+    size_t ldx = (size_t)w->cols;
+    for (int r = a; r < b; r++)
         for (int t0 = 0; t0 < n; t0 += 4) {
             int T = MIN(4, n - t0);
             float *yo = y + (size_t)t0 * rows + r;
             const float *xo = xs + (size_t)t0 * ldx;
-            if (w->fmt == DS_W_FP8) gemv_fp8q(T, lut, w, row0 + r, (const uint32_t *)xo, ldx, yo, (size_t)rows, b - r);
+            if (w->fmt == DS_W_FP8) gemv_fp8(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
             else if (w->fmt == DS_W_BF16) gemv_bf16(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
             else gemv_f32(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
         }
-    }
 }
 
 /* Rows [a, b) of job j on the calling thread. xs: this thread's scratch for
  * the FP8-scaled activations; (*cj, *crb): the job and scale block it holds. */
-AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, const ds_matmul_job **cj, int *crb,
-                               const fp8_lut *lut)
+AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, const ds_matmul_job **cj, int *crb)
 {
     const ds_weight *w = j->w;
     bool fp8 = w->fmt == DS_W_FP8;
@@ -400,10 +222,10 @@ AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, 
         if (fp8) {
             int rb = (j->row0 + a) / DS_BLOCK;
             e = MIN(b, (rb + 1) * DS_BLOCK - j->row0);
-            if (rb != *crb || j != *cj) fp8_acts((uint32_t *)xs, fp8_ldq(w), j->x, j->n, w, *crb = rb);
+            if (rb != *crb || j != *cj) scale_acts(xs, (size_t)w->cols, j->x, 0, j->n, w, *crb = rb);
             *cj = j;
         }
-        gemv_rows(j->y, fp8 ? xs : j->x, j->n, w, j->row0, j->rows, a, e, lut);
+        gemv_rows(j->y, fp8 ? xs : j->x, j->n, w, j->row0, j->rows, a, e);
         a = e;
     }
 }
@@ -422,10 +244,9 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     size_t total = 0, xmax = 0;
     for (int i = 0; i < nj; i++) {
         total += row_bytes(jobs[i].w) * (size_t)jobs[i].rows;
-        if (jobs[i].w->fmt == DS_W_FP8 && (size_t)jobs[i].n * fp8_ldq(jobs[i].w) > xmax)
-            xmax = (size_t)jobs[i].n * fp8_ldq(jobs[i].w);
+        if (jobs[i].w->fmt == DS_W_FP8 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
+            xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
-    fp8_lut lut = fp8_lut_make();
     #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -441,7 +262,7 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
                 int a = off >= lo ? 0 : (int)ceil((lo - off) / rb);
                 int b = end <= hi ? jobs[i].rows : (int)ceil((hi - off) / rb);
                 if (b > jobs[i].rows) b = jobs[i].rows;
-                if (a < b) decode_rows(&jobs[i], a, b, xs, &cj, &crb, &lut);
+                if (a < b) decode_rows(&jobs[i], a, b, xs, &cj, &crb);
             }
             off = end;
         }
@@ -807,9 +628,31 @@ AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n,
 
 #define ATT_JB 64
 
-/* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]. */
+/* The 16 sums of a[0..16) as one vector: r[i] = sum of the lanes of a[i]
+ * (pairwise unpack-and-add levels instead of 16 separate reductions). */
+AVX512 INLINE __m512 reduce16(const __m512 *a)
+{
+    __m512 x[8], y[4], z[2];
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        x[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]), _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    #pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) {
+        __m512d u = _mm512_castps_pd(x[2 * i]), v = _mm512_castps_pd(x[2 * i + 1]);
+        y[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)), _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+        z[i] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(y[2 * i], y[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(z[0], z[1], 0x88), _mm512_shuffle_f32x4(z[0], z[1], 0xDD));
+}
+
+/* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]. The
+ * first head group (pf) prefetches the cache rows 8 positions ahead: they come
+ * from memory, four short streams that the hardware prefetcher picks up late. */
 AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp,
-                              const float *kv, const float *pe, int h, int j, int jb, float *sc)
+                              const float *kv, const float *pe, int h, int j, int jb, float *sc, bool pf)
 {
     int R = a->kv_rank, P = a->rope;
     __m512 acc[4][4];
@@ -819,6 +662,9 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
         for (int v = 0; v < JN; v++) acc[u][v] = _mm512_setzero_ps();
     for (int c = 0; c < R; c += 16) {
         __m512 kvv[4];
+        if (pf)
+            #pragma GCC unroll 16
+            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(kv + (size_t)(j + v + 8) * R + c), _MM_HINT_T0);
         #pragma GCC unroll 16
         for (int v = 0; v < JN; v++) kvv[v] = _mm512_loadu_ps(kv + (size_t)(j + v) * R + c);
         #pragma GCC unroll 16
@@ -828,7 +674,10 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
             for (int v = 0; v < JN; v++) acc[u][v] = _mm512_fmadd_ps(q, kvv[v], acc[u][v]);
         }
     }
-    for (int c = 0; c < P; c += 16)
+    for (int c = 0; c < P; c += 16) {
+        if (pf)
+            #pragma GCC unroll 16
+            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(pe + (size_t)(j + v + 8) * P + c), _MM_HINT_T0);
         #pragma GCC unroll 16
         for (int u = 0; u < HN; u++) {
             __m512 q = _mm512_loadu_ps(qp + (size_t)(h + u) * P + c);
@@ -836,6 +685,15 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
             for (int v = 0; v < JN; v++)
                 acc[u][v] = _mm512_fmadd_ps(q, _mm512_loadu_ps(pe + (size_t)(j + v) * P + c), acc[u][v]);
         }
+    }
+    if (HN == 4 && JN == 4) {
+        __m512 sum = _mm512_mul_ps(reduce16(&acc[0][0]), _mm512_set1_ps(a->softmax_scale)); /* lane 4u + v */
+        _mm_storeu_ps(sc + (size_t)h * ATT_JB + j - jb, _mm512_castps512_ps128(sum));
+        _mm_storeu_ps(sc + (size_t)(h + 1) * ATT_JB + j - jb, _mm512_extractf32x4_ps(sum, 1));
+        _mm_storeu_ps(sc + (size_t)(h + 2) * ATT_JB + j - jb, _mm512_extractf32x4_ps(sum, 2));
+        _mm_storeu_ps(sc + (size_t)(h + 3) * ATT_JB + j - jb, _mm512_extractf32x4_ps(sum, 3));
+        return;
+    }
     #pragma GCC unroll 16
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 16
@@ -883,15 +741,18 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
         int nj = MIN(ATT_JB, j1 - jb), h = 0;
         for (; h + 4 <= H; h += 4) {
             int j = jb;
-            for (; j + 4 <= jb + nj; j += 4) att_scores(4, 4, a, qc, qp, kv, pe, h, j, jb, sc);
-            for (; j < jb + nj; j++) att_scores(4, 1, a, qc, qp, kv, pe, h, j, jb, sc);
+            for (; j + 4 <= jb + nj; j += 4) att_scores(4, 4, a, qc, qp, kv, pe, h, j, jb, sc, h == 0);
+            for (; j < jb + nj; j++) att_scores(4, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         }
         for (; h < H; h++)
-            for (int j = jb; j < jb + nj; j++) att_scores(1, 1, a, qc, qp, kv, pe, h, j, jb, sc);
+            for (int j = jb; j < jb + nj; j++) att_scores(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
-            for (int j = 0; j < nj; j++) m = fmaxf(m, sh[j]);
+            for (int j = 0; j < nj; j += 16) {
+                __mmask16 k = mask16(nj - j);
+                m = fmaxf(m, _mm512_mask_reduce_max_ps(k, _mm512_maskz_loadu_ps(k, sh + j)));
+            }
             float corr = expf(mx[h] - m), sum = 0;
             __m512 mv = _mm512_set1_ps(m);
             for (int j = 0; j < nj; j += 16) {

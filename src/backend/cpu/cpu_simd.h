@@ -14,7 +14,7 @@
 #include "backend/backend.h"
 
 /* Which instruction sets this CPU offers (cached after the first call). */
-bool cpu_has_avx512(void);  /* F, BW, VL, DQ, BF16 (vdpbf16ps) and VBMI (vpermi2b) */
+bool cpu_has_avx512(void);  /* F, BW, VL, DQ and BF16 (vdpbf16ps) */
 bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
 
 /* Precision of the batched (prefill) GEMM's activations on the AVX-512 path:
