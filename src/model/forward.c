@@ -231,62 +231,6 @@ static ds_status mlp(ds_model *m, const ds_weight *w1, const ds_weight *w2, cons
     return s;
 }
 
-/* Gate.forward for one token: scores (E) -> top-k indices and weights. The
- * bias only steers the choice; weights come from the unbiased scores. */
-static void route(const ds_config *c, const float *bias, float *sc, float *biased, int *idx, float *wt)
-{
-    int E = c->n_routed_experts, G = c->n_expert_groups, per = E / G, K = c->n_activated_experts;
-    if (c->score_func == DS_SCORE_SOFTMAX) {
-        float mx = -INFINITY, sum = 0;
-        for (int e = 0; e < E; e++) mx = fmaxf(mx, sc[e]);
-        for (int e = 0; e < E; e++) sum += (sc[e] = expf(sc[e] - mx));
-        for (int e = 0; e < E; e++) sc[e] /= sum;
-    } else {
-        for (int e = 0; e < E; e++) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
-    }
-    for (int e = 0; e < E; e++) biased[e] = bias ? sc[e] + bias[e] : sc[e];
-    if (G > 1) {
-        /* group score: max without bias, sum of the top two with bias */
-        float gs[1024];
-        bool keep[1024];
-        for (int g = 0; g < G; g++) {
-            const float *p = biased + g * per;
-            float m1 = -INFINITY, m2 = -INFINITY;
-            for (int j = 0; j < per; j++) {
-                if (p[j] > m1) { m2 = m1; m1 = p[j]; }
-                else if (p[j] > m2) m2 = p[j];
-            }
-            gs[g] = bias ? m1 + m2 : m1;
-            keep[g] = false;
-        }
-        for (int k = 0; k < c->n_limited_groups; k++) {
-            int best = -1;
-            for (int g = 0; g < G; g++)
-                if (!keep[g] && (best < 0 || gs[g] > gs[best])) best = g;
-            keep[best] = true;
-        }
-        for (int g = 0; g < G; g++)
-            if (!keep[g])
-                for (int j = 0; j < per; j++) biased[g * per + j] = -INFINITY;
-    }
-    float sum = 0;
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int j = 0; j < k; j++) taken |= idx[j] == e;
-            if (!taken && (best < 0 || biased[e] > biased[best])) best = e;
-        }
-        idx[k] = best;
-        wt[k] = sc[best];
-        sum += wt[k];
-    }
-    for (int k = 0; k < K; k++) {
-        if (c->score_func == DS_SCORE_SIGMOID) wt[k] /= sum;
-        wt[k] *= (float)c->route_scale;
-    }
-}
-
 /* MoE.forward: routed experts of this rank (tokens grouped per expert) plus
  * the shared experts; the routed part is summed over ranks. */
 static ds_status moe_device(ds_model *m, int li, const float *x, int n, float *y);
@@ -298,16 +242,18 @@ static ds_status moe(ds_model *m, int li, const float *x, int n, float *y)
     const ds_layer *l = &m->layers[li];
     int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
     ds_status s = DS_OK;
-    float *sc = scratch(m, (size_t)n * E), *biased = malloc(sizeof(float) * (size_t)E);
+    float *sc = scratch(m, (size_t)n * E);
     int *idx = malloc(sizeof(int) * (size_t)n * K), *list = malloc(sizeof(int) * (size_t)n);
     float *wt = malloc(sizeof(float) * (size_t)n * K), *lw = malloc(sizeof(float) * (size_t)n);
     float *xs = scratch(m, (size_t)n * dim), *ys = scratch(m, (size_t)n * dim);
-    if (!sc || !biased || !idx || !list || !wt || !lw || !xs || !ys) {
+    if (!sc || !idx || !list || !wt || !lw || !xs || !ys) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for MoE activations of %d tokens", n);
         goto done;
     }
     m->ops->matmul(sc, x, n, &l->gate, 0, E, DS_GEMM_BF16, false);
-    for (int t = 0; t < n; t++) route(c, l->gate_bias, sc + (size_t)t * E, biased, idx + (size_t)t * K, wt + (size_t)t * K);
+    /* Gate.forward: the bias steers the choice; weights come from the unbiased scores */
+    m->ops->moe_route(idx, wt, sc, l->gate_bias, n, E, K, c->n_expert_groups, c->n_limited_groups,
+                      c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
     memset(y, 0, sizeof(float) * (size_t)n * dim);
     for (int e = 0; e < m->n_local_experts; e++) {
         int g = m->expert0 + e, cnt = 0;
@@ -336,7 +282,6 @@ done:
     m->ops->free(sc);
     m->ops->free(xs);
     m->ops->free(ys);
-    free(biased);
     free(idx);
     free(list);
     free(wt);
