@@ -23,6 +23,8 @@
 #include <time.h>
 
 #include "args.h"
+#include "dist/dist.h"
+#include "dist/nccl_comm.h"
 #include "backend/cpu/cpu_peak.h"
 #include "cmds.h"
 #include "device.h"
@@ -251,13 +253,22 @@ int cmd_bench(int argc, char **argv)
                        .gemm = !strcmp(gemm, "fp8") ? DS_GEMM_FP8 : DS_GEMM_BF16};
     ds_config cfg;
     bench_ctx b = {0};
+    ds_comm *comm = NULL;
     double *times = calloc((size_t)reps, sizeof(double));
     int maxd = 0, maxn = 1;
     for (int i = 0; i < nd; i++) maxd = dl[i] > maxd ? dl[i] : maxd;
     for (int i = 0; i < np; i++) maxn = pl[i] > maxn ? pl[i] : maxn;
     for (int i = 0; i < nn; i++) maxn = nl[i] > maxn ? nl[i] : maxn;
     rc = 1;
-    if (!times || tool_backend(device, ref, &o.ops) || config_load(&cfg, config)) goto fail;
+    if (!times || dist_init(&argc, &argv, &comm) || tool_backend(device, ref, &o.ops) ||
+        dist_attach_device(comm, o.ops) || config_load(&cfg, config))
+        goto fail;
+    o.comm = comm;
+    /* under mpirun every rank runs the same passes; rank 0 alone reports */
+    if (dist_rank(comm) != 0 && !freopen("/dev/null", "w", stdout)) {
+        ds_errorf(DS_ERR_IO, "cannot silence stdout on rank %d", dist_rank(comm));
+        goto fail;
+    }
     if (maxd + maxn > cfg.max_seq_len) {
         ds_errorf(DS_ERR_RANGE, "depth %d + %d tokens exceed max_seq_len %d", maxd, maxn, cfg.max_seq_len);
         goto fail;
@@ -266,11 +277,16 @@ int cmd_bench(int argc, char **argv)
      * is paged in, so it does not count in the peak RSS */
     report r = {.json = json, .threads = omp_get_max_threads(), .bw_what = "read"};
     bool cuda = !strcmp(o.ops->name, "cuda");
-    if (!cuda) {
+    if (!cuda && dist_rank(comm) == 0) {
+        /* with several ranks on one machine, rank 0 measures while the others wait */
+        int t = omp_get_max_threads();
+        if (comm && comm->local_size > 1) omp_set_num_threads(t * comm->local_size);
         r.bw = cpu_read_bandwidth((size_t)1 << 30, 10);
         r.fma = cpu_fma_peak();
         r.bf16 = cpu_bf16_peak();
+        omp_set_num_threads(t);
     }
+    if (comm && dist_agree(comm, DS_OK)) goto fail;
 #ifdef DSV3_CUDA
     if (cuda) {
         r.bw = cuda_measure_copy_bandwidth();
@@ -303,7 +319,10 @@ int cmd_bench(int argc, char **argv)
                       sizeof(float) * (size_t)b.kv->ctx * cfg.n_layers;
     if (!json) {
         printf("model %s: %d layers, %s weights, checkpoint %.2f GB (loaded and paged in: %.1f s); kernels %s, "
-               "%d threads\n", ckpt, cfg.n_layers, r.dtype, ckpt_bytes / 1e9, t_load, r.kernels, r.threads);
+               "%d threads%s\n", ckpt, cfg.n_layers, r.dtype, ckpt_bytes / 1e9, t_load, r.kernels, r.threads,
+               comm ? " per rank; weights, bytes and GB/s are rank 0's shard" : "");
+        if (comm)
+            printf("ranks: %d (tensor parallel); checkpoint figure is rank 0's shard\n", comm->world_size);
         if (cuda)
             printf("device: copy bandwidth %.1f GB/s (read + written, 1 GiB, best of 10); bf16 tensor-core peak %.1f "
                    "GFLOP/s\n", r.bw, r.bf16);
@@ -350,11 +369,12 @@ int cmd_bench(int argc, char **argv)
     rc = 0;
     goto done;
 fail:
-    rc = args_fail("bench");
+    rc = dist_fail(comm, "bench");
 done:
     kvcache_free(b.kv);
     model_free(b.m);
     tool_backend_release(o.ops);
+    dist_finish(comm);
     free(b.tok);
     free(b.seq);
     free(b.pos);
