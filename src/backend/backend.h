@@ -135,6 +135,10 @@ typedef struct ds_ops {
     /* Makes the backend's own copy of w (w->dev), once, at load; NULL for backends that read
      * weights in place. DS_ERR_NOMEM names the bytes needed and available. */
     ds_status (*upload_weight)(ds_weight *w);
+    /* Ops return void: the first failure any op recorded since the last call
+     * (DS_ERR_NOMEM for scratch it could not get, a device error, ...), then
+     * cleared; DS_OK if none. NULL: the backend's ops cannot fail. */
+    ds_status (*status)(void);
     /* Optional (NULL: not supported): recorded op sequences. The ops queued
      * between graph_begin and graph_end are recorded instead of run and must
      * neither wait nor read host memory (no download, sync, host arguments);

@@ -488,6 +488,10 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
         m->ops->sync();
     }
 done:
+    if (m->ops->status) { /* an op that could not run recorded why */
+        ds_status os = m->ops->status();
+        if (!s) s = os;
+    }
     m->ops->free(lg);
     m->ops->free(ids_d);
     free(part);

@@ -145,9 +145,10 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
     {
         float *xs = fp8 ? malloc(sizeof(float) * (size_t)n * K) : NULL;
         int cur_rb = -1;
-        if (fp8 && !xs) abort(); /* internal scratch */
+        if (fp8 && !xs) cpu_fail_oom("matmul activations", sizeof(float) * (size_t)n * K);
         #pragma omp for schedule(static)
         for (int g = 0; g < ngroups; g++) {
+            if (fp8 && !xs) continue;
             int a = g * 4, b = MIN(a + 4, rows);
             while (a < b) {
                 int e = b;

@@ -251,12 +251,13 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     {
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
         float *xs = xmax ? scratch(0, sizeof(float) * xmax) : NULL;
-        if (xmax && !xs) abort(); /* internal scratch of a few KiB */
+        bool ok = !(xmax && !xs);
+        if (!ok) cpu_fail_oom("decode activations", sizeof(float) * xmax);
         const ds_matmul_job *cj = NULL;
         int crb = -1;
         /* share [lo, hi) of the bytes; a row belongs to the share its start falls in */
         double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
-        for (int i = 0; i < nj; i++) {
+        for (int i = 0; ok && i < nj; i++) {
             double rb = (double)row_bytes(jobs[i].w), end = off + rb * jobs[i].rows;
             if (end > lo && off < hi) {
                 int a = off >= lo ? 0 : (int)ceil((lo - off) / rb);
@@ -501,17 +502,31 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
     int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL;
     size_t ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16;
     uint32_t *xa = scratch(3, sizeof(uint32_t) * ldx * (size_t)n); /* the calling thread's, shared below */
-    if (!xa) abort(); /* n x K x 4 bytes: a few MiB */
+    if (!xa) {
+        cpu_fail_oom("packed GEMM activations", sizeof(uint32_t) * ldx * (size_t)n);
+        return;
+    }
+    int failed = 0;
     #pragma omp parallel
     {
         uint32_t *wp = scratch(1, sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
-        if (!wp) abort(); /* internal scratch of 128 KiB */
-        #pragma omp for schedule(static)
-        for (int t = 0; t < n; t++) gemm_acts(xa, ldx, x, K, t, split);
-        #pragma omp for schedule(dynamic, 1)
-        for (int pi = 0; pi < np; pi++)
-            gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), xa, ldx, wp,
-                       split);
+        if (!wp) {
+            cpu_fail_oom("a packed weight panel", sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        int stop;
+        #pragma omp atomic read
+        stop = failed;
+        if (!stop) { /* every thread takes the same branch: the loops below are shared */
+            #pragma omp for schedule(static)
+            for (int t = 0; t < n; t++) gemm_acts(xa, ldx, x, K, t, split);
+            #pragma omp for schedule(dynamic, 1)
+            for (int pi = 0; pi < np; pi++)
+                gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), xa, ldx,
+                           wp, split);
+        }
     }
 }
 
@@ -601,7 +616,10 @@ AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n,
     int K = w->cols;
     if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
         ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
-        if (!jobs) abort();
+        if (!jobs) {
+            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
+            return;
+        }
         for (int h = 0; h < H; h++)
             jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
         decode_many(jobs, H);
@@ -609,7 +627,12 @@ AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n,
         return;
     }
     float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
-    if (!xt || !yt) abort(); /* n x (kv_rank + v_head_dim) floats */
+    if (!xt || !yt) {
+        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
+        free(xt);
+        free(yt);
+        return;
+    }
     for (int h = 0; h < H; h++) {
         for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
         avx512_matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
@@ -815,30 +838,45 @@ AVX512 void avx512_attention(const ds_attn_args *a, ds_attn_impl impl)
     /* many tokens: one token per thread; few: split each token's positions over threads */
     bool by_token = a->n_tokens >= nth;
     float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
-    if (!mx) abort();
+    if (!mx) {
+        cpu_fail_oom("attention state", sizeof(float *) * (size_t)nth * 3);
+        return;
+    }
+    int failed = 0;
     #pragma omp parallel num_threads(nth)
     {
         int me = omp_get_thread_num(), parts = omp_get_num_threads();
         float *buf = scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
-        if (!buf) abort(); /* internal scratch: a few tens of KiB */
-        mx[me] = buf;
-        l[me] = buf + H;
-        o[me] = buf + 2 * H;
-        float *sc = buf + 2 * H + (size_t)H * R;
-        if (by_token) {
-            #pragma omp for schedule(dynamic, 1)
-            for (int t = 0; t < a->n_tokens; t++) {
-                att_part(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
-                att_merge(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
-            }
-        } else {
-            for (int t = 0; t < a->n_tokens; t++) {
-                int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
-                int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
-                att_part(a, t, j0, j1, mx[me], l[me], o[me], sc);
-                #pragma omp barrier
-                #pragma omp single
-                att_merge(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+        if (!buf) {
+            cpu_fail_oom("attention scratch", sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        int stop;
+        #pragma omp atomic read
+        stop = failed;
+        /* every thread takes the same branch: the work below has barriers */
+        if (!stop) {
+            mx[me] = buf;
+            l[me] = buf + H;
+            o[me] = buf + 2 * H;
+            float *sc = buf + 2 * H + (size_t)H * R;
+            if (by_token) {
+                #pragma omp for schedule(dynamic, 1)
+                for (int t = 0; t < a->n_tokens; t++) {
+                    att_part(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
+                    att_merge(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
+                }
+            } else {
+                for (int t = 0; t < a->n_tokens; t++) {
+                    int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
+                    int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
+                    att_part(a, t, j0, j1, mx[me], l[me], o[me], sc);
+                    #pragma omp barrier
+                    #pragma omp single
+                    att_merge(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+                }
             }
         }
     }

@@ -66,7 +66,10 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
     b.tok = malloc(sizeof(int) * ((size_t)n * K + 1));
     b.w = malloc(sizeof(float) * ((size_t)n * K + 1));
     b.jobs = malloc(sizeof(ds_matmul_job) * 2 * (size_t)ne);
-    if (!b.first || !b.tok || !b.w || !b.jobs) abort(); /* a few KiB per token */
+    if (!b.first || !b.tok || !b.w || !b.jobs) {
+        cpu_fail_oom("expert routing tables", (sizeof(int) + sizeof(float)) * (size_t)n * K);
+        goto done;
+    }
     /* counting sort of the assignments by expert (tokens ascending within one) */
     for (size_t i = 0; i < (size_t)n * K; i++)
         if (idx[i] >= e0 && idx[i] < e0 + ne) b.first[idx[i] - e0 + 1]++;
@@ -76,7 +79,10 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
         b.first[e + 1] += b.first[e];
     }
     int *fill = malloc(sizeof(int) * (size_t)(ne + 1));
-    if (!fill) abort();
+    if (!fill) {
+        cpu_fail_oom("expert routing tables", sizeof(int) * (size_t)(ne + 1));
+        goto done;
+    }
     memcpy(fill, b.first, sizeof(int) * (size_t)ne);
     for (size_t i = 0; i < (size_t)n * K; i++)
         if (idx[i] >= e0 && idx[i] < e0 + ne) {
@@ -91,8 +97,9 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
         b.ys = ops->alloc(sizeof(float) * cap * dim);
         b.a = ops->alloc(sizeof(float) * cap * inter);
         b.g = ops->alloc(sizeof(float) * cap * inter);
-        if (!b.xs || !b.ys || !b.a || !b.g) abort(); /* (64 + busiest expert) rows */
-        for (int lo = 0, hi; lo < ne; lo = hi) {
+        bool ok = b.xs && b.ys && b.a && b.g; /* (64 + busiest expert) rows */
+        if (!ok) cpu_fail_oom("expert activations", sizeof(float) * cap * 2 * ((size_t)dim + inter));
+        for (int lo = 0, hi; ok && lo < ne; lo = hi) {
             hi = lo + 1;
             while (hi < ne && b.first[hi + 1] - b.first[lo] <= MOE_CHUNK) hi++;
             if (b.first[hi] > b.first[lo]) moe_chunk(y, x, &b, lo, hi, ew1, ew2, ew3, gemm, ue8m0);
@@ -102,6 +109,7 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
         ops->free(b.a);
         ops->free(b.g);
     }
+done:
     free(b.first);
     free(b.tok);
     free(b.w);

@@ -6,11 +6,36 @@
 #include "cpu_ref.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/quant.h"
 #include "base/numeric.h"
+
+static pthread_mutex_t g_fail_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_failed;
+static char g_fail_msg[256];
+
+void cpu_fail_oom(const char *what, size_t bytes)
+{
+    pthread_mutex_lock(&g_fail_mu);
+    if (!g_failed)
+        snprintf(g_fail_msg, sizeof g_fail_msg, "out of memory: the CPU backend could not allocate %.1f MiB for %s",
+                 bytes / 1048576.0, what);
+    g_failed = 1;
+    pthread_mutex_unlock(&g_fail_mu);
+}
+
+ds_status cpu_status(void)
+{
+    pthread_mutex_lock(&g_fail_mu);
+    ds_status s = g_failed ? ds_errorf(DS_ERR_NOMEM, "%s", g_fail_msg) : DS_OK;
+    g_failed = 0;
+    pthread_mutex_unlock(&g_fail_mu);
+    return s;
+}
 
 void *cpu_alloc(size_t bytes)
 {
@@ -63,7 +88,13 @@ static void matmul_fp8_ref(float *y, const float *x, int n, const ds_weight *w, 
     uint8_t *xq = malloc((size_t)n * k);
     float *xs = malloc(sizeof(float) * (size_t)n * kb);
     float *xf = malloc(sizeof(float) * (size_t)n * k);
-    if (!xq || !xs || !xf) abort(); /* internal scratch; sizes are bounded by the model */
+    if (!xq || !xs || !xf) {
+        cpu_fail_oom("FP8 GEMM activations", (size_t)n * k * 5);
+        free(xq);
+        free(xs);
+        free(xf);
+        return;
+    }
     act_quant_ref(x, n, k, xq, xs, ue8m0);
     const float *t = fp8_e4m3_table();
     for (size_t i = 0; i < (size_t)n * k; i++) xf[i] = t[xq[i]];
@@ -98,9 +129,10 @@ static void matmul_ref(float *y, const float *x, int n, const ds_weight *w, int 
     #pragma omp parallel
     {
         float *row = malloc(sizeof(float) * (size_t)k);
-        if (!row) abort();
+        if (!row) cpu_fail_oom("a weight row", sizeof(float) * (size_t)k);
         #pragma omp for schedule(static)
         for (int r = 0; r < rows; r++) {
+            if (!row) continue;
             cpu_dequant_row(w, row0 + r, row);
             for (int i = 0; i < n; i++) y[(size_t)i * rows + r] = dot_ref(x + (size_t)i * k, row, k);
         }
@@ -112,7 +144,10 @@ static void matmul_t_ref(float *y, const float *x, int n, const ds_weight *w, in
 {
     int c = w->cols;
     float *row = malloc(sizeof(float) * (size_t)c);
-    if (!row) abort();
+    if (!row) {
+        cpu_fail_oom("a weight row", sizeof(float) * (size_t)w->cols);
+        return;
+    }
     memset(y, 0, sizeof(float) * (size_t)n * c);
     for (int r = 0; r < rows; r++) {
         cpu_dequant_row(w, row0 + r, row);
@@ -172,9 +207,10 @@ static void attention_ref(const ds_attn_args *a, ds_attn_impl impl)
     #pragma omp parallel
     {
         float *sc = malloc(sizeof(float) * (size_t)a->ctx);
-        if (!sc) abort();
+        if (!sc) cpu_fail_oom("attention scores", sizeof(float) * (size_t)a->ctx);
         #pragma omp for schedule(dynamic, 1)
         for (int th = 0; th < total; th++) {
+            if (!sc) continue;
             int t = th / H, h = th % H, len = a->pos[t] + 1, s = a->seq[t];
             if (impl == DS_ATTN_ABSORB) {
                 const float *qc = a->q_c + ((size_t)t * H + h) * a->kv_rank;
@@ -256,7 +292,10 @@ static void matmul_heads_ref(float *y, int ys, const float *x, int xs, int n, in
 {
     int k = w->cols;
     float *row = malloc(sizeof(float) * (size_t)k);
-    if (!row) abort();
+    if (!row) {
+        cpu_fail_oom("a weight row", sizeof(float) * (size_t)w->cols);
+        return;
+    }
     for (int h = 0; h < H; h++)
         for (int r = 0; r < rows; r++) {
             cpu_dequant_row(w, row0 + h * hstride + r, row);
@@ -271,7 +310,10 @@ static void matmul_heads_t_ref(float *y, int ys, const float *x, int xs, int n, 
 {
     int c = w->cols;
     float *row = malloc(sizeof(float) * (size_t)c);
-    if (!row) abort();
+    if (!row) {
+        cpu_fail_oom("a weight row", sizeof(float) * (size_t)w->cols);
+        return;
+    }
     for (int t = 0; t < n; t++)
         for (int h = 0; h < H; h++) memset(y + ((size_t)t * H + h) * ys, 0, sizeof(float) * (size_t)c);
     for (int h = 0; h < H; h++)
@@ -293,7 +335,18 @@ static void route_one(float *sc, const float *bias, int E, int K, int G, int lim
     float *biased = malloc(sizeof(float) * (size_t)E);
     float *gs = malloc(sizeof(float) * (size_t)G);
     bool *keep = malloc((size_t)G);
-    if (!biased || !gs || !keep) abort();
+    if (!biased || !gs || !keep) {
+        /* valid expert ids with zero weight keep the callers' indexing safe */
+        cpu_fail_oom("expert routing", sizeof(float) * (size_t)E);
+        for (int k = 0; k < K; k++) {
+            idx[k] = k;
+            wt[k] = 0;
+        }
+        free(biased);
+        free(gs);
+        free(keep);
+        return;
+    }
     if (!sigmoid) {
         float mx = -INFINITY, sum = 0;
         for (int e = 0; e < E; e++) mx = fmaxf(mx, sc[e]);
@@ -368,7 +421,16 @@ static void moe_experts_ref(float *y, const float *x, int n, int K, const int *i
     float *lw = malloc(sizeof(float) * (size_t)n), *xs = malloc(sizeof(float) * (size_t)n * dim);
     float *a = malloc(sizeof(float) * (size_t)n * inter), *g = malloc(sizeof(float) * (size_t)n * inter);
     float *ys = malloc(sizeof(float) * (size_t)n * dim);
-    if (!list || !lw || !xs || !a || !g || !ys) abort();
+    if (!list || !lw || !xs || !a || !g || !ys) {
+        cpu_fail_oom("expert activations", sizeof(float) * (size_t)n * (2 * dim + 2 * inter));
+        free(list);
+        free(lw);
+        free(xs);
+        free(a);
+        free(g);
+        free(ys);
+        return;
+    }
     memset(y, 0, sizeof(float) * (size_t)n * dim);
     for (int e = 0; e < ne; e++) {
         int cnt = 0;
@@ -438,6 +500,7 @@ const ds_ops cpu_ref_ops = {
     .attention = attention_ref,
     .silu_mul = silu_mul_ref,
     .add = add_ref,
+    .status = cpu_status,
     .upload = upload_ref,
     .download = download_ref,
     .sync = sync_ref,
