@@ -72,12 +72,12 @@ static const void *w_row(const ds_weight *w, int r)
 }
 
 /* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
- * that no call pays for fresh pages; grows as needed, never shrinks. slot < 4.
+ * that no call pays for fresh pages; grows as needed, never shrinks. slot < 5.
  * NULL if out of memory. */
 static void *scratch(int slot, size_t bytes)
 {
-    static _Thread_local void *buf[4];
-    static _Thread_local size_t cap[4];
+    static _Thread_local void *buf[5];
+    static _Thread_local size_t cap[5];
     if (bytes > cap[slot]) {
         free(buf[slot]);
         cap[slot] = 0;
@@ -107,27 +107,6 @@ AVX512 INLINE __m512 exp512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* ---- activations with the FP8 scales folded in ------------------------- */
-
-/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^8 for FP8 weights (row block rb),
- * x itself otherwise; tokens [t0, t1), xs rows of ldx floats. */
-AVX512 static void scale_acts(float *xs, size_t ldx, const float *x, int t0, int t1, const ds_weight *w, int rb)
-{
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
-    for (int t = t0; t < t1; t++) {
-        const float *xi = x + (size_t)t * K;
-        float *o = xs + (size_t)(t - t0) * ldx;
-        for (int b = 0; b < kb; b++) {
-            float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)rb * kb + b] * 256.0f : 1.0f;
-            __m512 sv = _mm512_set1_ps(s);
-            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16) {
-                __mmask16 m = mask16(K - k);
-                _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
-            }
-        }
-    }
-}
-
 /* ---- decode: y[t][r] = W[r] . xs[t], one row, T <= 4 tokens -------------
  * One row at a time, so the weight is read strictly sequentially (the rows of
  * a matrix are contiguous) with software prefetch a few KiB ahead: the
@@ -150,13 +129,8 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
         #pragma GCC unroll 16
         for (int c = 0; c < esz; c++) _mm_prefetch(row + (size_t)k * esz + PREFETCH_BYTES + 64 * c, _MM_HINT_T0);
         __m512 wv[4];
-        if (f == DS_W_FP8) {
-            fp8x32_to_f32(_mm256_loadu_si256((const __m256i *)(row + k)), &wv[0], &wv[1]);
-            fp8x32_to_f32(_mm256_loadu_si256((const __m256i *)(row + k + 32)), &wv[2], &wv[3]);
-        } else {
-            #pragma GCC unroll 16
-            for (int u = 0; u < 4; u++) wv[u] = load_w(f, row, k + 16 * u, 0xFFFF);
-        }
+        #pragma GCC unroll 16
+        for (int u = 0; u < 4; u++) wv[u] = load_w(f, row, k + 16 * u, 0xFFFF);
         #pragma GCC unroll 16
         for (int u = 0; u < 4; u++)
             #pragma GCC unroll 16
@@ -183,10 +157,6 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
     default: gemv_tile(F, 1, w, r, xs, ldx, y, ldy); break;                        \
     }
 
-AVX512 static void gemv_fp8(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
-{
-    GEMV_CASES(DS_W_FP8)
-}
 AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
 {
     GEMV_CASES(DS_W_BF16)
@@ -196,16 +166,130 @@ AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, s
     GEMV_CASES(DS_W_F32)
 }
 
-/* Rows [a, b) (relative to row0, one FP8 scale block) for all n tokens. */
-AVX512 static void gemv_rows(float *y, const float *xs, int n, const ds_weight *w, int row0, int rows, int a, int b)
+/* ---- decode, FP8 weights: vdpbf16ps -------------------------------------
+ * Widening e4m3 to f32 costs more instructions than the FMA itself, and on a
+ * two-core machine that is what limits an FP8 matvec. Widening to bf16 is
+ * cheaper: the sign-extended code shifted left 4 and masked (0x87F0) is a bf16
+ * of the value times 2^-120, exact for every normal e4m3 (exponent field
+ * 1..15). vdpbf16ps multiplies 32 of those by 32 bf16 activations at once.
+ * The activations are x * s * 2^56 split into a bf16 high part and a bf16
+ * low part (x - hi), so that the products keep ~16 bits more than bf16 and the
+ * error stays near float32's (two vdpbf16ps per 32 weights). Subnormal e4m3
+ * (exponent field 0) would become bf16 subnormals, which vdpbf16ps reads as
+ * zero: they are rare in real weights (|w| < 2^-6 of the block's unit), so a
+ * chunk of 64 codes that holds one takes a second pass in float32 for just
+ * those codes. Columns past the last multiple of 64 go through float32 too.
+ *   acc  (vdpbf16ps) sums w x s 2^-64;  corr (float32) sums w x s 2^48. */
+
+#define DP_XSHIFT 72057594037927936.0f /* 2^56 */
+
+/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^56 and, for k < K rounded down to 64,
+ * xq[t]: per 32 columns 32 bf16 highs then 32 bf16 lows. */
+AVX512 static void prep_fp8_acts(float *xs, uint16_t *xq, const float *x, int n, const ds_weight *w, int rb)
 {
-    size_t ldx = (size_t)w->cols;
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K64 = K / 64 * 64;
+    for (int t = 0; t < n; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xs + (size_t)t * K;
+        for (int b = 0; b < kb; b++) {
+            __m512 sv = _mm512_set1_ps(w->scale[(size_t)rb * kb + b] * DP_XSHIFT);
+            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16) {
+                __mmask16 m = mask16(K - k);
+                _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
+            }
+        }
+        uint16_t *q = xq + (size_t)t * K64 * 2;
+        for (int k = 0; k < K64; k += 32) {
+            __m512 a = _mm512_loadu_ps(o + k), b = _mm512_loadu_ps(o + k + 16);
+            __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            __m512 ah = bf16x16_to_f32(_mm512_castsi512_si256(hi)), bh = bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1));
+            __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah));
+            _mm512_storeu_si512(q + 2 * k, hi);
+            _mm512_storeu_si512(q + 2 * k + 32, lo);
+        }
+    }
+}
+
+/* 32 codes as bf16 (value * 2^-120); subnormal and zero codes give 0. */
+AVX512 INLINE __m512i fp8x32_to_bf16(const uint8_t *p)
+{
+    __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_and_si512(_mm512_slli_epi16(h, 4), _mm512_set1_epi16((short)0x87F0));
+}
+
+/* corr[t] += the float32 products of the codes at p[0..31] selected by m. */
+AVX512 static void fp8_fix32(__m512 *corr, int T, const uint8_t *p, __mmask32 m, const float *xs, size_t ldx)
+{
+    __m512 lo, hi;
+    fp8x32_to_f32(_mm256_loadu_si256((const __m256i *)p), &lo, &hi);
+    for (int t = 0; t < T; t++) {
+        corr[t] = _mm512_mask3_fmadd_ps(lo, _mm512_loadu_ps(xs + t * ldx), corr[t], (__mmask16)m);
+        corr[t] = _mm512_mask3_fmadd_ps(hi, _mm512_loadu_ps(xs + t * ldx + 16), corr[t], (__mmask16)(m >> 16));
+    }
+}
+
+AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
+                                size_t ldq, float *y, size_t ldy)
+{
+    int K = w->cols, K64 = K / 64 * 64;
+    const uint8_t *row = w_row(w, r);
+    const __m512i expo = _mm512_set1_epi16(0x0780);
+    __m512 acc[4][4], corr[4]; /* four chains per token: vdpbf16ps has a long latency */
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = acc[2][t] = acc[3][t] = corr[t] = _mm512_setzero_ps();
+    for (int k = 0; k < K64; k += 64) {
+        _mm_prefetch((const char *)row + k + PREFETCH_BYTES, _MM_HINT_T0);
+        __m512i A = fp8x32_to_bf16(row + k), B = fp8x32_to_bf16(row + k + 32);
+        __mmask32 za = _mm512_testn_epi16_mask(A, expo), zb = _mm512_testn_epi16_mask(B, expo);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const uint16_t *q = xq + t * ldq + 2 * k;
+            acc[0][t] = _mm512_dpbf16_ps(acc[0][t], (__m512bh)A, (__m512bh)_mm512_loadu_si512(q));
+            acc[1][t] = _mm512_dpbf16_ps(acc[1][t], (__m512bh)A, (__m512bh)_mm512_loadu_si512(q + 32));
+            acc[2][t] = _mm512_dpbf16_ps(acc[2][t], (__m512bh)B, (__m512bh)_mm512_loadu_si512(q + 64));
+            acc[3][t] = _mm512_dpbf16_ps(acc[3][t], (__m512bh)B, (__m512bh)_mm512_loadu_si512(q + 96));
+        }
+        if (__builtin_expect((za | zb) != 0, 0)) {
+            if (za) fp8_fix32(corr, T, row + k, za, xs + k, ldx);
+            if (zb) fp8_fix32(corr, T, row + k + 32, zb, xs + k + 32, ldx);
+        }
+    }
+    for (int k = K64; k < K; k += 16) {
+        __mmask16 m = mask16(K - k);
+        __m512 wv = fp8x16_to_f32(_mm_maskz_loadu_epi8(m, row + k));
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) corr[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs + t * ldx + k), corr[t]);
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), _mm512_add_ps(acc[2][t], acc[3][t])))
+                         * 18446744073709551616.0f /* 2^64 */
+                     + _mm512_reduce_add_ps(corr[t]) * 3.5527136788005009e-15f /* 2^-48 */;
+}
+
+AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
+                               size_t ldq, float *y, size_t ldy)
+{
+    switch (T) {
+    case 4: gemv_dp_tile(4, w, r, xs, ldx, xq, ldq, y, ldy); break;
+    case 3: gemv_dp_tile(3, w, r, xs, ldx, xq, ldq, y, ldy); break;
+    case 2: gemv_dp_tile(2, w, r, xs, ldx, xq, ldq, y, ldy); break;
+    default: gemv_dp_tile(1, w, r, xs, ldx, xq, ldq, y, ldy); break;
+    }
+}
+
+/* Rows [a, b) (relative to row0, one FP8 scale block) for all n tokens; xq:
+ * prep_fp8_acts' bf16 activations for FP8 weights. */
+AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int n, const ds_weight *w, int row0,
+                             int rows, int a, int b)
+{
+    size_t ldx = (size_t)w->cols, ldq = (size_t)w->cols / 64 * 128;
     for (int r = a; r < b; r++)
         for (int t0 = 0; t0 < n; t0 += 4) {
             int T = MIN(4, n - t0);
             float *yo = y + (size_t)t0 * rows + r;
             const float *xo = xs + (size_t)t0 * ldx;
-            if (w->fmt == DS_W_FP8) gemv_fp8(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
+            if (w->fmt == DS_W_FP8) gemv_fp8_dp(T, w, row0 + r, xo, ldx, xq + (size_t)t0 * ldq, ldq, yo, (size_t)rows);
             else if (w->fmt == DS_W_BF16) gemv_bf16(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
             else gemv_f32(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
         }
@@ -217,15 +301,16 @@ AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, 
 {
     const ds_weight *w = j->w;
     bool fp8 = w->fmt == DS_W_FP8;
+    uint16_t *xq = (uint16_t *)(xs + (size_t)j->n * w->cols);
     while (a < b) {
         int e = b;
         if (fp8) {
             int rb = (j->row0 + a) / DS_BLOCK;
             e = MIN(b, (rb + 1) * DS_BLOCK - j->row0);
-            if (rb != *crb || j != *cj) scale_acts(xs, (size_t)w->cols, j->x, 0, j->n, w, *crb = rb);
+            if (rb != *crb || j != *cj) prep_fp8_acts(xs, xq, j->x, j->n, w, *crb = rb);
             *cj = j;
         }
-        gemv_rows(j->y, fp8 ? xs : j->x, j->n, w, j->row0, j->rows, a, e);
+        gemv_rows(j->y, fp8 ? xs : j->x, xq, j->n, w, j->row0, j->rows, a, e);
         a = e;
     }
 }
@@ -235,10 +320,61 @@ static size_t row_bytes(const ds_weight *w) { return (size_t)w->cols * (w->fmt =
 /* Below this many weight bytes in all, one thread does the work: waking the
  * others costs more than it saves. */
 #define DECODE_SERIAL_BYTES 65536
+/* Rows of one work unit: at most this many weight bytes, within one FP8 scale
+ * block of one job. */
+#define UNIT_BYTES 131072
 
-/* All jobs' rows, as one list, split into one contiguous share of (about)
- * equal weight bytes per thread: a single parallel region for any number of
- * matrices, and each thread streams its share front to back. */
+typedef struct {
+    int job, a, b; /* rows [a, b) of jobs[job] */
+} decode_unit;
+
+/* The units of all jobs in order; NULL (and *nu = 0) if out of memory. */
+static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, int *nu)
+{
+    size_t cap = 0;
+    for (int i = 0; i < nj; i++) {
+        size_t per = UNIT_BYTES / row_bytes(jobs[i].w);
+        cap += (size_t)jobs[i].rows / (per ? per : 1) + (size_t)jobs[i].rows / DS_BLOCK + 2;
+    }
+    decode_unit *u = scratch(4, sizeof(decode_unit) * cap);
+    int n = 0;
+    for (int i = 0; u && i < nj; i++) {
+        int per = (int)(UNIT_BYTES / row_bytes(jobs[i].w));
+        if (per < 1) per = 1;
+        for (int a = 0, e; a < jobs[i].rows; a = e) {
+            e = MIN(jobs[i].rows, a + per);
+            if (jobs[i].w->fmt == DS_W_FP8) e = MIN(e, ((jobs[i].row0 + a) / DS_BLOCK + 1) * DS_BLOCK - jobs[i].row0);
+            u[n++] = (decode_unit){i, a, e};
+        }
+    }
+    *nu = n;
+    return u;
+}
+
+/* A thread's share of the units, [front, back), packed in one word so that
+ * its owner (taking from the front, streaming forwards) and a thread that has
+ * finished its own share (taking from the back) never take the same unit. */
+static inline bool take_unit(uint64_t *share, bool from_front, int *unit)
+{
+    uint64_t cur = __atomic_load_n(share, __ATOMIC_RELAXED);
+    for (;;) {
+        uint32_t f = (uint32_t)cur, b = (uint32_t)(cur >> 32);
+        if (f >= b) return false;
+        uint64_t next = from_front ? ((uint64_t)b << 32 | (f + 1)) : ((uint64_t)(b - 1) << 32 | f);
+        if (__atomic_compare_exchange_n(share, &cur, next, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            *unit = (int)(from_front ? f : b - 1);
+            return true;
+        }
+    }
+}
+
+#define MAX_SHARES 256
+
+/* All jobs' rows, as one list of units, split into one contiguous share of
+ * (about) equal weight bytes per thread: a single parallel region for any
+ * number of matrices, and each thread streams its share front to back. A
+ * thread that finishes early takes units from the back of the others' shares
+ * (the machine is shared and a core can be slower for a while). */
 AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
 {
     size_t total = 0, xmax = 0;
@@ -247,25 +383,43 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
         if (jobs[i].w->fmt == DS_W_FP8 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
+    int nu = 0;
+    decode_unit *units = decode_units(jobs, nj, &nu);
+    if (!units) {
+        cpu_fail_oom("decode work list", 0);
+        return;
+    }
+    uint64_t shares[MAX_SHARES];
     #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
-        int nt = omp_get_num_threads(), me = omp_get_thread_num();
-        float *xs = xmax ? scratch(0, sizeof(float) * xmax) : NULL;
+        int nt = MIN(omp_get_num_threads(), MAX_SHARES), me = omp_get_thread_num();
+        float *xs = xmax ? scratch(0, 2 * sizeof(float) * xmax) : NULL; /* f32, then bf16 hi + lo */
         bool ok = !(xmax && !xs);
-        if (!ok) cpu_fail_oom("decode activations", sizeof(float) * xmax);
-        const ds_matmul_job *cj = NULL;
-        int crb = -1;
-        /* share [lo, hi) of the bytes; a row belongs to the share its start falls in */
-        double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
-        for (int i = 0; ok && i < nj; i++) {
-            double rb = (double)row_bytes(jobs[i].w), end = off + rb * jobs[i].rows;
-            if (end > lo && off < hi) {
-                int a = off >= lo ? 0 : (int)ceil((lo - off) / rb);
-                int b = end <= hi ? jobs[i].rows : (int)ceil((hi - off) / rb);
-                if (b > jobs[i].rows) b = jobs[i].rows;
-                if (a < b) decode_rows(&jobs[i], a, b, xs, &cj, &crb);
+        if (!ok) cpu_fail_oom("decode activations", 2 * sizeof(float) * xmax);
+        if (me < nt) {
+            /* share [lo, hi) of the bytes; a unit belongs to the share its start falls in */
+            double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
+            int f = nu, b = nu;
+            for (int i = 0, u = 0; u < nu; u++) {
+                while (units[u].job != i) i++;
+                if (off >= lo && f == nu) f = u;
+                if (off >= hi) {
+                    b = u;
+                    break;
+                }
+                off += (double)row_bytes(jobs[i].w) * (units[u].b - units[u].a);
             }
-            off = end;
+            shares[me] = (uint64_t)(uint32_t)b << 32 | (uint32_t)(f < b ? f : b);
+        }
+        #pragma omp barrier
+        const ds_matmul_job *cj = NULL;
+        int crb = -1, u;
+        if (me < nt) {
+            while (take_unit(&shares[me], true, &u))
+                if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
+            for (int k = 1; k < nt; k++)
+                while (take_unit(&shares[(me + k) % nt], false, &u))
+                    if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
         }
     }
 }
