@@ -183,8 +183,11 @@ typedef struct {
     const char *kernels, *dtype, *bw_what; /* what bw measures */
 } report;
 
+/* beside: for decode on the CPU, the median over repetitions of GB/s over
+ * the bandwidth measured beside that repetition, and the median of those
+ * bandwidths (0: not measured). */
 static void print_row(const report *r, const char *test, int np, int ng, int d, spread s, double bytes_tok,
-                      double flop_tok)
+                      double flop_tok, double beside_frac, double beside_bw)
 {
     double gbps = bytes_tok * s.med / 1e9, gflops = flop_tok * s.med / 1e9;
     double lim = r->bf16 > 0 ? r->bf16 : r->fma;
@@ -192,20 +195,39 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
         printf("{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"threads\": %d, "
                "\"kernels\": \"%s\", \"weights\": \"%s\", \"tok_s\": %.3f, \"tok_s_min\": %.3f, \"tok_s_max\": %.3f, "
                "\"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_gbps\": %.3f, \"bw_frac\": %.4f, "
-               "\"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"bf16_peak_gflops\": %.2f}\n",
+               "\"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"bf16_peak_gflops\": %.2f, "
+               "\"bw_beside_gbps\": %.3f, \"bw_beside_frac\": %.4f}\n",
                test, np, ng, d, r->threads, r->kernels, r->dtype, s.med, s.min, s.max, bytes_tok, gbps, r->bw,
-               r->bw > 0 ? gbps / r->bw : 0, gflops, r->fma, r->bf16);
+               r->bw > 0 ? gbps / r->bw : 0, gflops, r->fma, r->bf16, beside_bw, beside_frac);
     } else if (!(r->bw > 0 && lim > 0)) { /* a device whose limits could not be measured */
         printf("%s%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s %6.1f GFLOP/s  (limit unmeasured)\n", test,
                !strcmp(test, "tg") ? ng : np, d, s.med, s.min, s.max, bytes_tok / 1e6, gbps, gflops);
     } else if (!strcmp(test, "tg")) {
-        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s %s\n", ng, d, s.med, s.min,
+        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s %s", ng, d, s.med, s.min,
                s.max, bytes_tok / 1e6, gbps, 100 * gbps / r->bw, r->bw, r->bw_what);
+        if (beside_bw > 0) printf("; %5.1f%% of %5.1f beside", 100 * beside_frac, beside_bw);
+        printf("\n");
     } else {
         printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak (%5.1f f32 FMA)\n", np, d,
                s.med, s.min, s.max, gflops, 100 * gflops / lim, lim, r->fma);
     }
     fflush(stdout);
+}
+
+/* Read bandwidth of the checkpoint's own mapping (its largest shard, up to
+ * 1 GiB; resident, since touch_checkpoint read it), best of 2 passes: the
+ * limit measured right beside each decode repetition, on a machine whose
+ * bandwidth drifts while it runs. 0 on a GPU, with several ranks, or when
+ * the shard is under 256 MiB (the caches would hold too much of it). */
+static double beside_bandwidth(const bench_ctx *b, bool cuda, const ds_comm *comm)
+{
+    if (cuda || comm) return 0;
+    const st_file *big = NULL;
+    for (size_t f = 0; f < b->m->ckpt->n_files; f++)
+        if (!big || b->m->ckpt->files[f]->size > big->size) big = b->m->ckpt->files[f];
+    if (!big || !big->map || big->size < ((size_t)256 << 20)) return 0;
+    size_t n = big->size < ((size_t)1 << 30) ? big->size : (size_t)1 << 30;
+    return cpu_read_bandwidth_at(big->map, n, 2);
 }
 
 static int parse_list(const char *s, int **out, const char *flag)
@@ -254,7 +276,7 @@ int cmd_bench(int argc, char **argv)
     ds_config cfg;
     bench_ctx b = {0};
     ds_comm *comm = NULL;
-    double *times = calloc((size_t)reps, sizeof(double));
+    double *times = calloc((size_t)reps * 3, sizeof(double)), *beside = times + reps, *beside_bw = times + 2 * reps;
     int maxd = 0, maxn = 1;
     for (int i = 0; i < nd; i++) maxd = dl[i] > maxd ? dl[i] : maxd;
     for (int i = 0; i < np; i++) maxn = pl[i] > maxn ? pl[i] : maxn;
@@ -345,17 +367,23 @@ int cmd_bench(int argc, char **argv)
             /* experts a batch touches, if routing were uniform: E (1 - (1 - K/E)^n) */
             double touched = E * (1 - pow(1 - (double)K / E, n));
             print_row(&r, "pp", n, 0, d, summarise(times, reps), pass_weights(b.m, touched, 1, wbytes) / n,
-                      2 * pass_weights(b.m, K, 0, welems));
+                      2 * pass_weights(b.m, K, 0, welems), 0, 0);
         }
         for (int i = 0; i < nn; i++) {
             int n = nl[i];
             if (!n) continue;
             if (run_tg(&b, n < 4 ? n : 4, d) < 0) goto fail; /* warm-up */
-            for (int k = 0; k < reps; k++)
+            double tok_bytes = pass_weights(b.m, K, 1, wbytes), bw_prev = beside_bandwidth(&b, cuda, comm);
+            for (int k = 0; k < reps; k++) {
                 if ((times[k] = run_tg(&b, n, d)) < 0) goto fail;
+                double bw_next = beside_bandwidth(&b, cuda, comm), bw_k = fmax(bw_prev, bw_next);
+                beside[k] = bw_k > 0 ? tok_bytes * n / times[k] / 1e9 / bw_k : 0;
+                beside_bw[k] = bw_k;
+                bw_prev = bw_next;
+            }
             for (int k = 0; k < reps; k++) times[k] = n / times[k];
-            print_row(&r, "tg", 0, n, d, summarise(times, reps), pass_weights(b.m, K, 1, wbytes),
-                      2 * pass_weights(b.m, K, 1, welems));
+            print_row(&r, "tg", 0, n, d, summarise(times, reps), tok_bytes, 2 * pass_weights(b.m, K, 1, welems),
+                      summarise(beside, reps).med, summarise(beside_bw, reps).med);
         }
     }
     if (tool_backend_status(o.ops)) goto fail;

@@ -9,6 +9,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,11 +52,9 @@ static uint64_t sum_scalar(const uint8_t *p, size_t n)
     return a + b + c + d;
 }
 
-double cpu_read_bandwidth(size_t bytes, int reps)
+/* Best of reps passes over buf, each thread summing its contiguous share. */
+static double stream(const uint8_t *buf, size_t bytes, int reps, bool first_touch)
 {
-    bytes &= ~(size_t)4095;
-    uint8_t *buf = NULL;
-    if (posix_memalign((void **)&buf, 4096, bytes)) return -1;
     bool avx2 = cpu_has_avx2();
     volatile uint64_t sink = 0;
     double best = 0;
@@ -63,8 +62,8 @@ double cpu_read_bandwidth(size_t bytes, int reps)
     {
         int nt = omp_get_num_threads(), me = omp_get_thread_num();
         size_t per = bytes / (size_t)nt / 4096 * 4096;
-        uint8_t *mine = buf + per * (size_t)me;
-        memset(mine, me + 1, per); /* first touch by the thread that reads it */
+        const uint8_t *mine = buf + per * (size_t)me;
+        if (first_touch) memset((uint8_t *)mine, me + 1, per); /* by the thread that reads it */
         for (int r = 0; r < reps; r++) {
             #pragma omp barrier
             double t0 = now();
@@ -80,9 +79,23 @@ double cpu_read_bandwidth(size_t bytes, int reps)
             }
         }
     }
-    free(buf);
     (void)sink;
     return best;
+}
+
+double cpu_read_bandwidth(size_t bytes, int reps)
+{
+    bytes &= ~(size_t)4095;
+    uint8_t *buf = NULL;
+    if (posix_memalign((void **)&buf, 4096, bytes)) return -1;
+    double best = stream(buf, bytes, reps, true);
+    free(buf);
+    return best;
+}
+
+double cpu_read_bandwidth_at(const void *p, size_t bytes, int reps)
+{
+    return stream(p, bytes & ~(size_t)4095, reps, false);
 }
 
 #define CHAINS 16

@@ -10,6 +10,10 @@
  * (much larger than the caches), in GB/s (1e9 bytes/s); < 0 if out of memory. */
 double cpu_read_bandwidth(size_t bytes, int reps);
 
+/* The same passes over memory that is already there and resident (a mapped
+ * checkpoint, say; p 4096-aligned), without writing it. */
+double cpu_read_bandwidth_at(const void *p, size_t bytes, int reps);
+
 /* Peak float32 FMA rate over all OpenMP threads, in GFLOP/s (2 per FMA), with
  * the widest vectors this CPU has. */
 double cpu_fma_peak(void);
