@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -313,6 +315,59 @@ ds_status st_open(st_file **out, const char *path)
     }
     *out = f;
     return DS_OK;
+}
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+/* Bytes of the mapping that starts at map which the kernel maps with PMDs
+ * (2 MiB pages), from /proc/self/smaps; -1 if that cannot be read. */
+static long long pmd_mapped_bytes(const void *map)
+{
+    FILE *fp = fopen("/proc/self/smaps", "re");
+    if (!fp) return -1;
+    char line[512];
+    long long kb = -1;
+    bool in = false;
+    while (fgets(line, sizeof line, fp)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            if (in) break;
+            in = lo == (unsigned long)(uintptr_t)map;
+        } else if (in && sscanf(line, "FilePmdMapped: %lld kB", &kb) == 1) {
+            break;
+        }
+    }
+    fclose(fp);
+    return kb < 0 ? -1 : kb * 1024;
+}
+
+static size_t available_memory(void)
+{
+    FILE *fp = fopen("/proc/meminfo", "re");
+    char line[256];
+    unsigned long long kb = 0;
+    while (fp && fgets(line, sizeof line, fp))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    if (fp) fclose(fp);
+    return (size_t)kb * 1024;
+}
+
+void st_settle_pages(st_file *f)
+{
+    st_priv *p = f->priv;
+    if (!f->map || !p->owns_map || f->size < ((size_t)64 << 20) || f->size > available_memory() / 2) return;
+    if (madvise(f->map, f->size, MADV_POPULATE_READ)) return; /* before Linux 5.14 */
+    long long pmd = pmd_mapped_bytes(f->map);
+    if (pmd < 0 || (double)pmd >= 0.9 * (double)f->size) return;
+    /* unmap our pages, let the page cache drop them (written back first, if
+     * the file was just written; mapped by no one else), then fault the file
+     * in again through the huge-page mapping */
+    madvise(f->map, f->size, MADV_DONTNEED);
+    fdatasync(p->fd);
+    posix_fadvise(p->fd, 0, 0, POSIX_FADV_DONTNEED);
+    madvise(f->map, f->size, MADV_POPULATE_READ);
 }
 
 void st_close(st_file *f)

@@ -354,6 +354,8 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
     }
     if ((s = rope_tables(m))) goto fail;
     if (m->ops->upload_weight && (s = upload_model(m))) goto fail;
+    if (!m->ops->upload_weight) /* weights read in place from the mapping */
+        for (size_t f = 0; f < m->ckpt->n_files; f++) st_settle_pages(m->ckpt->files[f]);
     *out = m;
     return DS_OK;
 fail:
