@@ -17,8 +17,11 @@
 # (Hugging Face transformers' DeepseekV3, random BF16 weights, the same shapes).
 # GPU_CHECK_PROFILE=1 (with GPU_CHECK_MODEL) first runs bench_cuda_model's BENCH_PROFILE mode
 # under Nsight Compute (one eager decode step each: batch 1, batch 1 at depth 4096, batch 8;
-# per-kernel time and DRAM bytes) into $OUT/prof.csv and prints scripts/ncu_summary.py's table.
-# GPU_CHECK_HF=0 skips hf_bench.
+# then one prefill of 512 tokens; per-kernel time and DRAM bytes) into $OUT/prof.csv and prints
+# scripts/ncu_summary.py's table. GPU_CHECK_PROFILE=decode or =prefill: those steps only.
+# GPU_CHECK_HF=0 skips hf_bench. GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) then also synthesises
+# the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
+# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it.
 # Exit status: the number of failing programs (0: all passed).
 set -u
 cd "$(dirname "$0")/.."
@@ -89,15 +92,16 @@ if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"
   echo "== synth"; cat "$logdir/synth.log"; du -sh "$ckpt"
   bin=$(find_prog bench_cuda_model)
-  if [ "${GPU_CHECK_PROFILE:-0}" = 1 ]; then
+  prof=${GPU_CHECK_PROFILE:-0}
+  if [ "$prof" != 0 ]; then
     ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n1)
     echo "== ncu profile ($ncu)"
     t0=$EPOCHREALTIME
-    BENCH_PROFILE=1 timeout 300 "$ncu" --profile-from-start off --clock-control none \
+    BENCH_PROFILE=$prof timeout 300 "$ncu" --profile-from-start off --clock-control none \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
       --csv --page raw --print-units base --log-file "$logdir/prof.csv" "$bin" "$ckpt" "$model_cfg" 2>&1 | tail -n 5
     echo "ncu rc ${PIPESTATUS[0]} in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
-    python3 scripts/ncu_summary.py "$logdir/prof.csv" 2>&1 | tee "$logdir/prof_summary.txt"
+    python3 scripts/ncu_summary.py "$logdir/prof.csv" "$prof" 2>&1 | tee "$logdir/prof_summary.txt"
   fi
   echo "== bench_cuda_model ($model_cfg)"
   "$bin" "$ckpt" "$model_cfg" 2>&1 | tee "$logdir/bench_cuda_model.log"
@@ -111,6 +115,19 @@ if [ -n "$model_cfg" ]; then
   PYTHONUNBUFFERED=1 python3 scripts/hf_bench.py "$model_cfg" 2>&1 | grep -v Warning | tee "$logdir/hf_bench.log"
   rc=${PIPESTATUS[0]}
   results+=("$(printf '%-26s %-8s' hf_bench "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
+fi
+if [ -n "${GPU_CHECK_MODEL:-}" ] && [ "${GPU_CHECK_FP8:-0}" = 1 ]; then
+  ckpt8=${GPU_CHECK_CKPT_FP8:-/tmp/dsv3_ckpt_fp8}
+  if [ ! -d "$ckpt8" ] || [ -z "$(ls "$ckpt8" 2>/dev/null)" ]; then
+    t0=$EPOCHREALTIME
+    "$build/dsv3" synth --config "$GPU_CHECK_MODEL" --out "$ckpt8" --dtype fp8 >"$logdir/synth_fp8.log" 2>&1
+    echo "synth fp8 rc $? in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
+  fi
+  echo "== bench_cuda_model FP8 ($GPU_CHECK_MODEL)"
+  "$(find_prog bench_cuda_model)" "$ckpt8" "$GPU_CHECK_MODEL" 2>&1 | tee "$logdir/bench_cuda_model_fp8.log"
+  rc=${PIPESTATUS[0]}
+  results+=("$(printf '%-26s %-8s' bench_cuda_model.fp8 "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
+  [ "$rc" = 0 ] || fails=$((fails + 1))
 fi
 if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ]; then
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n1)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""ncu_summary.py PROF_CSV - summarises an Nsight Compute raw CSV (ncu --csv --page raw
+"""ncu_summary.py PROF_CSV [MODE] - summarises an Nsight Compute raw CSV (ncu --csv --page raw
 --print-units base) of bench_cuda_model's BENCH_PROFILE steps: the kernels are split into
-steps at each embed_kernel, and per step kernels are grouped by (name, grid): count, total
+steps at each embed_kernel (MODE: BENCH_PROFILE's value, 1, decode or prefill: names the
+steps), and per step kernels are grouped by (name, grid): count, total
 time, share, mean time, achieved DRAM bandwidth (read + write bytes / time)."""
 import csv
 import sys
@@ -10,7 +11,7 @@ SCALE = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "nsecond": 1e-9, "usecond
          "Mbyte": 1e6, "Gbyte": 1e9}
 
 
-def main(path):
+def main(path, mode="1"):
     lines = [l for l in open(path, errors="replace") if l.startswith('"')]
     rows = list(csv.reader(lines))
     if len(rows) < 3:
@@ -35,7 +36,9 @@ def main(path):
         t = val(r, "gpu__time_duration.sum")
         b = val(r, "dram__bytes_read.sum") + val(r, "dram__bytes_write.sum")
         cur.append((name.split("(")[0][:48], r[col["launch__grid_size"]], r[col["launch__block_size"]], t, b))
-    labels = ["batch 1 depth 0", "batch 1 depth 4096", "batch 8 depth 0"]
+    labels = ["batch 1 depth 0", "batch 1 depth 4096", "batch 8 depth 0", "prefill 512"]
+    if mode == "prefill":
+        labels = ["prefill 512"]
     for si, st in enumerate(steps):
         tot = sum(k[3] for k in st)
         byt = sum(k[4] for k in st)
@@ -55,4 +58,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    sys.exit(main(*sys.argv[1:3]))

@@ -152,13 +152,28 @@ int main(int argc, char **argv)
     float *logits = malloc(sizeof(float) * 8 * (size_t)cfg.vocab_size);
     if (!logits) goto fail;
     double b1 = token_bytes(m, cfg.n_activated_experts), roof = b1 / (bw * 1e9);
-    if (getenv("BENCH_PROFILE")) {
+    /* prefill 512 at positions 0..511 of sequence 0, logits of the last token */
+    int np = 512;
+    int32_t *tok = malloc(sizeof(int32_t) * np);
+    int *seq = calloc((size_t)np, sizeof(int)), *pos = malloc(sizeof(int) * np);
+    bool *want = calloc((size_t)np, 1);
+    if (!tok || !seq || !pos || !want) goto fail;
+    for (int i = 0; i < np; i++) {
+        tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
+        pos[i] = i;
+    }
+    want[np - 1] = true;
+    const char *prof_mode = getenv("BENCH_PROFILE");
+    if (prof_mode) {
         /* for ncu --profile-from-start off: one eager batch-1 step at depth 0, one
-         * at depth 4096, one batch-8 step (after warm-up steps each) */
+         * at depth 4096, one batch-8 step (after warm-up steps each), then one
+         * prefill of 512 tokens (after a warm-up prefill). BENCH_PROFILE=decode:
+         * the decode steps only; =prefill: the prefill only. */
+        bool pd = strcmp(prof_mode, "prefill") != 0, pp = strcmp(prof_mode, "decode") != 0;
         setenv("DSV3_GRAPH", "0", 1);
-        if (decode(m, kv, 1, 0, 1, logits) < 0) goto fail;
+        if (pd && decode(m, kv, 1, 0, 1, logits) < 0) goto fail;
         int prof[3][2] = {{1, 0}, {1, 4096}, {8, 0}};
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < (pd ? 3 : 0); c++) {
             int bs = prof[c][0], d = prof[c][1];
             if (d) fill_cache(m, kv, depth);
             if (decode(m, kv, bs, d, 1, logits) < 0) goto fail; /* warm-up: 3 steps */
@@ -168,6 +183,12 @@ int main(int argc, char **argv)
             for (int i = 0; i < bs; i++) tk[i] = 17 + i, sq[i] = i, ps[i] = d + 3, wn[i] = true;
             cuda_profile_range(true);
             if (model_forward(m, kv, bs, tk, sq, ps, wn, logits)) goto fail;
+            cuda_profile_range(false);
+        }
+        if (pp) {
+            if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
+            cuda_profile_range(true);
+            if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
             cuda_profile_range(false);
         }
         printf("profile steps done\n");
@@ -181,23 +202,21 @@ int main(int argc, char **argv)
     double t8 = decode(m, kv, 8, 0, reps, logits);
     fill_cache(m, kv, depth);
     double t4k = decode(m, kv, 1, depth, reps, logits);
-    /* prefill 512 at positions 0..511 of sequence 0, logits of the last token */
-    int np = 512;
-    int32_t *tok = malloc(sizeof(int32_t) * np);
-    int *seq = calloc((size_t)np, sizeof(int)), *pos = malloc(sizeof(int) * np);
-    bool *want = calloc((size_t)np, 1);
     double tp[5];
-    for (int i = 0; i < np; i++) {
-        tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
-        pos[i] = i;
-    }
-    want[np - 1] = true;
     for (int r = 0; r < 6; r++) {
         double s0 = now();
         if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
         if (r >= 1) tp[r - 1] = now() - s0;
     }
     qsort(tp, 5, sizeof *tp, cmp);
+    /* where a prefill's time goes: every op synchronised, wall time per op */
+    cuda_op_times(true);
+    double so = now();
+    if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
+    so = now() - so;
+    cuda_op_times(false);
+    printf("prefill 512 with every op synchronised: %.3f ms\n", so * 1e3);
+    cuda_op_times_print(stdout);
     if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || gerr < 0) goto fail;
     double flop = 2.0 * token_bytes(m, cfg.n_activated_experts) / (m->head.fmt == DS_W_FP8 ? 1 : 2) * np;
     printf("bytes of active weights per token: %.3f GB; roofline %.3f ms/token = %.0f tok/s\n", b1 / 1e9, roof * 1e3,

@@ -9,6 +9,7 @@
  * fails the guard check. Error = ||gpu - ref|| / ||ref|| (NaN never passes).
  * Exits 0 with "skipped: no GPU" when there is no CUDA device. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/quant.h"
@@ -74,6 +75,18 @@ static double rel_err(const float *got, const float *ref, size_t n)
     return r > 0 ? sqrt(e / r) : sqrt(e);
 }
 
+/* Prefill products on the tensor cores split the activations into bf16 hi + lo
+ * (~16 bits; the default) or, with DSV3_CUDA_GEMM=bf16, round them to bf16 once.
+ * Error bound for the latter: one bf16 rounding of each operand gives
+ * ~1e-3..4e-3 (L2, relative). */
+static bool split_mode(void)
+{
+    const char *e = getenv("DSV3_CUDA_GEMM");
+    return !(e && !strcmp(e, "bf16"));
+}
+#define TC_TOL 8e-3
+#define SPLIT_TOL 5e-5
+
 static void compare(const char *label, const float *got, const float *ref, size_t n, double tol)
 {
     double e = rel_err(got, ref, n);
@@ -132,21 +145,25 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
         for (int k = 0; k < cols; k++) x[(size_t)i * cols + k] *= (float)(1 << (i % 7)) * (k < 128 ? 0.01f : 1.0f);
     float *ref = malloc(sizeof(float) * (size_t)n * nrows);
     C->matmul(ref, x, n, &w, row0, nrows, gemm, ue8m0);
+    /* n >= 16 on the tensor cores: BF16 weights (cuBLAS), FP8 ones outside the FP8 GEMM path
+     * (cu_dense_fp8_tc; exact e4m3, bf16 activations: hi + lo in split mode) */
+    bool tc = n >= 16 && !(gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) && (fmt == DS_W_BF16 || fmt == DS_W_FP8);
+    double tol = tc ? (split_mode() ? (fmt == DS_W_BF16 ? 1e-5 : SPLIT_TOL) : TC_TOL) : 1e-5;
     size_t ny = (size_t)n * nrows;
     if (host_io) {
         float *y = malloc(sizeof(float) * ny);
         for (size_t i = 0; i < ny; i++) memcpy(&y[i], &k_poison, 4);
         G->matmul(y, x, n, &w, row0, nrows, gemm, ue8m0);
-        compare(label, y, ref, ny, 1e-5);
+        compare(label, y, ref, ny, tol);
         free(y);
     } else {
         float *gx = gcopy(x, (size_t)n * cols), *gy = gbuf(ny);
         G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
-        compare(label, gy, ref, ny, 1e-5);
+        compare(label, gy, ref, ny, tol);
         check_guard(label, gy, ny);
         /* again, from the cached device copy of the weight */
         G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
-        CHECK_MSG(rel_err(gy, ref, ny) <= 1e-5, "%s: second call (cached weight) differs", label);
+        CHECK_MSG(rel_err(gy, ref, ny) <= tol, "%s: second call (cached weight) differs", label);
         G->free(gx);
         G->free(gy);
     }
@@ -498,8 +515,11 @@ static void test_attention_dense(int H, int R, int rope, int n, int pos0)
     C->attention(&a, DS_ATTN_ABSORB);
     a.q_c = gqc, a.q_pe = gqp, a.kv_cache = gkv, a.pe_cache = gpe, a.out = gout;
     G->attention(&a, DS_ATTN_ABSORB);
-    snprintf(label, sizeof label, "attention absorb dense H=%d rank=%d rope=%d n=%d pos0=%d", H, R, rope, n, pos0);
-    compare(label, gout, ref, th * R, 1e-5);
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
+    snprintf(label, sizeof label, "attention absorb dense H=%d rank=%d rope=%d n=%d pos0=%d%s%s", H, R, rope, n, pos0,
+             ce ? " chunk " : "", ce ? ce : "");
+    /* tensor cores: both operands bf16 hi + lo (three terms), or bf16 once in DSV3_CUDA_GEMM=bf16 mode */
+    compare(label, gout, ref, th * R, split_mode() ? SPLIT_TOL : TC_TOL);
     check_guard(label, gout, th * R);
     G->free(gqc), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
     free(qc), free(qp), free(kv), free(pe), free(ref), free(seq), free(pos);
@@ -517,8 +537,11 @@ static void test_heads(ds_wfmt fmt, int H, int nope, int vd, int R, int n)
     C->matmul_heads_t(ref, R, q, qk, n, H, &w, 0, nope + vd, nope);
     float *gq = gcopy(q, nq), *gc = gbuf(nc);
     G->matmul_heads_t(gc, R, gq, qk, n, H, &w, 0, nope + vd, nope);
-    /* n >= 16 BF16: cuBLAS with bf16 hi + lo activations (~16 bits) */
-    double tol = n >= 16 && fmt == DS_W_BF16 ? 5e-5 : 1e-5;
+    /* n >= 16 BF16 (and FP8 with each head's rows in one 128-block): cuBLAS, bf16
+     * activations (split mode: hi + lo, ~16 bits); FP8 otherwise the exact kernels */
+    bool tc = n >= 16 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && (nope + vd) % 128 == 0 && nope <= 128 &&
+                                                vd <= 128 && nope % 128 == 0));
+    double tol = tc ? (split_mode() ? SPLIT_TOL : TC_TOL) : 1e-5;
     snprintf(label, sizeof label, "matmul_heads_t %s H=%d nope=%d R=%d n=%d", fmt_name(fmt), H, nope, R, n);
     compare(label, gc, ref, nc, tol);
     check_guard(label, gc, nc);
@@ -593,10 +616,10 @@ static void test_moved(void)
 }
 
 /* moe_route (softmax / sigmoid with bias and groups) then moe_experts over a local expert range. */
-static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm)
+static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm, int dim, int inter)
 {
     char label[160];
-    int E = 16, K = 4, dim = 256, inter = 96, e0 = 3, ne = 10, limited = groups > 1 ? 2 : 1;
+    int E = 16, K = 4, e0 = 3, ne = 10, limited = groups > 1 ? 2 : 1;
     float *sc = hrand((size_t)n * E, 3.0f), *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
     float *gsc = gcopy(sc, (size_t)n * E), *gbias = bias ? gcopy(bias, (size_t)E) : NULL;
     int *ri = malloc(sizeof(int) * n * K), *gi = G->alloc(sizeof(int) * n * K);
@@ -618,10 +641,16 @@ static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl 
     float *gx = gcopy(x, (size_t)n * dim), *gy = gbuf((size_t)n * dim);
     C->moe_experts(y, x, n, K, ri, rw, w1, w2, w3, e0, ne, gemm, false);
     G->moe_experts(gy, gx, n, K, gi, gw, w1, w2, w3, e0, ne, gemm, false);
-    snprintf(label, sizeof label, "moe_experts %s%s n=%d experts %d+%d", fmt_name(fmt),
-             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, e0, ne);
-    /* n > 8 BF16: grouped cuBLAS products with bf16 hi + lo activations (~16 bits) */
-    compare(label, gy, y, (size_t)n * dim, n > 8 && fmt == DS_W_BF16 ? 5e-5 : 1e-5);
+    snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d", fmt_name(fmt),
+             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne);
+    /* n > 8: BF16 experts, and FP8 ones outside the FP8 GEMM path, on the tensor
+     * cores (grouped WMMA kernels when dim, inter % 16 == 0, else grouped cuBLAS
+     * for BF16 and the per-expert loop for FP8), activations bf16 hi + lo, or
+     * bf16 once in DSV3_CUDA_GEMM=bf16 mode */
+    double tol = 1e-5;
+    if (n > 8 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && gemm == DS_GEMM_BF16)))
+        tol = split_mode() ? SPLIT_TOL : TC_TOL;
+    compare(label, gy, y, (size_t)n * dim, tol);
     check_guard(label, gy, (size_t)n * dim);
     for (int e = 0; e < ne; e++) {
         free((void *)w1[e].data), free((void *)w1[e].scale);
@@ -641,6 +670,42 @@ static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl 
     free(rw);
     free(x);
     free(y);
+}
+
+static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm)
+{
+    test_moe_shape(fmt, n, sigmoid, groups, gemm, 256, 96);
+}
+
+/* The products that take the tensor cores at prefill, in the mode DSV3_CUDA_GEMM selects. */
+static void test_prefill_products(void)
+{
+    printf("-- prefill products, %s activations\n", split_mode() ? "bf16 hi + lo" : "bf16");
+    test_matmul(DS_W_BF16, 257, 385, 70, 1, 250, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 129, 1000, 33, 0, 129, DS_GEMM_BF16, false, false);
+    test_heads(DS_W_BF16, 3, 128, 128, 256, 40);
+    test_heads(DS_W_FP8, 3, 128, 128, 256, 40);  /* FP8 on the tensor cores: scales per column block */
+    test_heads(DS_W_FP8, 5, 128, 128, 520, 19);  /* R not a multiple of 128 */
+    test_heads(DS_W_FP8, 2, 64, 32, 256, 20);    /* heads across scale blocks: the kernels */
+    test_attention_dense(4, 128, 32, 40, 0);
+    test_attention_dense(3, 160, 16, 17, 25);
+    setenv("DSV3_CUDA_ATTN_CHUNK", "7", 1); /* several chunks: the values product per segment */
+    test_attention_dense(3, 160, 16, 17, 25);
+    test_attention_dense(2, 96, 0, 33, 0);
+    unsetenv("DSV3_CUDA_ATTN_CHUNK");
+    test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
+    test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_BF16);
+    /* odd token counts, experts with more than one 64-token tile, rows not a multiple of the tiles */
+    test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
+    test_moe_shape(DS_W_FP8, 301, false, 1, DS_GEMM_BF16, 400, 144);
+    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    test_moe_shape(DS_W_BF16, 23, false, 1, DS_GEMM_BF16, 100, 60); /* not % 16: the fallback */
+    /* FP8 dense products on the tensor cores: rows past 128-blocks, offset rows, k tails */
+    test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 600, 400, 17, 160, 333, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 257, 384, 130, 64, 193, DS_GEMM_BF16, false, true);
+    test_matmul(DS_W_FP8, 257, 384, 130, 3, 250, DS_GEMM_BF16, false, false); /* row0 % 32 != 0: fallback */
 }
 
 int main(void)
@@ -702,6 +767,16 @@ int main(void)
     test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 45);   /* two 512-column slices */
     test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1000); /* long context: split over positions */
     test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 700);  /* split, two column slices */
+    test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4200); /* 16B shapes, deep */
+    /* the multi-query kernel (opt-in, DSV3_CUDA_ATTN_MQ=1): 16B shapes deep; two head
+     * groups, no rope; few heads, short context; the per-head shapes above */
+    setenv("DSV3_CUDA_ATTN_MQ", "1", 1);
+    test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4200);
+    test_attention(DS_ATTN_ABSORB, 20, 96, 0, 0, 0, 300);
+    test_attention(DS_ATTN_ABSORB, 5, 200, 40, 0, 0, 37);
+    test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 70);
+    test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 700);
+    unsetenv("DSV3_CUDA_ATTN_MQ");
     test_attention_dense(4, 128, 32, 40, 0);  /* prefill from position 0 */
     test_attention_dense(3, 160, 16, 17, 25); /* a later chunk of a prompt */
     test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 70);
@@ -721,6 +796,16 @@ int main(void)
     test_moe(DS_W_FP8, 7, true, 4, DS_GEMM_BF16);
     test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
+
+    test_prefill_products();
+    /* the same in the other mode */
+    const char *mode0 = getenv("DSV3_CUDA_GEMM");
+    char *saved = mode0 ? strdup(mode0) : NULL;
+    setenv("DSV3_CUDA_GEMM", split_mode() ? "bf16" : "split", 1);
+    test_prefill_products();
+    if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
+    else unsetenv("DSV3_CUDA_GEMM");
+    free(saved);
 
     test_fp8_golden();
     printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());

@@ -17,6 +17,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "backend/backend.h"
 
@@ -53,6 +54,12 @@ void cuda_set_test_mode(bool on);
  * (cuBLAS 8192^3 on random data, f32 accumulation, best of 6); 0 on failure. */
 double cuda_measure_copy_bandwidth(void);
 double cuda_measure_bf16_tc_peak(void);
+
+/* Per-op wall-time accounting: while on, every op synchronises at its end and
+ * the time since the previous op's end is charged to its name (so host work and
+ * waits count too). on = true clears the table. Print: a table, largest first. */
+void cuda_op_times(bool on);
+void cuda_op_times_print(FILE *f);
 
 /* Marks a region for a profiler started with --profile-from-start off (ncu):
  * cudaProfilerStart (on) or cudaProfilerStop (off), after a device sync. */

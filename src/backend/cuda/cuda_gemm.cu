@@ -27,12 +27,15 @@
 #include "cuda_internal.cuh"
 
 /* Prefill products (n >= BLAS_MIN tokens, exact-dequantisation path) go to
- * cuBLAS on the tensor cores: the float32 activations are split into bf16
- * hi + lo (x - hi), both multiplied in one GEMM of 2n rows and summed, which
- * keeps ~16 bits of the activations (one bf16 pass loses the golden tests'
- * accuracy on the tiny model); DSV3_CUDA_GEMM=bf16 takes the single pass.
- * FP8 weights take this path only in the bf16 mode, dequantised to bf16 first
- * (rounding e4m3 * block scale to bf16 is not exact); else the exact tiled kernel. */
+ * the tensor cores: the float32 activations are split into bf16 hi + lo
+ * (x - hi), the lo half accumulated onto the hi product (beta = 1), which keeps ~16
+ * bits of the activations. DSV3_CUDA_GEMM=bf16 takes a single bf16 pass (as HF
+ * transformers): measured on the tiny golden model (stage 6) it misses issue 7's
+ * bar at prefill (s200: cosine 0.70 on some rows: near-tied expert choices flip
+ * and the change spreads through attention), so it is not the default.
+ * BF16 weights: cuBLAS. FP8 weights: cu_dense_fp8_tc (cuda_grouped.cu, e4m3
+ * exact in bf16, block scales on partial sums) when k % 16 == 0; else, in the
+ * bf16 mode, dequantised to bf16 for cuBLAS, in split mode the tiled kernel. */
 #define BLAS_MIN 16
 
 #define GEMV_NMAX 8
@@ -139,7 +142,7 @@ __device__ __forceinline__ void wdecode(uint4 raw, float *out)
  * GEMV_ROWS, and each lane keeps GEMV_ROWS 16-byte weight loads in flight.
  * F: weight format; QA: x is act_quant output (e4m3 bytes + xs scales), F == FP8;
  * VEC: 16-byte loads (K * size(F) % 16 == 0 and x 16-byte aligned). */
-template <int F, bool QA, bool VEC, int NT, int RW>
+template <int F, bool QA, bool VEC, int NT, int RW, bool XR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
             const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows)
@@ -168,21 +171,41 @@ gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__re
         float s[RW];
         #pragma unroll
         for (int rr = 0; rr < RW; rr++) s[rr] = F == DS_W_FP8 ? srow[rr][c / DS_BLOCK] : 1.0f;
-        #pragma unroll
-        for (int i = 0; i < NT; i++) {
-            if (i >= n) break;
-            float xv[E];
-            xload<QA, VEC, E>(x, (size_t)i * k + c, xv);
-            float xsc = QA ? xs[(size_t)i * kb + c / DS_BLOCK] : 1.0f;
+        if (XR) { /* every token's chunk in registers, each weight row decoded once */
+            float xv[NT][E];
+            #pragma unroll
+            for (int i = 0; i < NT; i++)
+                if (i < n) xload<QA, VEC, E>(x, (size_t)i * k + c, xv[i]);
             #pragma unroll
             for (int rr = 0; rr < RW; rr++) {
                 float wv[E];
                 wdecode<F, E>(raw[rr], wv);
-                float part = 0;
                 #pragma unroll
-                for (int e = 0; e < E; e++) part += xv[e] * wv[e];
-                if (QA) part *= xsc;
-                acc[rr][i] += F == DS_W_FP8 ? part * s[rr] : part;
+                for (int i = 0; i < NT; i++) {
+                    if (i >= n) break;
+                    float part = 0;
+                    #pragma unroll
+                    for (int e = 0; e < E; e++) part += xv[i][e] * wv[e];
+                    acc[rr][i] += part;
+                }
+            }
+        } else {
+            #pragma unroll
+            for (int i = 0; i < NT; i++) {
+                if (i >= n) break;
+                float xv[E];
+                xload<QA, VEC, E>(x, (size_t)i * k + c, xv);
+                float xsc = QA ? xs[(size_t)i * kb + c / DS_BLOCK] : 1.0f;
+                #pragma unroll
+                for (int rr = 0; rr < RW; rr++) {
+                    float wv[E];
+                    wdecode<F, E>(raw[rr], wv);
+                    float part = 0;
+                    #pragma unroll
+                    for (int e = 0; e < E; e++) part += xv[e] * wv[e];
+                    if (QA) part *= xsc;
+                    acc[rr][i] += F == DS_W_FP8 ? part * s[rr] : part;
+                }
             }
         }
     }
@@ -286,11 +309,15 @@ template <int F, bool QA, int NT>
 static void launch_gemv(float *y, const void *x, const float *xs, int n, const cu_weight *w, int k, int row0,
                         int rows)
 {
-    constexpr int RW = NT <= 2 ? GEMV_ROWS : 1;
+    /* XR (BF16 / F32 weights, 3..8 tokens): every token's activation chunk held in
+     * registers (NT x 8 floats at most) and each row decoded once, 4 rows per block
+     * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s) */
+    constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
+    constexpr int RW = NT <= 2 || XR ? GEMV_ROWS : 1;
     bool vec = (size_t)k * cu_wsize<F>::v % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
     dim3 grid(cu_blocks((size_t)rows, RW));
-    if (vec) gemv_kernel<F, QA, true, NT, RW><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
-    else gemv_kernel<F, QA, false, NT, RW><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+    if (vec) gemv_kernel<F, QA, true, NT, RW, XR><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+    else gemv_kernel<F, QA, false, NT, RW, XR><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
 }
 
 template <int F, bool QA>
@@ -347,12 +374,18 @@ __global__ void sum_halves_kernel(float *y, const float *__restrict__ y2, size_t
 
 static bool blas_ready(void)
 {
-    if (g_blas) return true;
-    if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return false;
-    cublasSetStream(g_blas, cu_s);
-    const char *e = getenv("DSV3_CUDA_GEMM");
-    g_split = !(e && !strcmp(e, "bf16"));
+    if (!g_blas) {
+        if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return false;
+        cublasSetStream(g_blas, cu_s);
+    }
+    g_split = cu_gemm_split(); /* read each time: tests run both modes */
     return true;
+}
+
+bool cu_gemm_split(void)
+{
+    const char *e = getenv("DSV3_CUDA_GEMM");
+    return !(e && !strcmp(e, "bf16"));
 }
 
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T through cuBLAS; false if it cannot (caller falls back). */
@@ -360,10 +393,8 @@ static bool blas_product(cu_io *io, float *y, const float *x, int n, const ds_we
                          int row0, int rows)
 {
     if (!blas_ready()) return false;
-    int m2 = g_split ? 2 * n : n;
     size_t nx = (size_t)n * k;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_tmp(io, sizeof(__nv_bfloat16) * nx * (g_split ? 2 : 1));
-    float *y2 = g_split ? (float *)cu_tmp(io, sizeof(float) * (size_t)m2 * rows) : y;
     const __nv_bfloat16 *wb;
     if (w->fmt == DS_W_BF16) {
         wb = (const __nv_bfloat16 *)dw->data + (size_t)row0 * k;
@@ -374,18 +405,19 @@ static bool blas_product(cu_io *io, float *y, const float *x, int n, const ds_we
                                                                                 row0, rows, k);
         wb = t;
     }
-    if (!xb || !y2) return false;
+    if (!xb) return false;
     split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
     const float one = 1.0f, zero = 0.0f;
-    /* column-major: Y^T (rows x m2) = W (k x rows)^T X^T (k x m2) */
-    cublasStatus_t st = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m2, k, &one, wb, CUDA_R_16BF, k, xb,
-                                     CUDA_R_16BF, k, &zero, y2, CUDA_R_32F, rows, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        cu_check(cudaErrorUnknown, "cublasGemmEx");
-        return true;
+    /* column-major: Y^T (rows x n) = W (k x rows)^T X^T (k x n), hi then (split) += the lo half */
+    for (int half = 0; half < (g_split ? 2 : 1); half++) {
+        cublasStatus_t st = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, k, &one, wb, CUDA_R_16BF, k,
+                                         xb + half * nx, CUDA_R_16BF, k, half ? &one : &zero, y, CUDA_R_32F, rows,
+                                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            cu_check(cudaErrorUnknown, "cublasGemmEx");
+            return true;
+        }
     }
-    if (g_split) sum_halves_kernel<<<cu_blocks((size_t)n * rows, 256), 256, 0, cu_s>>>(y, y2, (size_t)n * rows);
     return true;
 }
 
@@ -406,6 +438,9 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
                 launch_act_quant(dx, n, k, xq, xs, ue8m0);
                 launch_product<DS_W_FP8, true>(dy, xq, xs, n, &dw, k, row0, rows);
             }
+        } else if (n >= BLAS_MIN && w->fmt == DS_W_FP8 && k % 16 == 0 && row0 % 32 == 0 && (uintptr_t)dw.data % 16 == 0 &&
+                   cu_device_readable(dx) && cu_device_readable(dy) && cu_dense_fp8_tc(dy, dx, n, &dw, k, row0, rows)) {
+            /* tensor cores, exact e4m3 */
         } else if (n >= BLAS_MIN && blas_ready() && (w->fmt == DS_W_BF16 || (w->fmt == DS_W_FP8 && !g_split)) &&
                    blas_product(&io, dy, dx, n, w, &dw, k, row0, rows)) {
             /* tensor cores */
@@ -539,40 +574,86 @@ heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int x
     }
 }
 
+/* FP8 per-head products on the tensor cores (blas_heads): e4m3 -> bf16 (exact) */
+__global__ void e4m3_bf16_kernel(__nv_bfloat16 *out, const uint8_t *__restrict__ w, size_t n)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < n) out[i] = __float2bfloat16_rn(cu_e4m3(w[i]));
+}
+
+/* x (n*H rows of xs) * the scale of head h's row block at column c, split into bf16 hi (+ lo) */
+__global__ void split_scaled_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *__restrict__ x, size_t n,
+                                    int xs, int H, int cols, const float *__restrict__ s, int kb, int row0, int hstride)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int c = (int)(i % xs), h = (int)(i / xs % H);
+    float v = x[i] * (c < cols ? s[(size_t)((row0 + h * hstride) / DS_BLOCK) * kb + c / DS_BLOCK] : 1.0f);
+    __nv_bfloat16 b = __float2bfloat16_rn(v);
+    hi[i] = b;
+    if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(b));
+}
+
+/* y (n*H rows of ys) *= the scale of head h's row block at column c */
+__global__ void scale_heads_out_kernel(float *y, size_t n, int ys, int H, const float *__restrict__ s, int kb, int row0,
+                                       int hstride)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int c = (int)(i % ys), h = (int)(i / ys % H);
+    y[i] *= s[(size_t)((row0 + h * hstride) / DS_BLOCK) * kb + c / DS_BLOCK];
+}
+
 /* The per-head products of n >= BLAS_MIN tokens with BF16 weights on the
  * tensor cores: one strided-batched GEMM over the heads (batch stride xs in x,
  * ys in y, hstride rows in W), activations split into bf16 hi + lo as in
- * blas_product (both halves as 2n columns of one product, then summed).
+ * blas_product (the lo half accumulated by a second product, beta = 1).
  * trans: matmul_heads_t (y = x W_h); else matmul_heads (y = x W_h^T).
  * out: columns per head in y (cols for _t, rows otherwise), which must equal
- * ys so that the halves' sum writes nothing else. False: not taken. */
+ * ys (y is written whole). False: not taken. */
 static bool blas_heads(cu_io *io, bool trans, float *y, int ys, const float *x, int xs, int n, int H,
                        const ds_weight *w, const cu_weight *dw, int row0, int hstride, int rows)
 {
-    int cols = w->cols, out = trans ? cols : rows;
-    if (n < BLAS_MIN || w->fmt != DS_W_BF16 || out != ys || !blas_ready()) return false;
-    int m2 = g_split ? 2 * n : n;
-    size_t nx = (size_t)n * H * xs, ny = (size_t)n * H * ys;
+    int cols = w->cols, out = trans ? cols : rows, kb = (cols + DS_BLOCK - 1) / DS_BLOCK;
+    /* FP8: each head's rows in one 128-row scale block, so the scales vary along the
+     * columns only: e4m3 values (exact in bf16) in the product, the scales folded into
+     * the activations (matmul_heads: the columns are the contraction) or applied to
+     * the outputs (matmul_heads_t: the columns are the outputs) */
+    bool fp8 = w->fmt == DS_W_FP8 && row0 % DS_BLOCK == 0 && hstride % DS_BLOCK == 0 && rows <= DS_BLOCK;
+    if (n < BLAS_MIN || !(w->fmt == DS_W_BF16 || fp8) || out != ys || !blas_ready()) return false;
+    size_t nx = (size_t)n * H * xs;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_tmp(io, sizeof(__nv_bfloat16) * nx * (g_split ? 2 : 1));
-    float *y2 = g_split ? (float *)cu_tmp(io, sizeof(float) * ny * 2) : y;
-    if (!xb || !y2) return false;
-    split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)dw->data + (size_t)row0 * cols;
-    const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t st;
-    if (trans) /* column-major per head: Y_h^T (cols x m2) = W_h (cols x rows) X_h^T (rows x m2) */
-        st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, m2, rows, &one, wb, CUDA_R_16BF, cols,
-                                        (long long)hstride * cols, xb, CUDA_R_16BF, H * xs, xs, &zero, y2, CUDA_R_32F,
-                                        H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    else /* Y_h^T (rows x m2) = W_h^T' (rows x cols) X_h^T (cols x m2) */
-        st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m2, cols, &one, wb, CUDA_R_16BF, cols,
-                                        (long long)hstride * cols, xb, CUDA_R_16BF, H * xs, xs, &zero, y2, CUDA_R_32F,
-                                        H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) {
-        cu_check(cudaErrorUnknown, "cublasGemmStridedBatchedEx");
-        return true;
+    __nv_bfloat16 *w8 = fp8 ? (__nv_bfloat16 *)cu_tmp(io, sizeof(__nv_bfloat16) * (size_t)w->rows * cols) : NULL;
+    if (!xb || (fp8 && !w8)) return false;
+    if (fp8) {
+        e4m3_bf16_kernel<<<cu_blocks((size_t)w->rows * cols, 256), 256, 0, cu_s>>>(w8, (const uint8_t *)dw->data,
+                                                                                (size_t)w->rows * cols);
+        if (!trans)
+            split_scaled_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx, xs, H, cols,
+                                                                      dw->scale, kb, row0, hstride);
     }
-    if (g_split) sum_halves_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, y2, ny);
+    if (!fp8 || trans) split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+    const __nv_bfloat16 *wb = (fp8 ? w8 : (const __nv_bfloat16 *)dw->data) + (size_t)row0 * cols;
+    const float one = 1.0f, zero = 0.0f;
+    for (int half = 0; half < (g_split ? 2 : 1); half++) { /* hi, then (split) += the lo half */
+        const float *beta = half ? &one : &zero;
+        cublasStatus_t st;
+        if (trans) /* column-major per head: Y_h^T (cols x n) = W_h (cols x rows) X_h^T (rows x n) */
+            st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, cols, n, rows, &one, wb, CUDA_R_16BF, cols,
+                                            (long long)hstride * cols, xb + half * nx, CUDA_R_16BF, H * xs, xs, beta, y,
+                                            CUDA_R_32F, H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        else /* Y_h^T (rows x n) = W_h^T' (rows x cols) X_h^T (cols x n) */
+            st = cublasGemmStridedBatchedEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &one, wb, CUDA_R_16BF, cols,
+                                            (long long)hstride * cols, xb + half * nx, CUDA_R_16BF, H * xs, xs, beta, y,
+                                            CUDA_R_32F, H * ys, ys, H, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS) {
+            cu_check(cudaErrorUnknown, "cublasGemmStridedBatchedEx");
+            return true;
+        }
+    }
+    if (fp8 && trans)
+        scale_heads_out_kernel<<<cu_blocks((size_t)n * H * ys, 256), 256, 0, cu_s>>>(y, (size_t)n * H * ys, ys, H,
+                                                                                    dw->scale, kb, row0, hstride);
     return true;
 }
 
@@ -670,19 +751,39 @@ bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const 
 /* ---- dense absorb attention for a prefill (one sequence's consecutive
  * positions): per chunk of tokens, S = q_c KV^T + q_pe PE^T over the cache rows
  * 0 .. L-1 (all heads of a token share them: one product for all heads),
- * causal softmax of S * scale in place, out = P KV. float32 SGEMMs (no TF32):
- * the same sums as the kernel up to order, at GEMM speed. */
+ * causal softmax of S * scale, out = P KV, on the tensor cores. Both operands
+ * of each product are float32 activations: in split mode (the default) each is
+ * split into bf16 hi + lo and the three terms hi.hi + hi.lo + lo.hi are one
+ * GEMM over a K three times as long ([Qh | Qh | Ql] . [Kh | Kl | Kh]); the
+ * dropped lo.lo term is ~2^-16 relative. DSV3_CUDA_GEMM=bf16: one term. */
 
 #define DENSE_ATTN_MIN 16
 #define DENSE_ATTN_BYTES ((size_t)256 << 20) /* score matrix per chunk */
 
-/* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale; zeros beyond. */
-__global__ void causal_softmax_kernel(float *s, int L, int H, int pos0, float scale)
+/* dst[s * seg + i * ld + c] for s < nseg = bf16 hi of x (or its lo remainder when
+ * bit s of lo_mask is set), x = row i of [src1 (d1 columns) | src2 (d2 columns)]. */
+__global__ void attn_pack_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                                 const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
+                                 int d2)
+{
+    size_t i = blockIdx.x;
+    for (int c = threadIdx.x; c < d1 + d2; c += blockDim.x) {
+        float v = c < d1 ? s1[i * ss1 + c] : s2[i * ss2 + c - d1];
+        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
+        for (int k = 0; k < nseg; k++) dst[k * seg + i * ld + c] = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+/* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale,
+ * zeros beyond, written as bf16 to p[i][k * L + j] for k < nseg (hi, or lo for bit k of lo_mask). */
+__global__ void causal_softmax_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p, int L, int H,
+                                      int pos0, float scale, int nseg, unsigned lo_mask)
 {
     __shared__ float red[32];
     int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     int nw = blockDim.x / 32;
-    float *row = s + (size_t)i * L;
+    const float *row = s + (size_t)i * L;
+    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
     float mx = -INFINITY;
     for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, row[j] * scale);
     mx = cu_warp_max(mx);
@@ -692,17 +793,18 @@ __global__ void causal_softmax_kernel(float *s, int L, int H, int pos0, float sc
     for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
     __syncthreads();
     float sum = 0;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
-        float e = expf(row[j] * scale - mx);
-        row[j] = e;
-        sum += e;
-    }
+    for (int j = threadIdx.x; j < len; j += blockDim.x) sum += expf(row[j] * scale - mx);
     sum = cu_warp_sum(sum);
     if (lane == 0) red[warp] = sum;
     __syncthreads();
     sum = 0;
     for (int w = 0; w < nw; w++) sum += red[w];
-    for (int j = threadIdx.x; j < L; j += blockDim.x) row[j] = j < len ? row[j] / sum : 0.0f;
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        float v = j < len ? expf(row[j] * scale - mx) * inv : 0.0f;
+        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
+        for (int k = 0; k < nseg; k++) prow[(size_t)k * L + j] = (lo_mask >> k & 1) ? l : h;
+    }
 }
 
 bool cu_attention_dense(const ds_attn_args *a)
@@ -712,33 +814,63 @@ bool cu_attention_dense(const ds_attn_args *a)
     if (!cu_device_readable(a->q_c) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
         (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
         return false;
-    int Lmax = a->pos0 + n;
-    size_t per_tok = sizeof(float) * (size_t)H * Lmax;
+    int nseg = g_split ? 3 : 1, D = R + rp, KD = nseg * D, Lmax = a->pos0 + n;
+    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * Lmax;
     int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"); /* tests: chunks of fewer tokens */
+    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
     if (tc < 1) tc = 1;
     if (tc > n) tc = n;
-    float *S = (float *)cu_alloc(per_tok * tc);
-    if (!S) return false;
+    /* scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys [Kh | Kl | Kh], values [Kh; Kl; Kh] */
+    float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * Lmax * tc);
+    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * Lmax * tc * nseg);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
+    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * KD);
+    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * R * nseg);
+    bool ok = S && P && Q && Kp && V;
     const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
     const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
+    const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
+    if (ok) {
+        attn_pack_kernel<<<(unsigned)(n * H), 256, 0, cu_s>>>(Q, D, KD, nseg, q_lo, a->q_c, R, R, a->q_pe, rp, rp);
+        attn_pack_kernel<<<(unsigned)Lmax, 256, 0, cu_s>>>(Kp, D, KD, nseg, k_lo, kv, R, R, pe, rp, rp);
+        attn_pack_kernel<<<(unsigned)Lmax, 256, 0, cu_s>>>(V, (long long)Lmax * R, R, nseg, k_lo, kv, R, R, NULL, 0, 0);
+    } else { /* no memory for the tensor-core form: the attention kernel */
+        cu_free(S);
+        cu_free(P);
+        cu_free(Q);
+        cu_free(Kp);
+        cu_free(V);
+        cu_check(cudaGetLastError(), "attention: memory");
+        return false;
+    }
     const float one = 1.0f, zero = 0.0f;
-    bool ok = true;
     for (int t0 = 0; t0 < n && ok; t0 += tc) {
         int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
-        /* column-major: S^T (L x rows) = KV (R x L)^T Q_c^T (R x rows), ldc = L */
-        ok = cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, R, &one, kv, R, a->q_c + (size_t)t0 * H * R, R,
-                         &zero, S, L) == CUBLAS_STATUS_SUCCESS;
-        if (ok && rp)
-            ok = cublasSgemm(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, rp, &one, pe, rp,
-                             a->q_pe + (size_t)t0 * H * rp, rp, &one, S, L) == CUBLAS_STATUS_SUCCESS;
-        if (ok) causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, L, H, a->pos0 + t0, a->softmax_scale);
-        /* out^T (R x rows) = KV^T (R x L) P^T (L x rows) */
+        /* column-major: S^T (L x rows) = Kp (KD x L)^T Q^T (KD x rows), ldc = L */
+        ok = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, KD, &one, Kp, CUDA_R_16BF, KD,
+                          Q + (size_t)t0 * H * KD, CUDA_R_16BF, KD, &zero, S, CUDA_R_32F, L, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
         if (ok)
-            ok = cublasSgemm(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, L, &one, kv, R, S, L, &zero,
-                             a->out + (size_t)t0 * H * R, R) == CUBLAS_STATUS_SUCCESS;
+            causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+        /* out^T (R x rows) = V' (R x nseg L) P'^T (nseg L x rows): V' segment k at column k * L;
+         * the values are laid out with Lmax rows per segment, so one product per segment
+         * when L < Lmax (earlier chunks), else one product over all */
+        if (ok && L == Lmax)
+            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, nseg * L, &one, V, CUDA_R_16BF, R, P,
+                              CUDA_R_16BF, nseg * L, &zero, a->out + (size_t)t0 * H * R, CUDA_R_32F, R,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+        for (int k = 0; ok && L < Lmax && k < nseg; k++)
+            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, L, &one, V + (size_t)k * Lmax * R, CUDA_R_16BF,
+                              R, P + (size_t)k * L, CUDA_R_16BF, nseg * L, k ? &one : &zero, a->out + (size_t)t0 * H * R,
+                              CUDA_R_32F, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
     }
-    if (!ok) cu_check(cudaErrorUnknown, "attention: cublasSgemm");
+    if (!ok) cu_check(cudaErrorUnknown, "attention: cublasGemmEx");
     cu_free(S);
+    cu_free(P);
+    cu_free(Q);
+    cu_free(Kp);
+    cu_free(V);
     cu_check(cudaGetLastError(), "attention: launch");
     return true;
 }

@@ -166,6 +166,21 @@ void cu_silu_mul(float *a, const float *b, size_t n);
  * grouped cuBLAS product; false when cuBLAS refuses it. */
 bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const int *cnt, const cu_weight *w, int np,
                      int k, int rows);
+/* True when prefill products split activations into bf16 hi + lo halves (~16
+ * bits; the default); DSV3_CUDA_GEMM=bf16: rounded to bf16 once. */
+bool cu_gemm_split(void);
+/* The routed experts of a prefill on the tensor cores (cuda_grouped.cu):
+ * ys (total, dim) = per expert w2(silu(w1 x) * w3 x) over the rows list[i] of x
+ * gathered in expert order (cnt: host prefix counts, ne + 1 entries); tab: the
+ * device table [3][ne] of w1, w3, w2. cu_grouped_ok: the weights suit it. */
+bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2);
+bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
+                        ds_wfmt fmt, int dim, int inter);
+/* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T, W FP8 (device copy dw), on
+ * the tensor cores with exact e4m3 values and block scales on partial sums;
+ * k % 16 == 0 and row0 % 32 == 0 (a warp's 32 rows in one scale block); false
+ * when it could not run (nothing queued). */
+bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows);
 /* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_internal.cuh"
 #include <cuda_profiler_api.h>
@@ -222,8 +223,11 @@ void cu_upload(void *dst, const void *src, size_t bytes)
     if (g_test_mode) cu_check(cudaStreamSynchronize(cu_s), "upload: synchronize");
 }
 
+static void opt_mark(const char *op);
+
 void cu_download(void *dst, const void *src, size_t bytes)
 {
+    opt_mark("(before a download)");
     if (bytes) cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu_s), "download");
     cu_check(cudaStreamSynchronize(cu_s), "download: synchronize");
 }
@@ -319,8 +323,69 @@ void *cu_out(cu_io *io, void *p, size_t bytes, bool copy_in)
     return d;
 }
 
+/* ---- per-op wall time (cuda_op_times): a synchronisation at the end of every op,
+ * the time since the previous mark charged to that op's name */
+
+#define OPT_MAX 64
+static bool g_optime;
+static double g_opt_last;
+static struct {
+    const char *name;
+    double s;
+    long calls;
+} g_opt[OPT_MAX];
+
+static double opt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void opt_mark(const char *op)
+{
+    if (!g_optime || g_capturing) return;
+    cudaStreamSynchronize(cu_s);
+    double t = opt_now();
+    int i = 0;
+    while (i < OPT_MAX && g_opt[i].name && strcmp(g_opt[i].name, op)) i++;
+    if (i < OPT_MAX) {
+        g_opt[i].name = op;
+        g_opt[i].s += t - g_opt_last;
+        g_opt[i].calls++;
+    }
+    g_opt_last = t;
+}
+
+extern "C" void cuda_op_times(bool on)
+{
+    cudaStreamSynchronize(cu_s);
+    if (on) memset(g_opt, 0, sizeof g_opt);
+    g_optime = on;
+    g_opt_last = opt_now();
+}
+
+extern "C" void cuda_op_times_print(FILE *f)
+{
+    double tot = 0;
+    for (int i = 0; i < OPT_MAX && g_opt[i].name; i++) tot += g_opt[i].s;
+    fprintf(f, "%-24s %6s %9s %6s %9s\n", "op (synchronised)", "calls", "ms", "share", "us each");
+    for (;;) {
+        int b = -1;
+        for (int i = 0; i < OPT_MAX && g_opt[i].name; i++)
+            if (g_opt[i].calls > 0 && (b < 0 || g_opt[i].s > g_opt[b].s)) b = i;
+        if (b < 0) break;
+        fprintf(f, "%-24s %6ld %9.3f %5.1f%% %9.1f\n", g_opt[b].name, g_opt[b].calls, g_opt[b].s * 1e3,
+                100 * g_opt[b].s / tot, g_opt[b].s / g_opt[b].calls * 1e6);
+        g_opt[b].calls = -g_opt[b].calls;
+    }
+    for (int i = 0; i < OPT_MAX && g_opt[i].name; i++) g_opt[i].calls = -g_opt[i].calls;
+    fprintf(f, "%-24s %6s %9.3f\n", "total", "", tot * 1e3);
+}
+
 void cu_end(cu_io *io, const char *op)
 {
+    opt_mark(op);
     char what[96];
     snprintf(what, sizeof what, "%s: launch", op);
     cu_check(cudaGetLastError(), what);

@@ -6,15 +6,18 @@
  *   up:   one block per (token, k, 4-row tile) computes rows of w1 and w3 of
  *         expert idx[t][k] against x[t] and writes h = silu(w1 x) * w3 x;
  *   down: one block per (token, 4-row tile of dim) sums over k the rows of w2
- *         of each chosen expert against h[t][k], weighted by wt[t][k], in k
- *         order (deterministic; no atomics).
+ *         of each chosen expert against h[t][k], weighted by wt[t][k], the
+ *         (expert, chunk) pairs spread over the threads (deterministic order;
+ *         no atomics).
  * Experts outside [e0, e0 + ne) (another rank's) are skipped. The experts'
  * device addresses are kept in a per-layer table on the device, re-uploaded
  * only when a weight moved.
- * Prefill: the routing choice is downloaded (one synchronisation per layer),
- * tokens grouped per local expert on the host, and each expert with tokens
- * runs gather -> w1, w3 -> silu * -> w2 -> weighted scatter-add, so that large
- * groups reach the tensor-core products. */
+ * Prefill: the routing choice is downloaded (one synchronisation per layer)
+ * and tokens grouped per local expert on the host; BF16 experts (and FP8 ones
+ * outside the FP8 GEMM path) then run as two grouped tensor-core launches over
+ * all experts (cuda_grouped.cu) and one combine. Otherwise grouped cuBLAS
+ * (BF16), or per expert gather -> w1, w3 -> silu * -> w2 -> weighted
+ * scatter-add. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -186,7 +189,10 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const i
     }
 }
 
-/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e; grid (row tiles, n). */
+/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e; grid (row tiles, n).
+ * The (expert, 16-byte chunk) pairs of all K experts are spread over the block's
+ * threads at once (one block sum at the end), so that short rows (inter = 1408 BF16:
+ * 176 chunks) keep every thread loading; the sum order is fixed (deterministic). */
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
@@ -194,7 +200,7 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][MOE_RW];
-    int t = blockIdx.y, r0 = blockIdx.x * MOE_RW;
+    int t = blockIdx.y, r0 = blockIdx.x * MOE_RW, nch = inter / E;
     size_t base[MOE_RW];
     int row[MOE_RW];
     #pragma unroll
@@ -202,22 +208,19 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
         row[rr] = min(r0 + rr, dim - 1);
         base[rr] = (size_t)row[rr] * inter;
     }
-    float out = 0; /* thread rr < MOE_RW: row r0 + rr */
-    for (int kk = 0; kk < K; kk++) {
-        int p = t * K + kk, e = idx[p] - e0;
+    float acc[MOE_RW] = {};
+    for (int it = threadIdx.x; it < K * nch; it += MOE_THREADS) {
+        int kk = it / nch, c = (it % nch) * E, p = t * K + kk, e = idx[p] - e0;
         if (e < 0 || e >= ne) continue;
         cu_weight w2 = tab[2 * ne + e];
-        const float *hr = h + (size_t)p * inter;
-        float acc[MOE_RW] = {};
-        for (int c = threadIdx.x * E; c < inter; c += MOE_THREADS * E) {
-            float xv[E];
-            moe_xload<E>(hr + c, xv);
-            moe_dot_chunk<F>(acc, xv, w2.data, w2.scale, base, row, inter, c);
-        }
-        float s = moe_block_sum<MOE_RW>(acc, red);
-        __syncthreads();
-        if (threadIdx.x < MOE_RW) out += wt[p] * s;
+        float xv[E], part[MOE_RW] = {};
+        moe_xload<E>(h + (size_t)p * inter + c, xv);
+        moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
+        float wk = wt[p];
+        #pragma unroll
+        for (int rr = 0; rr < MOE_RW; rr++) acc[rr] += wk * part[rr];
     }
+    float out = moe_block_sum<MOE_RW>(acc, red); /* thread rr < MOE_RW: row r0 + rr */
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
@@ -360,6 +363,26 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
         free(fill);
     }
     cu_upload(dl, hl, sizeof(int) * 3 * (size_t)nk);
+    if (cu_grouped_ok(ew1, ew2) && (ew1[0].fmt == DS_W_BF16 || gemm == DS_GEMM_BF16) &&
+        cu_device_readable(x) && cu_device_readable(y) && cu_device_readable(wt)) {
+        /* tensor cores (bf16 hi + lo activations, or bf16 in DSV3_CUDA_GEMM=bf16 mode):
+         * a gather, two grouped launches, then the combine in k order */
+        const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+        if (cnt[ne] == 0) {
+            cu_zero(y, sizeof(float) * (size_t)n * dim);
+            goto done;
+        }
+        float *ys2 = tab ? (float *)cu_alloc(sizeof(float) * (size_t)cnt[ne] * dim) : NULL;
+        bool ok = ys2 && cu_grouped_experts(ys2, x, dl, cnt, ne, tab, ew1[0].fmt, dim, inter);
+        if (ok)
+            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys2, dl + 2 * nk,
+                                                                                               wt, K, dim);
+        cu_free(ys2);
+        if (ok) {
+            cu_check(cudaGetLastError(), "moe_experts: combine");
+            goto done;
+        }
+    }
     if (ew1[0].fmt == DS_W_BF16 && cu_device_readable(x) && cu_device_readable(y) && cu_device_readable(wt) &&
         moe_experts_blas(y, x, n, K, wt, ew1, ew2, ew3, ne, cnt, dl, dl + 2 * nk))
         goto done;

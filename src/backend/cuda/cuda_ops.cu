@@ -337,6 +337,237 @@ static void launch_attn(const attn_p *p, int tokens)
                               sizeof(float) * (size_t)p->splits, cu_s>>>(*p);
 }
 
+/* ---- multi-query decode attention (absorb form): the heads of one token share
+ * every latent row, so one block takes MQ_HG heads of a token and a range of
+ * positions, loads each tile of MQ_TP cache rows once into shared memory (the
+ * next tile's loads held in registers meanwhile), and computes all heads'
+ * scores (4 heads x 4 positions per thread, 16 lanes splitting the columns:
+ * half a shared load per product), their online softmax (16-lane shuffles)
+ * and the value sums (thread per 1..4 output columns, all heads).
+ * The per-head kernel above read each row once per head (16 x the bytes at
+ * the 16B config; 79.5 us per layer at depth 4096, stage 4). Partial results
+ * use attn_kernel's layout, so attn_combine_kernel merges the splits. */
+#define MQ_HG 16
+#define MQ_TP 16
+#define MQ_THREADS (MQ_HG * MQ_TP)
+#define MQ_FILL 264 /* blocks wanted: 2 per SM */
+#define MQ_MIN_CHUNK 64
+
+/* NC: output columns per thread (dv <= 256 * NC). Shared rows of LD = d1 + d2 + 4
+ * floats (two half-warps reading rows 4 apart hit disjoint banks). */
+template <int NC>
+__global__ void __launch_bounds__(MQ_THREADS) attn_mq_kernel(attn_p p)
+{
+    extern __shared__ float sm[];
+    int D = p.d1 + p.d2, LD = D + 4;
+    int groups = (p.heads + MQ_HG - 1) / MQ_HG;
+    int t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * MQ_HG, hg = min(MQ_HG, p.heads - h0);
+    float *sq = sm;                    /* [MQ_HG][LD] queries */
+    float *sk = sq + MQ_HG * LD;       /* [MQ_TP][LD] cache rows */
+    float *ss = sk + MQ_TP * LD;       /* [MQ_HG][MQ_TP] scores */
+    float *sp = ss + MQ_HG * MQ_TP;    /* [MQ_TP][MQ_HG] probabilities (position-major) */
+    float *sc = sp + MQ_HG * MQ_TP;    /* [MQ_HG] correction factors */
+    int tid = threadIdx.x, hh = tid / MQ_TP, jj = tid % MQ_TP;
+    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
+    if (p.splits > 1) {
+        j0 = blockIdx.y * p.chunk;
+        len = min(len, j0 + p.chunk);
+    }
+    if (j0 >= len) { /* an empty split (short context): nothing to add */
+        for (int h = 0; h < hg; h++) {
+            size_t ps = ((size_t)t * p.heads + h0 + h) * p.splits + blockIdx.y;
+            if (tid == 0) {
+                p.pm[ps] = -INFINITY;
+                p.pl[ps] = 0.0f;
+            }
+            for (int c = tid; c < p.dv; c += MQ_THREADS) p.po[ps * p.dv + c] = 0.0f;
+        }
+        return;
+    }
+    for (int i = tid; i < MQ_HG * D; i += MQ_THREADS) {
+        int h = i / D, c = i % D;
+        float v = 0;
+        if (h < hg) {
+            size_t th = (size_t)t * p.heads + h0 + h;
+            v = c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
+        }
+        sq[h * LD + c] = v;
+    }
+    const float *k1 = p.k1 + s * p.k1_seq, *k2 = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
+    float m = -INFINITY, l = 0; /* of head hh (kept by every thread of that head) */
+    float acc[MQ_HG][NC];
+    #pragma unroll
+    for (int h = 0; h < MQ_HG; h++)
+        #pragma unroll
+        for (int u = 0; u < NC; u++) acc[h][u] = 0;
+    constexpr int PF = 40; /* prefetch registers: MQ_TP * D / MQ_THREADS = D / 16 <= 40 (D <= 640) */
+    float pf[PF];
+    /* element e of a tile: row e / D, column e % D; thread tid takes e = tid + MQ_THREADS * i */
+    auto fetch = [&](int jt) {
+        #pragma unroll
+        for (int i = 0; i < PF; i++) {
+            int e = tid + MQ_THREADS * i;
+            if (e >= MQ_TP * D) break;
+            int r = e / D, c = e % D, j = jt + r;
+            float v = 0;
+            if (j < len) v = c < p.d1 ? k1[(size_t)j * p.k1_pos + c] : k2[(size_t)j * p.k2_pos + c - p.d1];
+            pf[i] = v;
+        }
+    };
+    /* scores: thread = (16 lanes splitting the columns) x (4 heads x 4 positions block) */
+    int ds = tid % 16, blk = tid / 16, hb = (blk / 4) * 4, jb = (blk % 4) * 4;
+    fetch(j0);
+    for (int jt = j0; jt < len; jt += MQ_TP) {
+        __syncthreads(); /* the previous tile's readers are done */
+        #pragma unroll
+        for (int i = 0; i < PF; i++) {
+            int e = tid + MQ_THREADS * i;
+            if (e >= MQ_TP * D) break;
+            sk[(e / D) * LD + e % D] = pf[i];
+        }
+        __syncthreads();
+        if (jt + MQ_TP < len) fetch(jt + MQ_TP);
+        float a[4][4];
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int q = 0; q < 4; q++) a[i][q] = 0;
+        for (int c = ds; c < D; c += 16) {
+            float qv[4], kv[4];
+            #pragma unroll
+            for (int i = 0; i < 4; i++) qv[i] = sq[(hb + i) * LD + c];
+            #pragma unroll
+            for (int q = 0; q < 4; q++) kv[q] = sk[(jb + q) * LD + c];
+            #pragma unroll
+            for (int i = 0; i < 4; i++)
+                #pragma unroll
+                for (int q = 0; q < 4; q++) a[i][q] += qv[i] * kv[q];
+        }
+        float mine = 0;
+        #pragma unroll
+        for (int i = 0; i < 4; i++)
+            #pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float v = a[i][q];
+                #pragma unroll
+                for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 16);
+                if (ds == i * 4 + q) mine = v;
+            }
+        ss[(hb + ds / 4) * MQ_TP + jb + ds % 4] = jt + jb + ds % 4 < len ? mine * p.scale : -INFINITY;
+        __syncthreads();
+        /* online softmax: thread (hh, jj) */
+        float d = ss[hh * MQ_TP + jj], tmax = d;
+        #pragma unroll
+        for (int o = MQ_TP / 2; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o, MQ_TP));
+        float mn = fmaxf(m, tmax);
+        float corr = mn == -INFINITY ? 1.0f : expf(m - mn), e = mn == -INFINITY ? 0.0f : expf(d - mn);
+        float tsum = e;
+        #pragma unroll
+        for (int o = MQ_TP / 2; o > 0; o >>= 1) tsum += __shfl_xor_sync(0xffffffffu, tsum, o, MQ_TP);
+        l = l * corr + tsum;
+        m = mn;
+        sp[jj * MQ_HG + hh] = e;
+        if (jj == 0) sc[hh] = corr;
+        __syncthreads();
+        /* values: columns tid + MQ_THREADS * u of every head */
+        #pragma unroll
+        for (int h = 0; h < MQ_HG; h++) {
+            float cr = sc[h];
+            #pragma unroll
+            for (int u = 0; u < NC; u++) acc[h][u] *= cr;
+        }
+        #pragma unroll 4
+        for (int r = 0; r < MQ_TP; r++) {
+            float kv[NC];
+            #pragma unroll
+            for (int u = 0; u < NC; u++) {
+                int c = tid + MQ_THREADS * u;
+                kv[u] = c < p.dv ? sk[r * LD + c] : 0.0f;
+            }
+            #pragma unroll
+            for (int g = 0; g < MQ_HG / 4; g++) {
+                float4 pr = *(const float4 *)&sp[r * MQ_HG + 4 * g];
+                #pragma unroll
+                for (int u = 0; u < NC; u++) {
+                    acc[4 * g][u] += pr.x * kv[u];
+                    acc[4 * g + 1][u] += pr.y * kv[u];
+                    acc[4 * g + 2][u] += pr.z * kv[u];
+                    acc[4 * g + 3][u] += pr.w * kv[u];
+                }
+            }
+        }
+    }
+    /* results: per head, m and l are held by the threads of that head; share them */
+    __syncthreads();
+    if (jj == 0) {
+        sc[hh] = m;
+        ss[hh] = l; /* ss is free now */
+    }
+    __syncthreads();
+    for (int h = 0; h < hg; h++) {
+        size_t th = (size_t)t * p.heads + h0 + h;
+        float mh = sc[h], lh = ss[h];
+        if (p.splits > 1) {
+            size_t ps = th * p.splits + blockIdx.y;
+            if (tid == 0) {
+                p.pm[ps] = mh;
+                p.pl[ps] = mh == -INFINITY ? 0.0f : lh;
+            }
+            #pragma unroll
+            for (int u = 0; u < NC; u++) {
+                int c = tid + MQ_THREADS * u;
+                if (c < p.dv) p.po[ps * p.dv + c] = mh == -INFINITY ? 0.0f : acc[h][u];
+            }
+        } else {
+            #pragma unroll
+            for (int u = 0; u < NC; u++) {
+                int c = tid + MQ_THREADS * u;
+                if (c < p.dv) p.out[th * p.outs + c] = acc[h][u] / lh;
+            }
+        }
+    }
+}
+
+/* The absorb form with a shared cache row per position (no head offsets, values
+ * = the first dv columns of k1) and rows of at most 640 floats; opt-in. */
+static bool attn_mq_ok(const attn_p *p)
+{
+    /* off unless DSV3_CUDA_ATTN_MQ=1: measured in stage 6 it saved ~13 us per layer at
+     * depth 4096 but cost ~26 us per layer at depth 0 (one block does every head of the
+     * only non-empty split; 75 KB of shared memory per block), so batch-1 decode lost */
+    const char *e = getenv("DSV3_CUDA_ATTN_MQ");
+    if (!(e && !strcmp(e, "1"))) return false;
+    return p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 && p->v_pos == p->k1_pos &&
+           p->dv <= p->d1 && p->d1 + p->d2 <= 640 && p->dv <= 4 * MQ_THREADS && (p->d2 == 0 || p->k2);
+}
+
+static void mq_split(attn_p *p, int n, int ctx)
+{
+    long long blocks = (long long)n * ((p->heads + MQ_HG - 1) / MQ_HG), want = (MQ_FILL + blocks - 1) / blocks;
+    long long most = (ctx + MQ_MIN_CHUNK - 1) / MQ_MIN_CHUNK;
+    p->splits = (int)(want < most ? want : most);
+    if (p->splits < 1) p->splits = 1;
+    p->chunk = (ctx + p->splits - 1) / p->splits;
+    p->chunk = (p->chunk + MQ_TP - 1) / MQ_TP * MQ_TP;
+    p->splits = (ctx + p->chunk - 1) / p->chunk;
+}
+
+template <int NC>
+static void launch_attn_mq(const attn_p *p, int tokens)
+{
+    int D = p->d1 + p->d2, LD = D + 4;
+    dim3 grid((unsigned)tokens * ((p->heads + MQ_HG - 1) / MQ_HG), (unsigned)p->splits);
+    size_t smem = sizeof(float) * ((size_t)(MQ_HG + MQ_TP) * LD + 2 * MQ_HG * MQ_TP + MQ_HG);
+    static bool attr;
+    if (!attr)
+        attr = cu_check(cudaFuncSetAttribute(attn_mq_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
+                        "attention: shared memory");
+    attn_mq_kernel<NC><<<grid, MQ_THREADS, smem, cu_s>>>(*p);
+    if (p->splits > 1)
+        attn_combine_kernel<<<dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
+                              sizeof(float) * (size_t)p->splits, cu_s>>>(*p);
+}
+
 /* Splits over positions: enough blocks to fill the device (ATTN_FILL) when
  * tokens x heads alone do not, each split at least ATTN_MIN_CHUNK positions.
  * Depends only on the shapes (n, H, ctx), never on positions, so a captured
@@ -407,7 +638,11 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         ok = p.q1 && p.k1 && p.v && p.out;
     }
     p.splits = 1;
-    if (ok) attn_split(&p, n, a->ctx);
+    bool mq = ok && attn_mq_ok(&p);
+    if (ok) {
+        if (mq) mq_split(&p, n, a->ctx);
+        else attn_split(&p, n, a->ctx);
+    }
     if (ok && p.splits > 1) {
         size_t np = th * p.splits;
         p.pm = (float *)cu_alloc(sizeof(float) * np * (2 + (size_t)p.dv)); /* pool: stays valid in a graph */
@@ -416,7 +651,12 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         ok = p.pm != NULL;
     }
     if (ok && p.seq && p.pos) {
-        if (p.dv <= 32) launch_attn<1>(&p, n);
+        if (mq) {
+            if (p.dv <= MQ_THREADS) launch_attn_mq<1>(&p, n);
+            else if (p.dv <= 2 * MQ_THREADS) launch_attn_mq<2>(&p, n);
+            else if (p.dv <= 3 * MQ_THREADS) launch_attn_mq<3>(&p, n);
+            else launch_attn_mq<4>(&p, n);
+        } else if (p.dv <= 32) launch_attn<1>(&p, n);
         else if (p.dv <= 64) launch_attn<2>(&p, n);
         else if (p.dv <= 128) launch_attn<4>(&p, n);
         else if (p.dv <= 256) launch_attn<8>(&p, n);
