@@ -711,8 +711,16 @@ AVX512 INLINE void gemv_t_tile(int T, float *y, size_t ldy, const float *x, size
     for (int t = 0; t < T; t++)
         #pragma GCC unroll 16
         for (int i = 0; i < 8; i++) acc[t][i] = _mm512_setzero_ps();
+    size_t esz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
     for (int r = 0; r < rows; r++) {
         const void *row = w_row(w, row0 + r);
+        /* 128 columns of a row are a short piece of a long stride: the pass
+         * over the first columns fetches whole rows a few rows ahead, so that
+         * the passes over the other columns (next, on the same thread) find
+         * them in the cache */
+        if (c0 == 0 && r + 8 < rows)
+            for (size_t o = 0; o < (size_t)C * esz; o += 64)
+                _mm_prefetch((const char *)w_row(w, row0 + r + 8) + o, _MM_HINT_T1);
         float s = w->fmt == DS_W_FP8 ? w->scale[(size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK] * 256.0f : 1.0f;
         __m512 wv[8];
         #pragma GCC unroll 16
