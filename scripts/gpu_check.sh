@@ -21,7 +21,11 @@
 # scripts/ncu_summary.py's table. GPU_CHECK_PROFILE=decode or =prefill: those steps only.
 # GPU_CHECK_HF=0 skips hf_bench. GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) then also synthesises
 # the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
-# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it.
+# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it. BENCH_AB="default;PDL=0;..." (passed
+# through to bench_cuda_model) adds a table of the decode figures for each variant of the CUDA
+# backend's DSV3_CUDA_* switches, measured in the same process (tests/cuda/bench_cuda_model.c).
+# A build directory over the device tool's 64 MiB can travel as a copy holding only dsv3 and
+# tests/{test_cuda_ops,test_cuda_golden,bench_cuda_ops,bench_cuda_model}.
 # Exit status: the number of failing programs (0: all passed).
 set -u
 cd "$(dirname "$0")/.."

@@ -87,7 +87,7 @@ static double graph_vs_eager(ds_model *m, float *a, float *b)
         ds_kvcache *kv = NULL;
         setenv("DSV3_GRAPH", mode ? "0" : "1", 1);
         if (kvcache_new(&kv, m, 1, 8)) return -1;
-        for (int i = 0; i < 5; i++) {
+        for (int i = 0; i < 8; i++) {
             int32_t tok = (int32_t)((i * 7919 + 11) % m->cfg.vocab_size);
             int seq = 0, pos = i;
             bool want = true;
@@ -120,6 +120,58 @@ static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
     }
     m->ops->sync();
     free(h);
+}
+
+/* BENCH_AB="spec;spec;...": the decode figures again for each variant of the CUDA
+ * backend's switches in this one process (a spec: "default", or NAME=V,NAME=V with
+ * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2 for DSV3_CUDA_NAME; unnamed ones
+ * at their defaults),
+ * each on a new KV cache (so new graphs), with its graph vs eager logits check. */
+static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
+{
+    static const char *names[] = {"PDL", "GEMV2", "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W", "HEADS2", "COMBINE2"};
+    char buf[512], var[64];
+    snprintf(buf, sizeof buf, "%s", list);
+    printf("A/B (BENCH_AB): ms per step, median of %d\n%-40s %8s %8s %8s %8s %9s %9s\n", reps, "variant", "b1", "b1 eager",
+           "b8", "d4096", "b1 roof", "g-e diff");
+    for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
+        for (int i = 0; i < 8; i++) {
+            snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
+            unsetenv(var);
+        }
+        if (strcmp(spec, "default")) {
+            char sb[256];
+            snprintf(sb, sizeof sb, "%s", spec);
+            for (char *s2 = NULL, *kv = strtok_r(sb, ",", &s2); kv; kv = strtok_r(NULL, ",", &s2)) {
+                char *eq = strchr(kv, '=');
+                if (!eq) continue;
+                *eq = 0;
+                snprintf(var, sizeof var, "DSV3_CUDA_%s", kv);
+                setenv(var, eq + 1, 1);
+            }
+        }
+        cuda_reload_variants();
+        ds_kvcache *kv = NULL;
+        if (kvcache_new(&kv, m, 8, ctx)) return -1;
+        double t1 = decode(m, kv, 1, 0, reps, logits);
+        setenv("DSV3_GRAPH", "0", 1);
+        double t1e = decode(m, kv, 1, 0, reps, logits);
+        unsetenv("DSV3_GRAPH");
+        double t8 = decode(m, kv, 8, 0, reps, logits);
+        fill_cache(m, kv, depth);
+        double t4k = decode(m, kv, 1, depth, reps, logits);
+        kvcache_free(kv);
+        double gerr = graph_vs_eager(m, logits, logits + m->cfg.vocab_size);
+        if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || gerr < 0) return -1;
+        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3,
+               100 * roof / t1, gerr);
+    }
+    for (int i = 0; i < 8; i++) {
+        snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
+        unsetenv(var);
+    }
+    cuda_reload_variants();
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -234,6 +286,7 @@ int main(int argc, char **argv)
     printf("{\"copy_gbs\": %.1f, \"tc_tflops\": %.1f, \"bytes_per_token\": %.0f, \"decode1_ms\": %.4f, "
            "\"decode1_eager_ms\": %.4f, \"decode8_ms\": %.4f, \"decode4k_ms\": %.4f, \"prefill512_ms\": %.3f}\n",
            bw, tc, b1, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3, tp[2] * 1e3);
+    if (getenv("BENCH_AB") && ab_variants(m, getenv("BENCH_AB"), depth, ctx, reps, logits, roof)) goto fail;
     kvcache_free(kv);
     model_free(m);
     cuda_forget_weights();

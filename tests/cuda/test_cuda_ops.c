@@ -708,6 +708,80 @@ static void test_prefill_products(void)
     test_matmul(DS_W_FP8, 257, 384, 130, 3, 250, DS_GEMM_BF16, false, false); /* row0 % 32 != 0: fallback */
 }
 
+/* Sets DSV3_CUDA_<name> (value NULL: unset) and re-reads the backend's switches. */
+static void set_variant(const char *name, const char *value)
+{
+    char var[64];
+    snprintf(var, sizeof var, "DSV3_CUDA_%s", name);
+    if (value) setenv(var, value, 1);
+    else unsetenv(var);
+    cuda_reload_variants();
+}
+
+/* Stage 7's decode kernels, on (the default, also run above) and off:
+ * gemv with one row per block for short matrices and L2 prefetch (GEMV2), the
+ * 4-row path at >= 264 blocks; MoE at 2..8 tokens reading each chosen expert once
+ * (MOE_DEDUP, opt-in, both values: 8 tokens with K = 4 of 10 local experts share
+ * experts) and pairs fastest in its grids (MOE_SWAP); decode attention with 1, 2 and
+ * 4 positions per warp step (ATTN2, opt-in 2 and 4) and both split combines
+ * (COMBINE2); gemv blocks of 8 warps (GEMV8W); per-head products with 16-byte loads
+ * and 16-warp heads_t (HEADS2); all launched with PDL (PDL=0 in the off pass). */
+static void test_stage7(void)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        const char *v = pass ? "0" : NULL;
+        printf("-- stage 7 switches %s\n", pass ? "off" : "on");
+        set_variant("PDL", v);
+        set_variant("GEMV2", v);
+        set_variant("GEMV8W", v);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            test_matmul((ds_wfmt)f, 64, 2048, 1, 0, 64, DS_GEMM_BF16, false, false);   /* the gate */
+            test_matmul((ds_wfmt)f, 600, 520, 1, 7, 577, DS_GEMM_BF16, false, false);  /* wkv_a-like, offset */
+            test_matmul((ds_wfmt)f, 600, 520, 5, 7, 577, DS_GEMM_BF16, false, false);
+            test_matmul((ds_wfmt)f, 1200, 136, 1, 0, 1200, DS_GEMM_BF16, false, false); /* 300 blocks of 4 rows */
+            test_matmul((ds_wfmt)f, 1100, 264, 8, 3, 1097, DS_GEMM_BF16, false, false);
+            test_matmul((ds_wfmt)f, 301, 333, 2, 0, 301, DS_GEMM_BF16, false, false);   /* scalar loads */
+        }
+        test_matmul(DS_W_FP8, 600, 520, 3, 7, 577, DS_GEMM_FP8, false, false);
+        test_matmul(DS_W_FP8, 64, 2048, 1, 0, 64, DS_GEMM_FP8, true, false);
+        set_variant("GEMV2", NULL);
+        set_variant("GEMV8W", NULL);
+        set_variant("HEADS2", v);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            test_heads((ds_wfmt)f, 3, 128, 128, 160, 1);
+            test_heads((ds_wfmt)f, 5, 48, 40, 208, 5);  /* heads across 128-row scale blocks, 2 token groups */
+            test_heads((ds_wfmt)f, 2, 64, 32, 200, 3);  /* FP8: 200 % 16 != 0, the scalar kernel */
+            test_heads((ds_wfmt)f, 16, 128, 128, 512, 1); /* 16B shapes */
+        }
+        set_variant("HEADS2", NULL);
+        set_variant("MOE_SWAP", v);
+        for (int dd = 0; dd < 2; dd++) {
+            set_variant("MOE_DEDUP", dd ? "1" : "0");
+            test_moe(DS_W_BF16, 2, false, 1, DS_GEMM_BF16);
+            test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+            test_moe_shape(DS_W_BF16, 5, false, 1, DS_GEMM_BF16, 200, 72);
+            test_moe_shape(DS_W_FP8, 8, true, 4, DS_GEMM_BF16, 208, 144);
+            test_moe_shape(DS_W_FP8, 3, false, 1, DS_GEMM_BF16, 400, 48);
+            test_moe_shape(DS_W_F32, 6, false, 1, DS_GEMM_BF16, 100, 36);
+            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 200, 72);
+        }
+        set_variant("MOE_DEDUP", NULL);
+        set_variant("MOE_SWAP", NULL);
+        for (int np = 0; np < (pass ? 1 : 3); np++) {
+            set_variant("ATTN2", pass ? "0" : np == 2 ? "4" : np ? "2" : NULL);
+            set_variant("COMBINE2", pass || np == 1 ? "0" : NULL);
+            test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 71);
+            test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1001);
+            test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197);
+            test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703);
+            test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77);
+        }
+        set_variant("ATTN2", NULL);
+        set_variant("COMBINE2", NULL);
+    }
+    set_variant("PDL", NULL);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -806,6 +880,8 @@ int main(void)
     if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
     else unsetenv("DSV3_CUDA_GEMM");
     free(saved);
+
+    test_stage7();
 
     test_fp8_golden();
     printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());

@@ -61,6 +61,14 @@ double cuda_measure_bf16_tc_peak(void);
 void cuda_op_times(bool on);
 void cuda_op_times_print(FILE *f);
 
+/* Re-reads the switches of stage 7's decode changes from the environment
+ * (DSV3_CUDA_PDL, _GEMV2, _GEMV8W, _HEADS2, _MOE_SWAP, _COMBINE2: on unless set
+ * to 0; DSV3_CUDA_MOE_DEDUP: off unless 1; DSV3_CUDA_ATTN2: positions per
+ * warp step, 1 unless 2 or 4; cuda_backend() reads them first; cuda_internal.cuh
+ * says what each does). Graphs recorded before keep
+ * the kernels they were recorded with (bench A/B: a new KV cache per variant). */
+void cuda_reload_variants(void);
+
 /* Marks a region for a profiler started with --profile-from-start off (ncu):
  * cudaProfilerStart (on) or cudaProfilerStop (off), after a device sync. */
 void cuda_profile_range(bool on);

@@ -41,6 +41,8 @@
 #define GEMV_NMAX 8
 #define GEMV_WARPS 4
 #define GEMV_ROWS 4
+#define GEMV_PF_BLOCKS 2048   /* gemv blocks resident at once (16 of 128 threads per SM) */
+#define GEMV_SMALL_BLOCKS 264 /* fewer blocks of GEMV_ROWS than 2 per SM: one row per block */
 #define TILE_M 64
 #define TILE_N 64
 #define TILE_K 32
@@ -63,6 +65,8 @@ __device__ float act_scale(float amax, bool ue8m0)
 __global__ void act_quant_kernel(const float *__restrict__ x, int m, int k, uint8_t *__restrict__ y,
                                  float *__restrict__ s, bool ue8m0)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int gw = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
     if (gw >= m * kb) return;
@@ -142,13 +146,13 @@ __device__ __forceinline__ void wdecode(uint4 raw, float *out)
  * GEMV_ROWS, and each lane keeps GEMV_ROWS 16-byte weight loads in flight.
  * F: weight format; QA: x is act_quant output (e4m3 bytes + xs scales), F == FP8;
  * VEC: 16-byte loads (K * size(F) % 16 == 0 and x 16-byte aligned). */
-template <int F, bool QA, bool VEC, int NT, int RW, bool XR>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP = GEMV_WARPS>
+__global__ void __launch_bounds__(WP * 32)
 gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
-            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows)
+            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows, bool pf)
 {
     constexpr int E = VEC ? 16 / cu_wsize<F>::v : 1;
-    __shared__ float red[GEMV_WARPS][RW][NT];
+    __shared__ float red[WP][RW][NT];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int r0 = blockIdx.x * RW, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
     size_t base[RW];
@@ -159,12 +163,18 @@ gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__re
         base[rr] = (size_t)gr * k;
         srow[rr] = F == DS_W_FP8 ? ws + (size_t)(gr / DS_BLOCK) * kb : nullptr;
     }
+    /* the weights do not depend on the previous kernel: start them towards L2
+     * while it drains (PDL), then wait for its outputs */
+    if (pf) cu_prefetch_l2((const uint8_t *)w + base[0] * cu_wsize<F>::v,
+                           (size_t)min(RW, rows - r0) * k * cu_wsize<F>::v);
+    cu_pdl_wait();
+    cu_pdl_launch();
     float acc[RW][NT];
     #pragma unroll
     for (int rr = 0; rr < RW; rr++)
         #pragma unroll
         for (int i = 0; i < NT; i++) acc[rr][i] = 0;
-    for (int c = threadIdx.x * E; c < k; c += GEMV_WARPS * 32 * E) {
+    for (int c = threadIdx.x * E; c < k; c += WP * 32 * E) {
         uint4 raw[RW];
         #pragma unroll
         for (int rr = 0; rr < RW; rr++) raw[rr] = wraw<F, VEC>(w, base[rr] + c);
@@ -223,7 +233,7 @@ gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__re
         if (r0 + rr >= rows) continue;
         float v = 0;
         #pragma unroll
-        for (int wi = 0; wi < GEMV_WARPS; wi++) v += red[wi][rr][i];
+        for (int wi = 0; wi < WP; wi++) v += red[wi][rr][i];
         y[(size_t)i * rows + r0 + rr] = v;
     }
 }
@@ -315,9 +325,26 @@ static void launch_gemv(float *y, const void *x, const float *xs, int n, const c
     constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
     constexpr int RW = NT <= 2 || XR ? GEMV_ROWS : 1;
     bool vec = (size_t)k * cu_wsize<F>::v % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
-    dim3 grid(cu_blocks((size_t)rows, RW));
-    if (vec) gemv_kernel<F, QA, true, NT, RW, XR><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
-    else gemv_kernel<F, QA, false, NT, RW, XR><<<grid, GEMV_WARPS * 32, 0, cu_s>>>(y, x, xs, n, w->data, w->scale, k, row0, rows);
+    /* stage 7: short matrices (the 64-row gate, 576-row wkv_a: 16 and 144 blocks of
+     * 4 rows) take one row per block, 4x the blocks; every block prefetches its rows
+     * into L2 before waiting for the previous kernel (PDL). DSV3_CUDA_GEMV2=0: as stage 6. */
+    int v2 = cu_v.gemv2;
+    bool one = v2 && RW > 1 && cu_blocks((size_t)rows, RW) < GEMV_SMALL_BLOCKS;
+    dim3 grid(cu_blocks((size_t)rows, one ? 1 : RW));
+    if (one) {
+        if (vec) cu_launch(gemv_kernel<F, QA, true, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, true);
+        else cu_launch(gemv_kernel<F, QA, false, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, true);
+    } else {
+        bool pf = v2 && grid.x <= GEMV_PF_BLOCKS; /* later waves start after the wait: nothing to overlap */
+        /* GEMV8W (1..2 tokens, BF16 / F32 weights): 8 warps per block, so a row of <= 2048
+         * BF16 weights is one pass of 16-byte loads per thread (4 warps: two passes). Measured
+         * (stage 7): BF16 batch 1 3.70 -> 3.66 ms; FP8 batch 1 3.56 -> 3.67 and the 8-token
+         * (XR) kernels 9.0 -> 11.1 ms at batch 8, so neither takes it */
+        if (vec && cu_v.gemv_w8 && NT <= 2 && F != DS_W_FP8)
+            cu_launch(gemv_kernel<F, QA, true, NT, RW, XR, 8>, grid, 8 * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+        else if (vec) cu_launch(gemv_kernel<F, QA, true, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+        else cu_launch(gemv_kernel<F, QA, false, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+    }
 }
 
 template <int F, bool QA>
@@ -342,7 +369,7 @@ static void launch_product(float *y, const void *x, const float *xs, int n, cons
 static void launch_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0)
 {
     size_t warps = (size_t)m * ((k + DS_BLOCK - 1) / DS_BLOCK);
-    act_quant_kernel<<<cu_blocks(warps * 32, 256), 256, 0, cu_s>>>(x, m, k, y, s, ue8m0);
+    cu_launch(act_quant_kernel, cu_blocks(warps * 32, 256), 256, 0, x, m, k, y, s, ue8m0);
 }
 
 static cublasHandle_t g_blas;
@@ -463,6 +490,8 @@ __global__ void matmul_t_kernel(float *__restrict__ y, const float *__restrict__
                                 const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0,
                                 int rows)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int c = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
     if (c >= cols) return;
     int cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
@@ -487,9 +516,9 @@ void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, 
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * cols, false);
     if (dy && (dx || rows == 0) && cu_weight_get(w, &dw)) {
         dim3 grid(cu_blocks((size_t)cols, 128), (unsigned)n);
-        if (w->fmt == DS_W_FP8) matmul_t_kernel<DS_W_FP8><<<grid, 128, 0, cu_s>>>(dy, dx, n, dw.data, dw.scale, cols, row0, rows);
-        else if (w->fmt == DS_W_BF16) matmul_t_kernel<DS_W_BF16><<<grid, 128, 0, cu_s>>>(dy, dx, n, dw.data, NULL, cols, row0, rows);
-        else matmul_t_kernel<DS_W_F32><<<grid, 128, 0, cu_s>>>(dy, dx, n, dw.data, NULL, cols, row0, rows);
+        if (w->fmt == DS_W_FP8) cu_launch(matmul_t_kernel<DS_W_FP8>, grid, 128, 0, dy, dx, n, dw.data, dw.scale, cols, row0, rows);
+        else if (w->fmt == DS_W_BF16) cu_launch(matmul_t_kernel<DS_W_BF16>, grid, 128, 0, dy, dx, n, dw.data, NULL, cols, row0, rows);
+        else cu_launch(matmul_t_kernel<DS_W_F32>, grid, 128, 0, dy, dx, n, dw.data, NULL, cols, row0, rows);
     }
     cu_end(&io, "matmul_t");
 }
@@ -504,6 +533,8 @@ __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restr
                              const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride,
                              int rows)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int g = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (g >= H * rows) return;
     int h = g / rows, r = g % rows, wr = row0 + h * hstride + r, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
@@ -524,23 +555,66 @@ __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restr
     }
 }
 
+/* heads_kernel with 16-byte weight and activation loads (stage 7, HEADS2): a lane
+ * takes 16 / size(F) consecutive columns (a 512-column BF16 row in 2 passes, was 16
+ * loads of 2 bytes); k * size(F) % 16 == 0, xs % 4 == 0, w and x 16-byte aligned. */
+template <int F>
+__global__ void __launch_bounds__(128)
+heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
+                 const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride, int rows)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    constexpr int E = 16 / cu_wsize<F>::v;
+    int g = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (g >= H * rows) return;
+    int h = g / rows, r = g % rows, wr = row0 + h * hstride + r, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    for (int t0 = 0; t0 < n; t0 += HEADS_TB) {
+        float acc[HEADS_TB] = {};
+        for (int c = lane * E; c < k; c += 32 * E) {
+            float wv[E];
+            cu_wload16<F>(w, (size_t)wr * k + c, wv);
+            float sc = F == DS_W_FP8 ? ws[(size_t)(wr / DS_BLOCK) * kb + c / DS_BLOCK] : 1.0f;
+            #pragma unroll
+            for (int j = 0; j < HEADS_TB; j++) {
+                if (t0 + j >= n) break;
+                const float *xp = x + ((size_t)(t0 + j) * H + h) * xs + c;
+                float part = 0;
+                #pragma unroll
+                for (int e = 0; e < E; e += 4) {
+                    float4 v = *(const float4 *)(xp + e);
+                    part += v.x * wv[e] + v.y * wv[e + 1] + v.z * wv[e + 2] + v.w * wv[e + 3];
+                }
+                acc[j] += F == DS_W_FP8 ? part * sc : part;
+            }
+        }
+        #pragma unroll
+        for (int j = 0; j < HEADS_TB; j++) {
+            float v = cu_warp_sum(acc[j]);
+            if (lane == 0 && t0 + j < n) y[((size_t)(t0 + j) * H + h) * ys + r] = v;
+        }
+    }
+}
+
 /* y[t][h*ys + c] = sum_r x[t][h*xs + r] W[row0 + h*hstride + r][c]. Block (64-column slice,
  * head) of HT_WARPS warps: lane l takes columns c0 + l and c0 + 32 + l (coalesced per row),
  * warp w rows w, w + HT_WARPS, ..., partial sums reduced through shared memory. (One thread
  * per column walking all rows: 64 blocks, 30.7 us per call on the 16B model at decode.) */
 #define HT_WARPS 8
-template <int F>
-__global__ void __launch_bounds__(HT_WARPS * 32)
+template <int F, int HW = HT_WARPS>
+__global__ void __launch_bounds__(HW * 32)
 heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
                const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows)
 {
-    __shared__ float red[HT_WARPS][HEADS_TB][64];
+    cu_pdl_wait();
+    cu_pdl_launch();
+    __shared__ float red[HW][HEADS_TB][64];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, h = blockIdx.y, cb = (cols + DS_BLOCK - 1) / DS_BLOCK;
     int c0 = blockIdx.x * 64 + lane, c1 = c0 + 32;
     bool v0 = c0 < cols, v1 = c1 < cols;
     for (int t0 = 0; t0 < n; t0 += HEADS_TB) {
         float a0[HEADS_TB] = {}, a1[HEADS_TB] = {};
-        for (int r = warp; r < rows; r += HT_WARPS) {
+        for (int r = warp; r < rows; r += HW) {
             int wr = row0 + h * hstride + r;
             float w0 = v0 ? cu_wload<F>(w, (size_t)wr * cols + c0) : 0.0f;
             float w1 = v1 ? cu_wload<F>(w, (size_t)wr * cols + c1) : 0.0f;
@@ -567,7 +641,7 @@ heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int x
             if (t0 + j >= n || c >= cols) continue;
             float v = 0;
             #pragma unroll
-            for (int wi = 0; wi < HT_WARPS; wi++) v += red[wi][j][cc];
+            for (int wi = 0; wi < HW; wi++) v += red[wi][j][cc];
             y[((size_t)(t0 + j) * H + h) * ys + c] = v;
         }
         __syncthreads();
@@ -667,9 +741,15 @@ void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, con
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, false, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         unsigned grid = cu_blocks((size_t)H * rows, 4);
-        if (w->fmt == DS_W_FP8) heads_kernel<DS_W_FP8><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_BF16) heads_kernel<DS_W_BF16><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else heads_kernel<DS_W_F32><<<grid, 128, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        int sz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+        bool vec = cu_v.heads2 && (size_t)w->cols * sz % 16 == 0 && xs % 4 == 0 && (uintptr_t)dx % 16 == 0 &&
+                   (uintptr_t)dw.data % 16 == 0;
+        if (vec && w->fmt == DS_W_FP8) cu_launch(heads_vec_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
+        else if (vec && w->fmt == DS_W_BF16) cu_launch(heads_vec_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else if (vec) cu_launch(heads_vec_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else if (w->fmt == DS_W_FP8) cu_launch(heads_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
+        else if (w->fmt == DS_W_BF16) cu_launch(heads_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else cu_launch(heads_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
     }
     cu_end(&io, "matmul_heads");
 }
@@ -684,9 +764,13 @@ void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, c
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, true, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         dim3 grid(cu_blocks((size_t)w->cols, 64), (unsigned)H);
-        if (w->fmt == DS_W_FP8) heads_t_kernel<DS_W_FP8><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_BF16) heads_t_kernel<DS_W_BF16><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else heads_t_kernel<DS_W_F32><<<grid, HT_WARPS * 32, 0, cu_s>>>(dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        /* HEADS2: 16 warps splitting a head's rows (8 rows each for 128-row heads) */
+        if (cu_v.heads2 && w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
+        else if (cu_v.heads2 && w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else if (cu_v.heads2) cu_launch(heads_t_kernel<DS_W_F32, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else if (w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
+        else if (w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        else cu_launch(heads_t_kernel<DS_W_F32>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
     }
     cu_end(&io, "matmul_heads_t");
 }

@@ -137,6 +137,72 @@ __device__ __forceinline__ float cu_warp_max(float v)
     return v;
 }
 
+/* ---- programmatic dependent launch (PDL): decode kernels are launched with
+ * cu_launch, which lets the next kernel of the stream (or of the captured graph)
+ * start while this one drains. Every kernel launched so calls cu_pdl_wait()
+ * before it reads or writes anything an earlier kernel touches (and before any
+ * return), then cu_pdl_launch() to let its own dependent start; work on
+ * constant data (weight addresses, L2 prefetch of weights) may come first.
+ * Both are no-ops in a kernel launched without the attribute. DSV3_CUDA_PDL=0
+ * launches without it (cu_pdl reads the variable once). */
+__device__ __forceinline__ void cu_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cu_pdl_launch(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Prefetches bytes at p into L2, the block's threads taking 128-byte lines. */
+__device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t bytes)
+{
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)127);
+    const char *end = (const char *)p + bytes;
+    for (c += (size_t)threadIdx.x * 128; c < end; c += (size_t)blockDim.x * 128)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
+}
+
+/* Stage 7's changes, each on unless its environment variable is 0 (read by
+ * cuda_backend() and cuda_reload_variants()): pdl DSV3_CUDA_PDL (PDL launches),
+ * gemv2 DSV3_CUDA_GEMV2 (one row per block for short matrices, L2 prefetch),
+ * moe_dedup DSV3_CUDA_MOE_DEDUP (2..8 tokens: each chosen expert read once by one
+ * block; off unless set to 1: slower, see NOTES.md), attn2 DSV3_CUDA_ATTN2 (decode
+ * attention: positions per warp step, 1 as stage 6 unless set to 2 or 4), comb2
+ * DSV3_CUDA_COMBINE2 (split combine with 4 x 64 threads per slice; on unless 0),
+ * moe_swap DSV3_CUDA_MOE_SWAP (2..8 tokens: pairs fastest in the MoE grids),
+ * gemv_w8 DSV3_CUDA_GEMV8W (gemv blocks of 8 warps), heads2 DSV3_CUDA_HEADS2
+ * (per-head decode products with 16-byte loads / more warps). */
+struct cu_variants {
+    int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
+};
+extern cu_variants cu_v;
+static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
+/* The integer value of environment variable name, def when unset or empty. */
+int cu_env_flag(const char *name, int def);
+
+/* kernel<<<g, b, smem, cu_s>>>(args...) with the PDL attribute when cu_pdl(). */
+template <typename... P, typename... A>
+static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, A... args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = g;
+    c.blockDim = b;
+    c.dynamicSmemBytes = smem;
+    c.stream = cu_s;
+    c.attrs = at;
+    c.numAttrs = cu_pdl() ? 1 : 0;
+    cudaLaunchKernelEx(&c, kernel, ((P)args)...);
+}
+
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 void *cu_alloc(size_t bytes);

@@ -9,6 +9,10 @@
  *         of each chosen expert against h[t][k], weighted by wt[t][k], the
  *         (expert, chunk) pairs spread over the threads (deterministic order;
  *         no atomics).
+ * At 2..8 tokens the pairs (up) and tokens (down) vary fastest in the grids
+ * (stage 7, DSV3_CUDA_MOE_SWAP), so an expert chosen by several tokens is read
+ * from DRAM about once (L2 serves the other blocks). moe_*_dedup_kernel (one
+ * block per distinct expert, DSV3_CUDA_MOE_DEDUP=1) is kept opt-in: slower.
  * Experts outside [e0, e0 + ne) (another rank's) are skipped. The experts'
  * device addresses are kept in a per-layer table on the device, re-uploaded
  * only when a weight moved.
@@ -156,11 +160,13 @@ __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const int *__restrict__ idx, int e0, int ne,
-              const cu_weight *__restrict__ tab, int k, int inter)
+              const cu_weight *__restrict__ tab, int k, int inter, bool swap)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][2 * MOE_RW];
-    int p = blockIdx.y, e = idx[p] - e0, r0 = blockIdx.x * MOE_RW;
+    int p = swap ? blockIdx.x : blockIdx.y, e = idx[p] - e0, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW;
     if (e < 0 || e >= ne) return;
     cu_weight w1 = tab[e], w3 = tab[ne + e];
     const float *xr = x + (size_t)(p / K) * k;
@@ -196,11 +202,14 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const i
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
-                const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim)
+                const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim,
+                bool swap)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][MOE_RW];
-    int t = blockIdx.y, r0 = blockIdx.x * MOE_RW, nch = inter / E;
+    int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
     size_t base[MOE_RW];
     int row[MOE_RW];
     #pragma unroll
@@ -224,13 +233,173 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
+/* ---- 2..8 tokens (stage 7): each chosen expert's rows stream once per step.
+ * Eight tokens pick ~35 distinct of 64 experts for 48 (token, k) pairs, and the
+ * kernels above read an expert once per pair. */
+
+/* up: grid (row tiles, n*K) as moe_up_kernel, but only the block of the first pair
+ * naming an expert works: it applies the expert's rows to every token that chose it
+ * (the repeated 16-byte loads of a chunk hit L1) and writes h of each such pair. */
+template <int F, int NT>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_up_dedup_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
+                    int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    constexpr int E = 16 / cu_wsize<F>::v;
+    __shared__ float red[MOE_THREADS / 32][2 * MOE_RW * NT];
+    __shared__ int sp[NT];
+    int p = blockIdx.y, ie = idx[p], e = ie - e0, r0 = blockIdx.x * MOE_RW;
+    if (e < 0 || e >= ne) return;
+    for (int q = 0; q < p; q++)
+        if (idx[q] == ie) return; /* an earlier pair's block does this expert */
+    if (threadIdx.x < NT) {
+        int t = threadIdx.x, at = -1;
+        if (t < n)
+            for (int kk = 0; kk < K; kk++)
+                if (idx[t * K + kk] == ie) {
+                    at = t * K + kk;
+                    break;
+                }
+        sp[t] = at;
+    }
+    __syncthreads();
+    int pt[NT];
+    #pragma unroll
+    for (int t = 0; t < NT; t++) pt[t] = sp[t];
+    cu_weight w1 = tab[e], w3 = tab[ne + e];
+    size_t base[MOE_RW];
+    int row[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        row[rr] = min(r0 + rr, inter - 1);
+        base[rr] = (size_t)row[rr] * k;
+    }
+    float acc[NT][2 * MOE_RW] = {};
+    for (int c = threadIdx.x * E; c < k; c += MOE_THREADS * E) {
+        #pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (pt[t] < 0) continue;
+            float xv[E];
+            moe_xload<E>(x + (size_t)t * k + c, xv);
+            moe_dot_chunk<F>(acc[t], xv, w1.data, w1.scale, base, row, k, c);
+            moe_dot_chunk<F>(acc[t] + MOE_RW, xv, w3.data, w3.scale, base, row, k, c);
+        }
+    }
+    /* value t * 2 * MOE_RW + j (j < MOE_RW: w1 row j, else w3 row j - MOE_RW) to thread of that index */
+    float s = moe_block_sum<2 * MOE_RW * NT>(&acc[0][0], red);
+    __syncthreads();
+    float *sh = &red[0][0];
+    if (threadIdx.x < 2 * MOE_RW * NT) sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = threadIdx.x; o < MOE_RW * NT; o += blockDim.x) {
+        int t = o / MOE_RW, rr = o % MOE_RW, at = sp[t];
+        if (at < 0 || r0 + rr >= inter) continue;
+        float a = sh[t * 2 * MOE_RW + rr], g = sh[t * 2 * MOE_RW + MOE_RW + rr];
+        h[(size_t)at * inter + r0 + rr] = a / (1.0f + expf(-a)) * g;
+    }
+}
+
+/* down: one block per 4-row tile of dim for every token. The distinct local experts
+ * of the step are listed in shared memory (in order of first pair) with each token's
+ * pair; the (expert, 16-byte chunk) items are spread over the threads, each w2 chunk
+ * applied to every token that chose the expert. y[t] of a token with no local expert is 0. */
+#define MOE_PAIRS_MAX 64
+template <int F, int NT>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_down_dedup_kernel(float *__restrict__ y, const float *__restrict__ h, int n, int K, const int *__restrict__ idx,
+                      const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter,
+                      int dim)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    constexpr int E = 16 / cu_wsize<F>::v;
+    __shared__ float red[MOE_THREADS / 32][MOE_RW * NT];
+    __shared__ int ue[MOE_PAIRS_MAX], up[MOE_PAIRS_MAX][NT], nu_s;
+    int nk = n * K, r0 = blockIdx.x * MOE_RW, nch = inter / E;
+    if (threadIdx.x < 32) { /* first pairs naming a local expert, compacted in pair order */
+        int base_u = 0;
+        for (int p0 = 0; p0 < nk; p0 += 32) {
+            int p = p0 + threadIdx.x, ie = p < nk ? idx[p] : -1;
+            bool first = p < nk && ie - e0 >= 0 && ie - e0 < ne;
+            for (int q = 0; first && q < p; q++)
+                if (idx[q] == ie) first = false;
+            unsigned m = __ballot_sync(0xffffffffu, first);
+            if (first) ue[base_u + __popc(m & ((1u << threadIdx.x) - 1))] = ie;
+            base_u += __popc(m);
+        }
+        if (threadIdx.x == 0) nu_s = base_u;
+    }
+    __syncthreads();
+    int nu = nu_s;
+    for (int o = threadIdx.x; o < nu * NT; o += blockDim.x) {
+        int u = o / NT, t = o % NT, at = -1;
+        if (t < n)
+            for (int kk = 0; kk < K; kk++)
+                if (idx[t * K + kk] == ue[u]) {
+                    at = t * K + kk;
+                    break;
+                }
+        up[u][t] = at;
+    }
+    __syncthreads();
+    size_t base[MOE_RW];
+    int row[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        row[rr] = min(r0 + rr, dim - 1);
+        base[rr] = (size_t)row[rr] * inter;
+    }
+    float acc[NT][MOE_RW] = {};
+    for (int it = threadIdx.x; it < nu * nch; it += MOE_THREADS) {
+        int u = it / nch, c = (it % nch) * E;
+        cu_weight w2 = tab[2 * ne + ue[u] - e0];
+        #pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int at = up[u][t];
+            if (at < 0) continue;
+            float xv[E], part[MOE_RW] = {};
+            moe_xload<E>(h + (size_t)at * inter + c, xv);
+            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
+            float wk = wt[at];
+            #pragma unroll
+            for (int rr = 0; rr < MOE_RW; rr++) acc[t][rr] += wk * part[rr];
+        }
+    }
+    float out = moe_block_sum<MOE_RW * NT>(&acc[0][0], red); /* thread t * MOE_RW + rr */
+    int t = threadIdx.x / MOE_RW, rr = threadIdx.x % MOE_RW;
+    if (threadIdx.x < MOE_RW * NT && t < n && r0 + rr < dim) y[(size_t)t * dim + r0 + rr] = out;
+}
+
+template <int F, int NT>
+static void moe_dedup(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
+                      const cu_weight *tab, int dim, int inter, float *h)
+{
+    dim3 gu(cu_blocks((size_t)inter, MOE_RW), (unsigned)(n * K)), gd(cu_blocks((size_t)dim, MOE_RW));
+    cu_launch(moe_up_dedup_kernel<F, NT>, gu, MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter);
+    cu_launch(moe_down_dedup_kernel<F, NT>, gd, MOE_THREADS, 0, y, h, n, K, idx, wt, e0, ne, tab, inter, dim);
+}
+
 template <int F>
 static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
                         const cu_weight *tab, int dim, int inter, float *h)
 {
-    dim3 gu(cu_blocks((size_t)inter, MOE_RW), (unsigned)(n * K)), gd(cu_blocks((size_t)dim, MOE_RW), (unsigned)n);
-    moe_up_kernel<F><<<gu, MOE_THREADS, 0, cu_s>>>(h, x, K, idx, e0, ne, tab, dim, inter);
-    moe_down_kernel<F><<<gd, MOE_THREADS, 0, cu_s>>>(y, h, K, idx, wt, e0, ne, tab, inter, dim);
+    if (cu_v.moe_dedup && n > 1 && n * K <= MOE_PAIRS_MAX) { /* DSV3_CUDA_MOE_DEDUP=0: as stage 6 */
+        if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
+        else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
+        else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
+        return;
+    }
+    /* stage 7 (swap, 2..8 tokens): the pairs (up) or tokens (down) vary fastest in the
+     * grid, so the blocks of every pair reading the same rows of an expert run together
+     * and the repeats come from L2 (8 tokens: ~35 distinct experts for 48 pairs) */
+    bool swap = cu_v.moe_swap && n > 1;
+    unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
+    dim3 gu = swap ? dim3((unsigned)(n * K), tu) : dim3(tu, (unsigned)(n * K));
+    dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
+    cu_launch(moe_up_kernel<F>, gu, MOE_THREADS, 0, h, x, K, idx, e0, ne, tab, dim, inter, swap);
+    cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap);
 }
 
 /* True when the grouped kernels apply: few tokens, exact-dequantisation

@@ -21,6 +21,26 @@ extern "C" {
 }
 
 
+int cu_env_flag(const char *name, int def)
+{
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : def;
+}
+
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1};
+
+extern "C" void cuda_reload_variants(void)
+{
+    cu_v.pdl = cu_env_flag("DSV3_CUDA_PDL", 1) != 0;
+    cu_v.gemv2 = cu_env_flag("DSV3_CUDA_GEMV2", 1) != 0;
+    cu_v.moe_dedup = cu_env_flag("DSV3_CUDA_MOE_DEDUP", 0) != 0;
+    cu_v.attn2 = cu_env_flag("DSV3_CUDA_ATTN2", 1);
+    cu_v.comb2 = cu_env_flag("DSV3_CUDA_COMBINE2", 1) != 0;
+    cu_v.moe_swap = cu_env_flag("DSV3_CUDA_MOE_SWAP", 1) != 0;
+    cu_v.gemv_w8 = cu_env_flag("DSV3_CUDA_GEMV8W", 1) != 0;
+    cu_v.heads2 = cu_env_flag("DSV3_CUDA_HEADS2", 1) != 0;
+}
+
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
  * The general form (rmsnorm_rows) scatters row i to row di[i] of y (stride ys) and, with r,
  * first adds the residual r into x (h += y; x = norm(h) in one pass of the decode layer). */
@@ -28,6 +48,8 @@ extern "C" {
 __global__ void rmsnorm_kernel(float *y, int ys, const int *__restrict__ di, float *x, int xs,
                                const float *__restrict__ r, const float *__restrict__ w, int dim, float eps)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     __shared__ float part[32];
     float *xi = x + (size_t)blockIdx.x * xs;
     float *yi = y + (size_t)(di ? di[blockIdx.x] : (int)blockIdx.x) * ys;
@@ -74,7 +96,7 @@ static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim,
         dy = (float *)cu_out(&io, y, bytes, false);
     }
     if (dw && dx && dy)
-        rmsnorm_kernel<<<(unsigned)n, norm_threads(dim), 0, cu_s>>>(dy, dim, NULL, (float *)dx, dim, NULL, dw, dim,
+        cu_launch(rmsnorm_kernel, (unsigned)n, norm_threads(dim), 0, dy, dim, NULL, (float *)dx, dim, NULL, dw, dim,
                                                                    eps);
     cu_end(&io, "rmsnorm");
 }
@@ -89,7 +111,7 @@ static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, c
     }
     cu_io io = {};
     const float *dw = (const float *)cu_in(&io, w, sizeof(float) * (size_t)dim);
-    if (dw) rmsnorm_kernel<<<(unsigned)n, norm_threads(dim), 0, cu_s>>>(y, ys, di, x, xs, r, dw, dim, eps);
+    if (dw) cu_launch(rmsnorm_kernel, (unsigned)n, norm_threads(dim), 0, y, ys, di, x, xs, r, dw, dim, eps);
     cu_end(&io, "rmsnorm_rows");
 }
 
@@ -98,6 +120,8 @@ static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, c
 __global__ void rope_kernel(float *x, int n, int nvec, int stride, int off, int half, const int *__restrict__ idx,
                             const float *__restrict__ c, const float *__restrict__ s)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (g >= (size_t)n * nvec * half) return;
     int i = (int)(g % half);
@@ -149,7 +173,7 @@ static void cu_rope(float *x, int n, int nvec, int stride, int off, int rope, co
     }
     size_t total = (size_t)n * nvec * half;
     if (dx && dc && ds && didx)
-        rope_kernel<<<cu_blocks(total, 256), 256, 0, cu_s>>>(dx, n, nvec, stride, off, half, didx, dc, ds);
+        cu_launch(rope_kernel, cu_blocks(total, 256), 256, 0, dx, n, nvec, stride, off, half, didx, dc, ds);
     cu_end(&io, "rope");
     free(rows);
     free(g);
@@ -160,6 +184,8 @@ __global__ void rope_copy_kernel(float *__restrict__ dst, int dstride, const int
                                  const float *__restrict__ src, int ss, int n, int nvec, int half,
                                  const int *__restrict__ pos, const float *__restrict__ c, const float *__restrict__ s)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t g = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (g >= (size_t)n * nvec * half) return;
     int i = (int)(g % half);
@@ -185,7 +211,7 @@ static void cu_rope_copy(float *dst, int ds, const int *di, const float *src, in
     }
     cu_io io = {};
     size_t total = (size_t)n * nvec * half;
-    rope_copy_kernel<<<cu_blocks(total, 128), 128, 0, cu_s>>>(dst, ds, di, src, ss, n, nvec, half, pos, cos_tab,
+    cu_launch(rope_copy_kernel, cu_blocks(total, 128), 128, 0, dst, ds, di, src, ss, n, nvec, half, pos, cos_tab,
                                                               sin_tab);
     cu_end(&io, "rope_copy");
 }
@@ -214,9 +240,11 @@ typedef struct {
 } attn_p;
 
 /* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER. */
-template <int PER>
+template <int PER, int NP>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     extern __shared__ float sm[];
     float *sq = sm;                               /* d1 + d2 */
     float *wm = sq + p.d1 + p.d2;                 /* per warp: max, sum */
@@ -239,22 +267,60 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     float m = -INFINITY, l = 0, o[PER];
     #pragma unroll
     for (int u = 0; u < PER; u++) o[u] = 0;
-    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
-        const float *kj = k1 + j * p.k1_pos;
-        float d = 0;
-        for (int c = lane; c < p.d1; c += 32) d += sq[c] * kj[c];
-        if (k2) {
-            const float *pj = k2 + j * p.k2_pos;
-            for (int c = lane; c < p.d2; c += 32) d += sq[p.d1 + c] * pj[c];
+    /* stage 7: NP positions per warp step (j, j + ATTN_WARPS, ...), their loads and
+     * reductions independent (meant to keep NP times the loads in flight). Only NP = 1
+     * is the default: NP = 2 and 4 measured slower at depth 4096 (see launch_attn) */
+    for (int j = j0 + warp; j < len; j += NP * ATTN_WARPS) {
+        const float *kq[NP], *pq[NP], *vq[NP];
+        bool ok[NP];
+        float d[NP];
+        #pragma unroll
+        for (int q = 0; q < NP; q++) {
+            int jq = j + q * ATTN_WARPS;
+            ok[q] = jq < len;
+            if (!ok[q]) jq = j;
+            kq[q] = k1 + jq * p.k1_pos;
+            pq[q] = k2 ? k2 + jq * p.k2_pos : nullptr;
+            vq[q] = v + jq * p.v_pos;
+            d[q] = 0;
         }
-        d = cu_warp_sum(d) * p.scale;
-        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
-        l = l * corr + e;
-        const float *vj = v + j * p.v_pos;
+        for (int c = lane; c < p.d1; c += 32) {
+            float qv = sq[c];
+            #pragma unroll
+            for (int q = 0; q < NP; q++) d[q] += qv * kq[q][c];
+        }
+        if (k2) {
+            for (int c = lane; c < p.d2; c += 32) {
+                float qv = sq[p.d1 + c];
+                #pragma unroll
+                for (int q = 0; q < NP; q++) d[q] += qv * pq[q][c];
+            }
+        }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            #pragma unroll
+            for (int q = 0; q < NP; q++) d[q] += __shfl_xor_sync(0xffffffffu, d[q], off);
+        float mn = m;
+        #pragma unroll
+        for (int q = 0; q < NP; q++) {
+            d[q] = ok[q] ? d[q] * p.scale : -INFINITY;
+            mn = fmaxf(mn, d[q]);
+        }
+        float corr = expf(m - mn), e[NP];
+        l *= corr;
+        #pragma unroll
+        for (int q = 0; q < NP; q++) {
+            e[q] = expf(d[q] - mn);
+            l += e[q];
+        }
         #pragma unroll
         for (int u = 0; u < PER; u++) {
             int c = c0 + lane + 32 * u;
-            o[u] = o[u] * corr + e * (c < p.dv ? vj[c] : 0.0f);
+            float add = 0.0f;
+            if (c < p.dv)
+                #pragma unroll
+                for (int q = 0; q < NP; q++) add += e[q] * vq[q][c];
+            o[u] = o[u] * corr + add;
         }
         m = mn;
     }
@@ -298,6 +364,8 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
 #define COMBINE_COLS 64
 __global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     extern __shared__ float fz[];
     __shared__ float red[2];
     int th = blockIdx.x;
@@ -325,16 +393,77 @@ __global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
     p.out[(size_t)th * p.outs + c] = acc;
 }
 
+/* The same with COMBINE_ZG x 64 threads per column slice, each group summing every
+ * COMBINE_ZG-th split, then added in a fixed order (stage 7, DSV3_CUDA_COMBINE2, on
+ * by default: at depth 4096 the 64-thread blocks walked 65 splits serially, 13.6 us
+ * per layer in ncu; depth 4096 decode 4.79 -> 4.71 ms BF16, 4.67 -> 4.58 FP8) */
+#define COMBINE_ZG 4
+__global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kernel(attn_p p)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    extern __shared__ float fz[];
+    __shared__ float red[2];
+    __shared__ float part[COMBINE_ZG][COMBINE_COLS];
+    int th = blockIdx.x;
+    const float *pm = p.pm + (size_t)th * p.splits, *pl = p.pl + (size_t)th * p.splits;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY, sum = 0;
+        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, pm[z]);
+        mx = cu_warp_max(mx);
+        for (int z = threadIdx.x; z < p.splits; z += 32)
+            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
+        sum = cu_warp_sum(sum);
+        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
+    }
+    __syncthreads();
+    for (int z = threadIdx.x; z < p.splits; z += blockDim.x)
+        fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
+    __syncthreads();
+    int cl = threadIdx.x % COMBINE_COLS, zg = threadIdx.x / COMBINE_COLS, c = blockIdx.y * COMBINE_COLS + cl;
+    float acc = 0;
+    if (c < p.dv) {
+        const float *po = p.po + (size_t)th * p.splits * p.dv + c;
+        #pragma unroll 4
+        for (int z = zg; z < p.splits; z += COMBINE_ZG)
+            if (fz[z] != 0.0f) acc += po[(size_t)z * p.dv] * fz[z];
+    }
+    part[zg][cl] = acc;
+    __syncthreads();
+    if (zg == 0 && c < p.dv) {
+        float s = part[0][cl];
+        #pragma unroll
+        for (int g = 1; g < COMBINE_ZG; g++) s += part[g][cl];
+        p.out[(size_t)th * p.outs + c] = s;
+    }
+}
+
 template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
     dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER), (unsigned)p->splits);
     size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
-    if (smem > 48 * 1024) cudaFuncSetAttribute(attn_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    attn_kernel<PER><<<grid, ATTN_WARPS * 32, smem, cu_s>>>(*p);
-    if (p->splits > 1)
-        attn_combine_kernel<<<dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
-                              sizeof(float) * (size_t)p->splits, cu_s>>>(*p);
+    /* DSV3_CUDA_ATTN2: positions per warp step, 1 (default), 2 or 4. Measured (stage 7,
+     * BF16 depth 4096, one process): 1: 4.79 ms, 2: 5.78, 4: 5.37 (an earlier build of
+     * the 2-position loop measured faster than the old loop on another machine) */
+    if (cu_v.attn2 >= 4) {
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_kernel<PER, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cu_launch(attn_kernel<PER, 4>, grid, ATTN_WARPS * 32, smem, *p);
+    } else if (cu_v.attn2 >= 2) {
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_kernel<PER, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cu_launch(attn_kernel<PER, 2>, grid, ATTN_WARPS * 32, smem, *p);
+    } else {
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_kernel<PER, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cu_launch(attn_kernel<PER, 1>, grid, ATTN_WARPS * 32, smem, *p);
+    }
+    dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
+    if (p->splits > 1 && cu_v.comb2)
+        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
+    else if (p->splits > 1)
+        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
 }
 
 /* ---- multi-query decode attention (absorb form): the heads of one token share
@@ -358,6 +487,8 @@ static void launch_attn(const attn_p *p, int tokens)
 template <int NC>
 __global__ void __launch_bounds__(MQ_THREADS) attn_mq_kernel(attn_p p)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     extern __shared__ float sm[];
     int D = p.d1 + p.d2, LD = D + 4;
     int groups = (p.heads + MQ_HG - 1) / MQ_HG;
@@ -562,10 +693,10 @@ static void launch_attn_mq(const attn_p *p, int tokens)
     if (!attr)
         attr = cu_check(cudaFuncSetAttribute(attn_mq_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
                         "attention: shared memory");
-    attn_mq_kernel<NC><<<grid, MQ_THREADS, smem, cu_s>>>(*p);
+    cu_launch(attn_mq_kernel<NC>, grid, MQ_THREADS, smem, *p);
     if (p->splits > 1)
-        attn_combine_kernel<<<dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
-                              sizeof(float) * (size_t)p->splits, cu_s>>>(*p);
+        cu_launch(attn_combine_kernel, dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
+                              sizeof(float) * (size_t)p->splits, *p);
 }
 
 /* Splits over positions: enough blocks to fill the device (ATTN_FILL) when
@@ -670,12 +801,16 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
 
 __global__ void silu_mul_kernel(float *a, const float *__restrict__ b, size_t n)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
 }
 
 __global__ void add_kernel(float *y, const float *__restrict__ x, size_t n)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
@@ -686,7 +821,7 @@ void cu_silu_mul(float *a, const float *b, size_t n)
     cu_io io = {};
     float *da = (float *)cu_out(&io, a, sizeof(float) * n, true);
     const float *db = (const float *)cu_in(&io, b, sizeof(float) * n);
-    if (da && db) silu_mul_kernel<<<cu_blocks(n, 256), 256, 0, cu_s>>>(da, db, n);
+    if (da && db) cu_launch(silu_mul_kernel, cu_blocks(n, 256), 256, 0, da, db, n);
     cu_end(&io, "silu_mul");
 }
 
@@ -696,7 +831,7 @@ static void cu_add(float *y, const float *x, size_t n)
     cu_io io = {};
     float *dy = (float *)cu_out(&io, y, sizeof(float) * n, true);
     const float *dx = (const float *)cu_in(&io, x, sizeof(float) * n);
-    if (dy && dx) add_kernel<<<cu_blocks(n, 256), 256, 0, cu_s>>>(dy, dx, n);
+    if (dy && dx) cu_launch(add_kernel, cu_blocks(n, 256), 256, 0, dy, dx, n);
     cu_end(&io, "add");
 }
 
@@ -707,6 +842,8 @@ static void cu_add(float *y, const float *x, size_t n)
 __global__ void copy_rows_kernel(float *dst, int ds, const int *__restrict__ di, const float *src, int ss,
                                  const int *__restrict__ si, int n, int len)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int i = blockIdx.x;
     float *d = dst + (size_t)(di ? di[i] : i) * ds;
     const float *s = src + (size_t)(si ? si[i] : i) * ss;
@@ -723,13 +860,15 @@ void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, i
         return;
     }
     dim3 grid((unsigned)n, cu_blocks((size_t)len, 256) < 16 ? cu_blocks((size_t)len, 256) : 16);
-    copy_rows_kernel<<<grid, 256, 0, cu_s>>>(dst, dst_stride, di, src, src_stride, si, n, len);
+    cu_launch(copy_rows_kernel, grid, 256, 0, dst, dst_stride, di, src, src_stride, si, n, len);
     cu_end(&io, "copy_rows");
 }
 
 __global__ void add_rows_scaled_kernel(float *y, const int *__restrict__ idx, const float *__restrict__ x,
                                        const float *__restrict__ w, int dim)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int i = blockIdx.y;
     float *yi = y + (size_t)idx[i] * dim;
     const float *xi = x + (size_t)i * dim;
@@ -741,7 +880,7 @@ void cu_add_rows_scaled(float *y, const int *idx, const float *x, const float *w
 {
     if (n <= 0 || dim <= 0) return;
     cu_io io = {};
-    add_rows_scaled_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, idx, x, w, dim);
+    cu_launch(add_rows_scaled_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, idx, x, w, dim);
     cu_end(&io, "add_rows_scaled");
 }
 
@@ -749,6 +888,8 @@ template <int F>
 __global__ void embed_kernel(float *h, const void *__restrict__ e, const int32_t *__restrict__ tok, int row0, int rows,
                              int dim)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int i = blockIdx.y, r = tok[i] - row0;
     float *hi = h + (size_t)i * dim;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < dim; j += gridDim.x * blockDim.x)
@@ -764,8 +905,8 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
     float *dh = (float *)cu_out(&io, h, sizeof(float) * (size_t)n * emb->cols, false);
     if (dt && dh && cu_weight_get(emb, &dw)) {
         dim3 grid(cu_blocks((size_t)emb->cols, 256), (unsigned)n);
-        if (emb->fmt == DS_W_BF16) embed_kernel<DS_W_BF16><<<grid, 256, 0, cu_s>>>(dh, dw.data, dt, row0, emb->rows, emb->cols);
-        else embed_kernel<DS_W_F32><<<grid, 256, 0, cu_s>>>(dh, dw.data, dt, row0, emb->rows, emb->cols);
+        if (emb->fmt == DS_W_BF16) cu_launch(embed_kernel<DS_W_BF16>, grid, 256, 0, dh, dw.data, dt, row0, emb->rows, emb->cols);
+        else cu_launch(embed_kernel<DS_W_F32>, grid, 256, 0, dh, dw.data, dt, row0, emb->rows, emb->cols);
     }
     cu_end(&io, "embed");
 }
@@ -780,6 +921,8 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
 __global__ void __launch_bounds__(32) moe_route_kernel(int *idx, float *wt, float *sc_all, const float *__restrict__ bias,
                                                        int E, int K, int G, int limited, bool sigmoid, float rscale)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     extern __shared__ float sm[];
     float *biased = sm, *gs = sm + E;
     int t = blockIdx.x, lane = threadIdx.x;
@@ -867,7 +1010,7 @@ static void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int 
     size_t smem = sizeof(float) * ((size_t)E + groups);
     if (E > ROUTE_MAXE) cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts");
     else if (dsc && di && dw && (db || !bias))
-        moe_route_kernel<<<(unsigned)n, 32, smem, cu_s>>>(di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
+        cu_launch(moe_route_kernel, (unsigned)n, 32, smem, di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
                                                            route_scale);
     cu_end(&io, "moe_route");
 }
@@ -913,6 +1056,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.rmsnorm_rows = cu_rmsnorm_rows;
         g_ops.rope_copy = cu_rope_copy;
         cu_graph_ops(&g_ops);
+        cuda_reload_variants();
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
         g_ops.name = "cuda";
     }
