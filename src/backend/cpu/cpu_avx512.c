@@ -834,7 +834,7 @@ AVX512 INLINE __m512 reduce16(const __m512 *a)
 }
 
 /* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]. The
- * first head group (pf) prefetches the cache rows 8 positions ahead: they come
+ * first head group (pf) prefetches the cache rows 16 positions ahead: they come
  * from memory, four short streams that the hardware prefetcher picks up late. */
 AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp,
                               const float *kv, const float *pe, int h, int j, int jb, float *sc, bool pf)
@@ -849,7 +849,7 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
         __m512 kvv[4];
         if (pf)
             #pragma GCC unroll 16
-            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(kv + (size_t)(j + v + 8) * R + c), _MM_HINT_T0);
+            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(kv + (size_t)(j + v + 16) * R + c), _MM_HINT_T0);
         #pragma GCC unroll 16
         for (int v = 0; v < JN; v++) kvv[v] = _mm512_loadu_ps(kv + (size_t)(j + v) * R + c);
         #pragma GCC unroll 16
@@ -862,7 +862,7 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
     for (int c = 0; c < P; c += 16) {
         if (pf)
             #pragma GCC unroll 16
-            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(pe + (size_t)(j + v + 8) * P + c), _MM_HINT_T0);
+            for (int v = 0; v < JN; v++) _mm_prefetch((const char *)(pe + (size_t)(j + v + 16) * P + c), _MM_HINT_T0);
         #pragma GCC unroll 16
         for (int u = 0; u < HN; u++) {
             __m512 q = _mm512_loadu_ps(qp + (size_t)(h + u) * P + c);
