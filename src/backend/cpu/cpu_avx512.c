@@ -337,6 +337,7 @@ static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, int *nu)
         cap += (size_t)jobs[i].rows / (per ? per : 1) + (size_t)jobs[i].rows / DS_BLOCK + 2;
     }
     decode_unit *u = scratch(4, sizeof(decode_unit) * cap);
+    if (!u) cpu_fail_oom("decode work list", sizeof(decode_unit) * cap);
     int n = 0;
     for (int i = 0; u && i < nj; i++) {
         int per = (int)(UNIT_BYTES / row_bytes(jobs[i].w));
@@ -385,10 +386,7 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     }
     int nu = 0;
     decode_unit *units = decode_units(jobs, nj, &nu);
-    if (!units) {
-        cpu_fail_oom("decode work list", 0);
-        return;
-    }
+    if (!units) return; /* decode_units recorded the failure */
     uint64_t shares[MAX_SHARES];
     #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
