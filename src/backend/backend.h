@@ -31,6 +31,11 @@ typedef struct {
     void *dev;            /* backend-private copy (device memory), or NULL */
 } ds_weight;
 
+/* An MLP's three weights: y = w2(silu(w1 x) * w3 x) (a MoE layer's shared experts). */
+typedef struct {
+    const ds_weight *w1, *w2, *w3;
+} ds_mlp_w;
+
 typedef enum { DS_GEMM_BF16, DS_GEMM_FP8 } ds_gemm_impl;
 typedef enum { DS_ATTN_ABSORB, DS_ATTN_NAIVE } ds_attn_impl;
 
@@ -126,12 +131,19 @@ typedef struct ds_ops {
      * and weights wt (n, K), as the reference's Gate (bias steers the choice only). */
     void (*moe_route)(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
                       int limited_groups, bool sigmoid, float route_scale);
-    /* y (n, dim) = sum_k wt[t][k] * expert idx[t][k](x[t]), expert e = w2(silu(w1 x) * w3 x)
-     * with weights ew*[e - e0] for e0 <= e < e0 + ne; other experts count as zero
-     * (another rank's). May be NULL: the model then groups tokens per expert on the host. */
+    /* Optional (NULL: the model calls matmul, then moe_route): sc (n, E) = x @ gate^T (E =
+     * gate->rows; the exact product, as matmul with DS_GEMM_BF16), then moe_route on sc. */
+    void (*moe_gate)(int *idx, float *wt, float *sc, const float *x, const ds_weight *gate, const float *bias, int n,
+                     int K, int groups, int limited_groups, bool sigmoid, float route_scale);
+    /* y (n, dim) = sum_k wt[t][k] * expert idx[t][k](x[t]) + shared(x[t]), expert e =
+     * w2(silu(w1 x) * w3 x) with weights ew*[e - e0] for e0 <= e < e0 + ne; other experts
+     * count as zero (another rank's). shared (NULL: none) is the layer's shared experts, the
+     * same form, added after the routed sum with weight 1 (at world size > 1 this rank's
+     * slice: the all-reduce of y completes it). May be NULL: the model then groups tokens per
+     * expert on the host. */
     void (*moe_experts)(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                         const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                        ds_gemm_impl gemm, bool ue8m0);
+                        const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0);
     /* Makes the backend's own copy of w (w->dev), once, at load; NULL for backends that read
      * weights in place. DS_ERR_NOMEM names the bytes needed and available. */
     ds_status (*upload_weight)(ds_weight *w);

@@ -118,10 +118,16 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
         goto done;
     }
-    if (c->q_lora_rank == 0) {
-        linear(m, q, x, n, &l->wq);
+    /* wq (or wq_a) and wkv_a read the same x: one matmul_many for both when the backend has it */
+    float *qx = c->q_lora_rank ? qa : q;
+    const ds_weight *wqx = c->q_lora_rank ? &l->wq_a : &l->wq;
+    if (ops->matmul_many) {
+        ds_matmul_job jobs[2] = {{qx, x, n, wqx, 0, wqx->rows}, {kvx, x, n, &l->wkv_a, 0, l->wkv_a.rows}};
+        ops->matmul_many(jobs, 2, m->opt.gemm, c->scale_ue8m0);
     } else {
-        linear(m, qa, x, n, &l->wq_a);
+        linear(m, qx, x, n, wqx);
+    }
+    if (c->q_lora_rank) {
         ops->rmsnorm(qa, qa, l->q_norm, n, c->q_lora_rank, EPS);
         linear(m, q, qa, n, &l->wq_b);
     }
@@ -131,7 +137,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     if (!fused) ops->rope(q, n, H, qk, nope, rope, b->pos, m->cos_tab, m->sin_tab);
 
     /* kv = wkv_a(x): latent (n, R) and k_pe (n, rope), rotary on k_pe */
-    linear(m, kvx, x, n, &l->wkv_a);
+    if (!ops->matmul_many) linear(m, kvx, x, n, &l->wkv_a);
     if (!fused) {
         ops->rope(kvx, n, 1, kva, R, rope, b->pos, m->cos_tab, m->sin_tab);
         gather_cols(ops, lat, kvx, n, kva, 0, R);
@@ -298,27 +304,29 @@ static ds_status moe_device(ds_model *m, int li, const float *x, int n, float *y
     const ds_ops *ops = m->ops;
     int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
     ds_status s = DS_OK;
-    float *sc = scratch(m, (size_t)n * E), *wt = scratch(m, (size_t)n * K), *ys = scratch(m, (size_t)n * dim);
+    float *sc = scratch(m, (size_t)n * E), *wt = scratch(m, (size_t)n * K);
     int *idx = ops->alloc(sizeof(int) * (size_t)n * K);
-    if (!sc || !wt || !ys || !idx) {
+    /* the shared experts in the same op (a GPU runs them in the routed experts' launches);
+     * their slice joins this rank's routed sum before the one all-reduce */
+    ds_mlp_w shared = {&l->sw1, &l->sw2, &l->sw3};
+    if (!sc || !wt || !idx) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for MoE activations of %d tokens", n);
         goto done;
     }
-    ops->matmul(sc, x, n, &l->gate, 0, E, DS_GEMM_BF16, false);
-    ops->moe_route(idx, wt, sc, l->gate_bias, n, E, K, c->n_expert_groups, c->n_limited_groups,
-                   c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
-    ops->moe_experts(y, x, n, K, idx, wt, l->ew1, l->ew2, l->ew3, m->expert0, m->n_local_experts, m->opt.gemm,
-                     c->scale_ue8m0);
-    if ((s = all_reduce(m, y, (size_t)n * dim))) goto done;
-    if (l->sw1.data) {
-        if ((s = mlp(m, &l->sw1, &l->sw2, &l->sw3, x, n, ys))) goto done;
-        if ((s = all_reduce(m, ys, (size_t)n * dim))) goto done;
-        ops->add(y, ys, (size_t)n * dim);
+    if (ops->moe_gate) {
+        ops->moe_gate(idx, wt, sc, x, &l->gate, l->gate_bias, n, K, c->n_expert_groups, c->n_limited_groups,
+                      c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
+    } else {
+        ops->matmul(sc, x, n, &l->gate, 0, E, DS_GEMM_BF16, false);
+        ops->moe_route(idx, wt, sc, l->gate_bias, n, E, K, c->n_expert_groups, c->n_limited_groups,
+                       c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
     }
+    ops->moe_experts(y, x, n, K, idx, wt, l->ew1, l->ew2, l->ew3, m->expert0, m->n_local_experts,
+                     l->sw1.data ? &shared : NULL, m->opt.gemm, c->scale_ue8m0);
+    s = all_reduce(m, y, (size_t)n * dim);
 done:
     ops->free(sc);
     ops->free(wt);
-    ops->free(ys);
     ops->free(idx);
     return s;
 }

@@ -363,56 +363,67 @@ static void check_heads(void)
 }
 
 /* Routed experts: 10 experts of which this "rank" holds [2, 8); decode sizes
- * (one chunk) and a prefill with more assignments than one chunk. */
+ * (one chunk) and a prefill with more assignments than one chunk; with and
+ * without shared experts (inter 150), once with no local expert chosen. */
 static void check_moe(void)
 {
     static const int ns[] = {1, 3, 40, 100};
     static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16};
-    int E = 10, K = 3, e0 = 2, ne = 6, dim = 130, inter = 70;
-    for (size_t fi = 0; fi < 2; fi++)
-        for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
-            int n = ns[ni];
-            tweight w1[6], w2[6], w3[6];
-            ds_weight ew1[6], ew2[6], ew3[6];
-            for (int e = 0; e < ne; e++) {
-                w1[e] = make_weight(fmts[fi], inter, dim);
-                w2[e] = make_weight(fmts[fi], dim, inter);
-                w3[e] = make_weight(fmts[fi], inter, dim);
-                ew1[e] = w1[e].w;
-                ew2[e] = w2[e].w;
-                ew3[e] = w3[e].w;
-            }
-            int *idx = malloc(sizeof(int) * (size_t)n * K);
-            float *wt = malloc(sizeof(float) * (size_t)n * K), *x = rand_vec((size_t)n * dim);
-            for (int t = 0; t < n; t++)
-                for (int k = 0; k < K; k++) {
-                    int e;
-                    bool dup;
-                    do {
-                        e = (int)(urand() * E);
-                        dup = false;
-                        for (int j = 0; j < k; j++) dup |= idx[t * K + j] == e;
-                    } while (dup);
-                    idx[t * K + k] = e;
-                    wt[t * K + k] = (float)urand();
+    int E = 10, K = 3, e0 = 2, ne = 6, dim = 130, inter = 70, inter_s = 150;
+    for (int sh = 0; sh < 2; sh++)
+        for (size_t fi = 0; fi < 2; fi++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int n = ns[ni];
+                tweight s1 = make_weight(fmts[fi], inter_s, dim), s2 = make_weight(fmts[fi], dim, inter_s),
+                        s3 = make_weight(fmts[fi], inter_s, dim);
+                ds_mlp_w shared = {&s1.w, &s2.w, &s3.w};
+                tweight w1[6], w2[6], w3[6];
+                ds_weight ew1[6], ew2[6], ew3[6];
+                for (int e = 0; e < ne; e++) {
+                    w1[e] = make_weight(fmts[fi], inter, dim);
+                    w2[e] = make_weight(fmts[fi], dim, inter);
+                    w3[e] = make_weight(fmts[fi], inter, dim);
+                    ew1[e] = w1[e].w;
+                    ew2[e] = w2[e].w;
+                    ew3[e] = w3[e].w;
                 }
-            float *ref = out_buf((size_t)n * dim), *got = out_buf((size_t)n * dim);
-            cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, DS_GEMM_BF16, false);
-            avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, DS_GEMM_BF16, false);
-            double e = rel_err(got, ref, (size_t)n * dim);
-            CHECK_MSG(e <= 1e-4, "moe_experts fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
-            CHECK(sentinels_ok(got, (size_t)n * dim));
-            for (int j = 0; j < ne; j++) {
-                free_weight(&w1[j]);
-                free_weight(&w2[j]);
-                free_weight(&w3[j]);
+                int *idx = malloc(sizeof(int) * (size_t)n * K);
+                float *wt = malloc(sizeof(float) * (size_t)n * K), *x = rand_vec((size_t)n * dim);
+                for (int t = 0; t < n; t++)
+                    for (int k = 0; k < K; k++) {
+                        int e;
+                        bool dup;
+                        do {
+                            e = (int)(urand() * E);
+                            dup = false;
+                            for (int j = 0; j < k; j++) dup |= idx[t * K + j] == e;
+                        } while (dup);
+                        idx[t * K + k] = e;
+                        wt[t * K + k] = (float)urand();
+                    }
+                if (sh && n == 1) /* another rank's experts only: the shared ones alone */
+                    for (int k = 0; k < K; k++) idx[k] = k < 2 ? k : E - 1;
+                float *ref = out_buf((size_t)n * dim), *got = out_buf((size_t)n * dim);
+                const ds_mlp_w *sp = sh ? &shared : NULL;
+                cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, DS_GEMM_BF16, false);
+                avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, DS_GEMM_BF16, false);
+                double e = rel_err(got, ref, (size_t)n * dim);
+                CHECK_MSG(e <= 1e-4, "moe_experts fmt %d n %d shared %d: error %.3g", (int)fmts[fi], n, sh, e);
+                CHECK(sentinels_ok(got, (size_t)n * dim));
+                free_weight(&s1);
+                free_weight(&s2);
+                free_weight(&s3);
+                for (int j = 0; j < ne; j++) {
+                    free_weight(&w1[j]);
+                    free_weight(&w2[j]);
+                    free_weight(&w3[j]);
+                }
+                free(idx);
+                free(wt);
+                free(x);
+                free(ref);
+                free(got);
             }
-            free(idx);
-            free(wt);
-            free(x);
-            free(ref);
-            free(got);
-        }
 }
 
 /* Every e4m3 code through the decode kernel's vdpbf16ps path: row i of a

@@ -124,18 +124,20 @@ static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
 
 /* BENCH_AB="spec;spec;...": the decode figures again for each variant of the CUDA
  * backend's switches in this one process (a spec: "default", or NAME=V,NAME=V with
- * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2 for DSV3_CUDA_NAME; unnamed ones
- * at their defaults),
+ * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2, COMBINE3, MOE_SHARED,
+ * GATE, MANY, HEADS_PF for DSV3_CUDA_NAME; unnamed ones at their defaults),
  * each on a new KV cache (so new graphs), with its graph vs eager logits check. */
 static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
 {
-    static const char *names[] = {"PDL", "GEMV2", "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W", "HEADS2", "COMBINE2"};
+    static const char *names[] = {"PDL",      "GEMV2",    "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W",  "HEADS2",
+                                  "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF"};
+    const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);
     printf("A/B (BENCH_AB): ms per step, median of %d\n%-40s %8s %8s %8s %8s %9s %9s\n", reps, "variant", "b1", "b1 eager",
            "b8", "d4096", "b1 roof", "g-e diff");
     for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < n_names; i++) {
             snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
             unsetenv(var);
         }
@@ -166,7 +168,7 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3,
                100 * roof / t1, gerr);
     }
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < n_names; i++) {
         snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
         unsetenv(var);
     }

@@ -342,14 +342,22 @@ static void test_rope_copy(int n, int nvec, int ss, int off, int rope, bool scat
     free(di);
 }
 
-/* Tokens over two sequences, mixed positions (including 0 and ctx-1). */
-static void test_attention(ds_attn_impl impl, int H, int R, int rope, int nope, int vdim, int ctx)
+/* Tokens over two sequences: NT tokens at seq[t] (0 or 1), pos[t] when seq_at is not NULL,
+ * else 6 tokens at mixed positions (including 0 and ctx-1). */
+static void test_attention_at(ds_attn_impl impl, int H, int R, int rope, int nope, int vdim, int ctx, int NT,
+                              const int *seq_at, const int *pos_at)
 {
-    enum { NT = 6, NSEQ = 2 };
-    int seq[NT] = {0, 0, 1, 1, 0, 1}, pos[NT] = {0, ctx - 1, ctx / 7, ctx / 7 + 1, ctx / 2, ctx - 1};
+    enum { NSEQ = 2 };
+    int seq6[6] = {0, 0, 1, 1, 0, 1}, pos6[6] = {0, ctx - 1, ctx / 7, ctx / 7 + 1, ctx / 2, ctx - 1};
+    const int *seq = seq_at ? seq_at : seq6, *pos = seq_at ? pos_at : pos6;
+    if (!seq_at) NT = 6;
     char label[128];
     if (impl == DS_ATTN_ABSORB) snprintf(label, sizeof label, "attention absorb H=%d rank=%d rope=%d ctx=%d", H, R, rope, ctx);
     else snprintf(label, sizeof label, "attention naive H=%d nope=%d rope=%d v=%d ctx=%d", H, nope, rope, vdim, ctx);
+    if (seq_at) {
+        size_t n = strlen(label);
+        snprintf(label + n, sizeof label - n, " n=%d pos0=%d", NT, pos[0]);
+    }
     ds_attn_args a = {.n_tokens = NT, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope,
                       .vdim = vdim, .kv_rank = R, .softmax_scale = 0.3f, .ctx = ctx};
     size_t rows = (size_t)NSEQ * ctx, th = (size_t)NT * H;
@@ -393,6 +401,11 @@ static void test_attention(ds_attn_impl impl, int H, int R, int rope, int nope, 
     }
     G->free(gout);
     free(ref);
+}
+
+static void test_attention(ds_attn_impl impl, int H, int R, int rope, int nope, int vdim, int ctx)
+{
+    test_attention_at(impl, H, R, rope, nope, vdim, ctx, 6, NULL, NULL);
 }
 
 static void test_elementwise(size_t n)
@@ -615,6 +628,11 @@ static void test_moved(void)
     free(y);
 }
 
+/* Shared experts for test_moe_shape: 0 none, 1 inter_s = 2 * inter (the grouped
+ * kernels take them when the routed experts fit), 2 inter_s = 2 * inter + 4 (rows not
+ * whole 16-byte chunks for BF16 / FP8: run op by op after the routed experts). */
+static int g_moe_shared;
+
 /* moe_route (softmax / sigmoid with bias and groups) then moe_experts over a local expert range. */
 static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm, int dim, int inter)
 {
@@ -637,12 +655,20 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
         w2[e] = make_weight(fmt, dim, inter);
         w3[e] = make_weight(fmt, inter, dim);
     }
+    int inter_s = g_moe_shared ? 2 * inter + (g_moe_shared == 2 ? 4 : 0) : 0;
+    ds_weight s1 = {0}, s2 = {0}, s3 = {0};
+    ds_mlp_w shared = {&s1, &s2, &s3};
+    if (inter_s) {
+        s1 = make_weight(fmt, inter_s, dim);
+        s2 = make_weight(fmt, dim, inter_s);
+        s3 = make_weight(fmt, inter_s, dim);
+    }
     float *x = hrand((size_t)n * dim, 1.0f), *y = malloc(sizeof(float) * n * dim);
     float *gx = gcopy(x, (size_t)n * dim), *gy = gbuf((size_t)n * dim);
-    C->moe_experts(y, x, n, K, ri, rw, w1, w2, w3, e0, ne, gemm, false);
-    G->moe_experts(gy, gx, n, K, gi, gw, w1, w2, w3, e0, ne, gemm, false);
-    snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d", fmt_name(fmt),
-             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne);
+    C->moe_experts(y, x, n, K, ri, rw, w1, w2, w3, e0, ne, inter_s ? &shared : NULL, gemm, false);
+    G->moe_experts(gy, gx, n, K, gi, gw, w1, w2, w3, e0, ne, inter_s ? &shared : NULL, gemm, false);
+    snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d shared %d", fmt_name(fmt),
+             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne, inter_s);
     /* n > 8: BF16 experts, and FP8 ones outside the FP8 GEMM path, on the tensor
      * cores (grouped WMMA kernels when dim, inter % 16 == 0, else grouped cuBLAS
      * for BF16 and the per-expert loop for FP8), activations bf16 hi + lo, or
@@ -656,6 +682,11 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
         free((void *)w1[e].data), free((void *)w1[e].scale);
         free((void *)w2[e].data), free((void *)w2[e].scale);
         free((void *)w3[e].data), free((void *)w3[e].scale);
+    }
+    if (inter_s) {
+        free((void *)s1.data), free((void *)s1.scale);
+        free((void *)s2.data), free((void *)s2.scale);
+        free((void *)s3.data), free((void *)s3.scale);
     }
     cuda_forget_weights();
     G->free(gsc);
@@ -782,6 +813,206 @@ static void test_stage7(void)
     set_variant("PDL", NULL);
 }
 
+/* ---- matmul_many: each job against C->matmul */
+
+#define MANY_MAX 5
+
+typedef struct {
+    ds_wfmt fmt;
+    int rows, cols, row0, nrows;
+} many_job;
+
+/* Jobs of the same cols share one x, as the model's products of one input do. */
+static void test_many_case(const many_job *mj, int nj, int n, ds_gemm_impl gemm, bool host_io)
+{
+    ds_weight w[MANY_MAX];
+    float *x[MANY_MAX], *gx[MANY_MAX], *gy[MANY_MAX], *ref[MANY_MAX];
+    ds_matmul_job jobs[MANY_MAX];
+    for (int j = 0; j < nj; j++) {
+        int k = mj[j].cols;
+        w[j] = make_weight(mj[j].fmt, mj[j].rows, k);
+        bool share = j > 0 && k == mj[0].cols;
+        x[j] = share ? x[0] : hrand((size_t)n * k, 1.0f);
+        if (!share)
+            for (int i = 0; i < n; i++)
+                for (int c = 0; c < k; c++) x[j][(size_t)i * k + c] *= (float)(1 << (i % 7)) * (c < 128 ? 0.01f : 1.0f);
+        size_t ny = (size_t)n * mj[j].nrows;
+        ref[j] = malloc(sizeof(float) * ny);
+        C->matmul(ref[j], x[j], n, &w[j], mj[j].row0, mj[j].nrows, gemm, false);
+        gx[j] = host_io ? x[j] : share ? gx[0] : gcopy(x[j], (size_t)n * k);
+        gy[j] = host_io ? malloc(sizeof(float) * ny) : gbuf(ny);
+        if (host_io)
+            for (size_t i = 0; i < ny; i++) memcpy(&gy[j][i], &k_poison, 4);
+        jobs[j] = (ds_matmul_job){gy[j], gx[j], n, &w[j], mj[j].row0, mj[j].nrows};
+    }
+    G->matmul_many(jobs, nj, gemm, false);
+    for (int j = 0; j < nj; j++) {
+        char label[128];
+        snprintf(label, sizeof label, "matmul_many %d/%d %s%s %dx%d n=%d rows %d+%d%s", j + 1, nj,
+                 fmt_name(mj[j].fmt), gemm == DS_GEMM_FP8 ? " fp8gemm" : "", mj[j].rows, mj[j].cols, n, mj[j].row0,
+                 mj[j].nrows, host_io ? " (host io)" : "");
+        /* as test_matmul: n >= 16 would take the tensor cores; these are gemvs and the tiled kernel */
+        size_t ny = (size_t)n * mj[j].nrows;
+        compare(label, gy[j], ref[j], ny, 1e-5);
+        if (!host_io) check_guard(label, gy[j], ny);
+    }
+    for (int j = nj - 1; j >= 0; j--) {
+        bool share = j > 0 && mj[j].cols == mj[0].cols;
+        if (host_io) free(gy[j]);
+        else G->free(gy[j]);
+        if (!share) {
+            if (!host_io) G->free(gx[j]);
+            free(x[j]);
+        }
+        free(ref[j]);
+        free_weight(&w[j]);
+    }
+}
+
+/* Stage 8 (MANY): the jobs of a decode step in one gemv launch, on and off. Shapes
+ * cover the launch forms for the rows of all jobs together: 4-row blocks of 8 warps
+ * (3072 + 576 rows, 1 token), one row per block (short matrices), 4-row XR blocks
+ * (8 tokens), FP8 with one row per block of 4 warps; row offsets and tails per job;
+ * scalar loads (FP8 with k % 16 != 0: a gemv per job); and what must take a matmul
+ * per job: mixed formats, FP8 on the act_quant path, n > 8, more than 4 jobs. */
+static void test_matmul_many(void)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- matmul_many, MANY %s\n", pass ? "off" : "on");
+        set_variant("MANY", pass ? "0" : NULL);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            ds_wfmt w = (ds_wfmt)f;
+            many_job qkv[2] = {{w, 3072, 2048, 0, 3072}, {w, 576, 2048, 0, 576}};
+            many_job kva[2] = {{w, 600, 520, 7, 577}, {w, 64, 520, 0, 64}};
+            many_job big[2] = {{w, 1100, 264, 3, 1097}, {w, 300, 264, 0, 300}};
+            many_job four[4] = {{w, 384, 512, 128, 256}, {w, 64, 512, 0, 64}, {w, 300, 256, 0, 300},
+                                {w, 129, 1024, 0, 129}};
+            test_many_case(qkv, 2, 1, DS_GEMM_BF16, false);
+            test_many_case(kva, 2, 3, DS_GEMM_BF16, false);
+            test_many_case(kva, 2, 5, DS_GEMM_BF16, false);
+            test_many_case(big, 2, 8, DS_GEMM_BF16, false);
+            test_many_case(four, 4, 2, DS_GEMM_BF16, false);
+            test_many_case(four, 4, 6, DS_GEMM_BF16, false);
+            test_many_case(four + 2, 1, 1, DS_GEMM_BF16, false);
+            test_many_case(kva, 2, 9, DS_GEMM_BF16, false); /* n > 8: the tiled kernel per job */
+        }
+        many_job qkv8[2] = {{DS_W_FP8, 3072, 2048, 0, 3072}, {DS_W_FP8, 576, 2048, 0, 576}};
+        many_job mixed[2] = {{DS_W_BF16, 600, 520, 7, 577}, {DS_W_F32, 64, 520, 0, 64}};
+        many_job gate[2] = {{DS_W_BF16, 64, 512, 0, 64}, {DS_W_BF16, 300, 512, 0, 300}};
+        many_job five[5] = {{DS_W_BF16, 64, 256, 0, 64}, {DS_W_BF16, 100, 256, 3, 90}, {DS_W_BF16, 33, 256, 0, 33},
+                            {DS_W_BF16, 128, 256, 0, 128}, {DS_W_BF16, 70, 256, 5, 60}};
+        test_many_case(qkv8, 2, 1, DS_GEMM_FP8, false); /* act_quant path: a matmul per job */
+        test_many_case(qkv8, 2, 4, DS_GEMM_FP8, false);
+        test_many_case(gate, 2, 3, DS_GEMM_FP8, false); /* BF16 weights on the FP8 path: one launch */
+        test_many_case(mixed, 2, 3, DS_GEMM_BF16, false);
+        test_many_case(five, 5, 2, DS_GEMM_BF16, false);
+        test_many_case(mixed + 0, 1, 3, DS_GEMM_BF16, true); /* staged host buffers */
+        test_many_case(gate, 2, 2, DS_GEMM_BF16, true);
+    }
+    set_variant("MANY", NULL);
+}
+
+/* moe_gate (the gate product and the routing) against matmul + moe_route of the CPU reference. */
+static void test_gate(ds_wfmt fmt, int n, int E, int dim, int K, bool sigmoid, int groups, int limited)
+{
+    char label[160];
+    snprintf(label, sizeof label, "moe_gate %s n=%d E=%d dim=%d K=%d %s groups %d/%d", fmt_name(fmt), n, E, dim, K,
+             sigmoid ? "sigmoid+bias" : "softmax", limited, groups);
+    ds_weight w = make_weight(fmt, E, dim);
+    float *x = hrand((size_t)n * dim, 1.0f), *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
+    float *sc = malloc(sizeof(float) * n * E), *rw = malloc(sizeof(float) * n * K);
+    int *ri = malloc(sizeof(int) * n * K), *gi = G->alloc(sizeof(int) * n * K);
+    float *gx = gcopy(x, (size_t)n * dim), *gbias = bias ? gcopy(bias, (size_t)E) : NULL;
+    float *gsc = gbuf((size_t)n * E), *gw = gbuf((size_t)n * K);
+    C->matmul(sc, x, n, &w, 0, E, DS_GEMM_BF16, false);
+    C->moe_route(ri, rw, sc, bias, n, E, K, groups, limited, sigmoid, 2.5f);
+    G->moe_gate(gi, gw, gsc, gx, &w, gbias, n, K, groups, limited, sigmoid, 2.5f);
+    G->sync();
+    int same = 0;
+    for (int i = 0; i < n * K; i++) same += ri[i] == gi[i];
+    CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
+    compare(label, gw, rw, (size_t)n * K, 1e-5);
+    free((void *)w.data), free((void *)w.scale);
+    cuda_forget_weights();
+    G->free(gi), G->free(gx), G->free(gbias), G->free(gsc), G->free(gw);
+    free(x), free(bias), free(sc), free(rw), free(ri);
+}
+
+/* Stage 8: the shared experts inside the grouped MoE kernels (MOE_SHARED on, the
+ * default, and off), decode sizes with the pairs both ways (MOE_SWAP), shapes the
+ * grouped kernels cannot take (op-by-op shared experts after them), the dedup
+ * variant (never fused), prefill sizes (tensor-core routed experts, then the shared). */
+static void test_stage8(void)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- stage 8 shared experts %s\n", pass ? "op by op" : "fused");
+        set_variant("MOE_SHARED", pass ? "0" : NULL);
+        for (int mode = 1; mode <= 2; mode++) {
+            g_moe_shared = mode;
+            for (int sw = 0; sw < 2; sw++) {
+                set_variant("MOE_SWAP", sw ? "0" : NULL);
+                test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
+                test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+                test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
+                test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
+                test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
+                test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
+            }
+            set_variant("MOE_SWAP", NULL);
+            test_moe(DS_W_FP8, 3, true, 4, DS_GEMM_FP8); /* act_quant path: not grouped */
+            set_variant("MOE_DEDUP", "1");
+            test_moe_shape(DS_W_BF16, 6, false, 1, DS_GEMM_BF16, 200, 72);
+            set_variant("MOE_DEDUP", NULL);
+            test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
+            test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+        }
+        g_moe_shared = 0;
+    }
+    set_variant("MOE_SHARED", NULL);
+    for (int pass = 0; pass < 2; pass++) { /* one launch (GATE, default) and matmul + moe_route */
+        printf("-- stage 8 gate %s\n", pass ? "two launches" : "fused");
+        set_variant("GATE", pass ? "0" : NULL);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            test_gate((ds_wfmt)f, 1, 64, 2048, 6, false, 1, 1);    /* 16B */
+            test_gate((ds_wfmt)f, 3, 256, 7168, 8, true, 8, 4);   /* V3 */
+            test_gate((ds_wfmt)f, 8, 160, 1536, 6, false, 1, 1);  /* V2 */
+            test_gate((ds_wfmt)f, 5, 72, 200, 4, true, 4, 2);
+            test_gate((ds_wfmt)f, 2, 40, 204, 3, false, 1, 1);    /* F32 16-byte rows, BF16 not: two launches */
+            test_gate((ds_wfmt)f, 20, 64, 256, 6, false, 1, 1);   /* prefill: two launches */
+        }
+    }
+    set_variant("GATE", NULL);
+}
+
+/* Stage 8 (COMBINE3): decode attention whose last split block merges the splits, on
+ * (the default) and off (a combine launch, COMBINE2 both ways). The stage 7 shapes at
+ * 6 mixed positions, then at few tokens near the start (most splits empty: no po row,
+ * never read) and at the end; successive calls reuse the tickets, so a ticket not
+ * returned to 0 shows as a wrong or unwritten (poisoned) output in the next call. */
+static void test_combine3(void)
+{
+    static const struct { ds_attn_impl impl; int H, R, rope, nope, vdim, ctx; } cs[] = {
+        {DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 71},    {DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1001},
+        {DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197}, {DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703},
+        {DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77},
+    };
+    for (int pass = 0; pass < 3; pass++) {
+        printf("-- stage 8 attention merge: %s\n", pass == 0 ? "last split block" : pass == 1 ? "combine2" : "combine");
+        set_variant("COMBINE3", pass ? "0" : NULL);
+        set_variant("COMBINE2", pass == 2 ? "0" : NULL);
+        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+            int ctx = cs[i].ctx, seq[2] = {1, 0};
+            int at[][2] = {{0, 0}, {3, 1}, {ctx - 1, 0}, {1, ctx - 2}, {ctx / 3, 5}};
+            test_attention(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx);
+            for (int k = 0; k < 5; k++) /* one token (k < 3), then two */
+                test_attention_at(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx, k < 3 ? 1 : 2,
+                                  seq, at[k]);
+        }
+    }
+    set_variant("COMBINE3", NULL);
+    set_variant("COMBINE2", NULL);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -882,6 +1113,9 @@ int main(void)
     free(saved);
 
     test_stage7();
+    test_combine3();
+    test_matmul_many();
+    test_stage8();
 
     test_fp8_golden();
     printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());

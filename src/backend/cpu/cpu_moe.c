@@ -8,7 +8,9 @@
  * tokens, 6-8 experts each) is one chunk, so all its experts' rows are spread
  * over the threads in one parallel region instead of three regions per
  * expert; a prefill gives each expert's batched GEMMs their own regions, as
- * before. Sums run in expert order, as in the reference's moe_experts. */
+ * before. The shared experts ride along in the last chunk's two calls (all
+ * tokens, weight 1), added after every routed expert. Sums run in expert
+ * order, as in the reference's moe_experts. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -23,13 +25,19 @@ typedef struct {
     int *first;       /* expert e's assignments: [first[e], first[e+1]) */
     float *xs, *a, *g, *ys; /* chunk buffers: (rows, dim), (rows, inter) x2, (rows, dim) */
     ds_matmul_job *jobs;
+    int n;
+    const ds_mlp_w *shared; /* set for the chunk that also runs the shared experts */
+    float *sa, *sg, *sy;    /* their buffers: (n, inter_s) x2, (n, dim) */
 } moe_bufs;
 
-/* Experts [e_lo, e_hi) as one chunk: assignments [r0, r1). */
+/* Experts [e_lo, e_hi) as one chunk: assignments [r0, r1), and the shared
+ * experts over all n tokens when b->shared is set. */
 static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int e_hi, const ds_weight *ew1,
                       const ds_weight *ew2, const ds_weight *ew3, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, r0 = b->first[e_lo], nj = 0;
+    const ds_mlp_w *sh = b->shared;
+    int si = sh ? sh->w1->rows : 0;
     for (int i = r0; i < b->first[e_hi]; i++)
         memcpy(b->xs + (size_t)(i - r0) * dim, x + (size_t)b->tok[i] * dim, sizeof(float) * (size_t)dim);
     for (int e = e_lo; e < e_hi; e++) {
@@ -38,37 +46,57 @@ static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int
         b->jobs[nj++] = (ds_matmul_job){b->a + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew1[e], 0, inter};
         b->jobs[nj++] = (ds_matmul_job){b->g + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew3[e], 0, inter};
     }
+    if (sh) {
+        b->jobs[nj++] = (ds_matmul_job){b->sa, x, b->n, sh->w1, 0, si};
+        b->jobs[nj++] = (ds_matmul_job){b->sg, x, b->n, sh->w3, 0, si};
+    }
     avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
     int rows = b->first[e_hi] - r0;
-    avx512_silu_mul(b->a, b->g, (size_t)rows * inter);
+    if (rows) avx512_silu_mul(b->a, b->g, (size_t)rows * inter);
+    if (sh) avx512_silu_mul(b->sa, b->sg, (size_t)b->n * si);
     nj = 0;
     for (int e = e_lo; e < e_hi; e++) {
         int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
         if (cnt) b->jobs[nj++] = (ds_matmul_job){b->ys + (size_t)o * dim, b->a + (size_t)o * inter, cnt, &ew2[e], 0, dim};
     }
+    if (sh) b->jobs[nj++] = (ds_matmul_job){b->sy, b->sa, b->n, sh->w2, 0, dim};
     avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
-    /* y[t] += w * expert(x[t]), in expert order */
+    /* y[t] += w * expert(x[t]), in expert order, then the shared experts */
     for (int i = 0; i < rows; i++) {
         float *yt = y + (size_t)b->tok[r0 + i] * dim, wi = b->w[r0 + i];
         const float *yi = b->ys + (size_t)i * dim;
         for (int j = 0; j < dim; j++) yt[j] += wi * yi[j];
     }
+    if (sh)
+        for (size_t i = 0; i < (size_t)b->n * dim; i++) y[i] += b->sy[i];
 }
 
 void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
-                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0)
+                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                        ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows;
     const ds_ops *ops = cpu_backend(true); /* its alloc keeps freed buffers for reuse */
     memset(y, 0, sizeof(float) * (size_t)n * dim);
     moe_bufs b = {0};
+    b.n = n;
     b.first = calloc((size_t)ne + 1, sizeof(int));
     b.tok = malloc(sizeof(int) * ((size_t)n * K + 1));
     b.w = malloc(sizeof(float) * ((size_t)n * K + 1));
-    b.jobs = malloc(sizeof(ds_matmul_job) * 2 * (size_t)ne);
+    b.jobs = malloc(sizeof(ds_matmul_job) * (2 * (size_t)ne + 2));
     if (!b.first || !b.tok || !b.w || !b.jobs) {
         cpu_fail_oom("expert routing tables", (sizeof(int) + sizeof(float)) * (size_t)n * K);
         goto done;
+    }
+    if (shared) {
+        size_t si = (size_t)shared->w1->rows;
+        b.sa = ops->alloc(sizeof(float) * (size_t)n * si);
+        b.sg = ops->alloc(sizeof(float) * (size_t)n * si);
+        b.sy = ops->alloc(sizeof(float) * (size_t)n * dim);
+        if (!b.sa || !b.sg || !b.sy) {
+            cpu_fail_oom("shared expert activations", sizeof(float) * (size_t)n * (2 * si + (size_t)dim));
+            goto done;
+        }
     }
     /* counting sort of the assignments by expert (tokens ascending within one) */
     for (size_t i = 0; i < (size_t)n * K; i++)
@@ -102,14 +130,21 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
         for (int lo = 0, hi; ok && lo < ne; lo = hi) {
             hi = lo + 1;
             while (hi < ne && b.first[hi + 1] - b.first[lo] <= MOE_CHUNK) hi++;
+            b.shared = b.first[hi] == b.first[ne] ? shared : NULL; /* the last chunk with work */
             if (b.first[hi] > b.first[lo]) moe_chunk(y, x, &b, lo, hi, ew1, ew2, ew3, gemm, ue8m0);
         }
         ops->free(b.xs);
         ops->free(b.ys);
         ops->free(b.a);
         ops->free(b.g);
+    } else if (shared) { /* no local expert chosen: the shared experts alone */
+        b.shared = shared;
+        moe_chunk(y, x, &b, 0, 0, ew1, ew2, ew3, gemm, ue8m0);
     }
 done:
+    ops->free(b.sa);
+    ops->free(b.sg);
+    ops->free(b.sy);
     free(b.first);
     free(b.tok);
     free(b.w);

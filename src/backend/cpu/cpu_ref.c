@@ -412,9 +412,29 @@ static void moe_route_ref(int *idx, float *wt, float *sc, const float *bias, int
 }
 
 /* Tokens grouped per local expert, in expert order, as the model's host path does. */
+/* y += w2(silu(w1 x) * w3 x) for n rows (the shared experts). */
+static void mlp_add_ref(float *y, const float *x, int n, const ds_mlp_w *w, ds_gemm_impl gemm, bool ue8m0)
+{
+    int dim = w->w1->cols, inter = w->w1->rows;
+    float *a = malloc(sizeof(float) * (size_t)n * inter), *g = malloc(sizeof(float) * (size_t)n * inter);
+    float *ys = malloc(sizeof(float) * (size_t)n * dim);
+    if (!a || !g || !ys) {
+        cpu_fail_oom("shared expert activations", sizeof(float) * (size_t)n * (2 * (size_t)inter + dim));
+    } else {
+        matmul_ref(a, x, n, w->w1, 0, inter, gemm, ue8m0);
+        matmul_ref(g, x, n, w->w3, 0, inter, gemm, ue8m0);
+        for (size_t i = 0; i < (size_t)n * inter; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * g[i];
+        matmul_ref(ys, a, n, w->w2, 0, dim, gemm, ue8m0);
+        for (size_t i = 0; i < (size_t)n * dim; i++) y[i] += ys[i];
+    }
+    free(a);
+    free(g);
+    free(ys);
+}
+
 static void moe_experts_ref(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                            ds_gemm_impl gemm, bool ue8m0)
+                            const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows;
     int *list = malloc(sizeof(int) * (size_t)n);
@@ -448,6 +468,7 @@ static void moe_experts_ref(float *y, const float *x, int n, int K, const int *i
         matmul_ref(ys, a, cnt, &ew2[e], 0, dim, gemm, ue8m0);
         add_rows_scaled_ref(y, list, ys, lw, cnt, dim);
     }
+    if (shared) mlp_add_ref(y, x, n, shared, gemm, ue8m0);
     free(list);
     free(lw);
     free(xs);

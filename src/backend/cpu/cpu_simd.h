@@ -39,7 +39,8 @@ void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H,
 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                            int hstride, int rows);
 void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
-                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0);
+                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                        ds_gemm_impl gemm, bool ue8m0);
 /* The two matmul strategies, exposed so tests can reach both at any n. */
 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);

@@ -10,6 +10,8 @@
  *          multiple of 16 take a scalar-load variant.
  *   tiled: n > 8 (prefill). 64 tokens x 64 rows per block through shared
  *          memory, 4x4 outputs per thread; no tensor cores yet.
+ *   matmul_many: up to 4 decode products of one weight format and token count
+ *          (wq_a + wkv_a, w1 + w3) as the blocks of one gemv launch.
  * The FP8 path keeps one byte per weight and per activation: a K-tile of 32
  * lies inside one 128-block, so partial sums are scaled by s_x[i][kb] *
  * s_w[r/128][kb] once per block, as the reference's fp8_gemm does.
@@ -146,15 +148,15 @@ __device__ __forceinline__ void wdecode(uint4 raw, float *out)
  * GEMV_ROWS, and each lane keeps GEMV_ROWS 16-byte weight loads in flight.
  * F: weight format; QA: x is act_quant output (e4m3 bytes + xs scales), F == FP8;
  * VEC: 16-byte loads (K * size(F) % 16 == 0 and x 16-byte aligned). */
-template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP = GEMV_WARPS>
-__global__ void __launch_bounds__(WP * 32)
-gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
-            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows, bool pf)
+template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP>
+__device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__restrict__ x,
+                                          const float *__restrict__ xs, int n, const void *__restrict__ w,
+                                          const float *__restrict__ ws, int k, int row0, int rows, int tile, bool pf)
 {
     constexpr int E = VEC ? 16 / cu_wsize<F>::v : 1;
     __shared__ float red[WP][RW][NT];
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int r0 = blockIdx.x * RW, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    int r0 = tile * RW, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
     size_t base[RW];
     const float *srow[RW];
     #pragma unroll
@@ -238,6 +240,39 @@ gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__re
     }
 }
 
+/* One product: block b computes rows b * RW .. + RW of it. */
+template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP = GEMV_WARPS>
+__global__ void __launch_bounds__(WP * 32)
+gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
+            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows, bool pf)
+{
+    gemv_tile<F, QA, VEC, NT, RW, XR, WP>(y, x, xs, n, w, ws, k, row0, rows, blockIdx.x, pf);
+}
+
+/* Up to GEMV_JOBS products of the same weight format and token count (float32
+ * activations, 16-byte loads) in one launch (matmul_many): job j takes blocks
+ * b0[j] .. b0[j + 1] - 1, each of RW rows of its own product. */
+#define GEMV_JOBS 4
+
+struct gemv_jobs {
+    float *y[GEMV_JOBS];
+    const void *x[GEMV_JOBS];
+    const void *w[GEMV_JOBS];
+    const float *ws[GEMV_JOBS]; /* FP8 block scales, else NULL */
+    int k[GEMV_JOBS], row0[GEMV_JOBS], rows[GEMV_JOBS];
+    int b0[GEMV_JOBS + 1]; /* first block of each job; b0[nj]: the grid */
+    int nj;
+};
+
+template <int F, int NT, int RW, bool XR, int WP = GEMV_WARPS>
+__global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, int n, bool pf)
+{
+    int j = 0, b = (int)blockIdx.x;
+    while (j + 1 < t.nj && b >= t.b0[j + 1]) j++;
+    gemv_tile<F, false, true, NT, RW, XR, WP>(t.y[j], t.x[j], nullptr, n, t.w[j], t.ws[j], t.k[j], t.row0[j],
+                                              t.rows[j], b - t.b0[j], pf);
+}
+
 /* ---- tiled: the same product for n > 8, 64 x 64 outputs per block of 256 threads */
 
 template <int F, bool QA>
@@ -314,37 +349,78 @@ tiled_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__r
 /* NT: tokens the kernel is compiled for (n rounded up), so registers match the
  * batch; RW rows per block: 4 shares each activation load among 4 rows, but
  * with many tokens the unrolled accumulators and activations would spill, so
- * larger batches take one row per block. */
+ * larger batches take one row per block.
+ * XR (BF16 / F32 weights, 3..8 tokens): every token's activation chunk held in
+ * registers (NT x 8 floats at most) and each row decoded once, 4 rows per block
+ * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s) */
+template <int F, bool QA, int NT>
+struct gemv_cfg {
+    static constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
+    static constexpr int RW = NT <= 2 || XR ? GEMV_ROWS : 1;
+};
+
+enum gemv_form { GEMV_ONE_ROW, GEMV_8_WARPS, GEMV_4_WARPS };
+
+/* The kernel shape for a grid of nb blocks of RW rows (all the products of the
+ * launch together); *pf: prefetch the rows into L2 before the PDL wait. */
+static gemv_form gemv_choose(int F, int NT, int RW, bool vec, unsigned nb, bool *pf)
+{
+    /* stage 7: short matrices (the 64-row gate, 576-row wkv_a: 16 and 144 blocks of
+     * 4 rows) take one row per block, 4x the blocks; every block prefetches its rows
+     * into L2 before waiting for the previous kernel (PDL). DSV3_CUDA_GEMV2=0: as stage 6. */
+    if (cu_v.gemv2 && RW > 1 && nb < GEMV_SMALL_BLOCKS) {
+        *pf = true;
+        return GEMV_ONE_ROW;
+    }
+    *pf = cu_v.gemv2 && nb <= GEMV_PF_BLOCKS; /* later waves start after the wait: nothing to overlap */
+    /* GEMV8W (1..2 tokens, BF16 / F32 weights): 8 warps per block, so a row of <= 2048
+     * BF16 weights is one pass of 16-byte loads per thread (4 warps: two passes). Measured
+     * (stage 7): BF16 batch 1 3.70 -> 3.66 ms; FP8 batch 1 3.56 -> 3.67 and the 8-token
+     * (XR) kernels 9.0 -> 11.1 ms at batch 8, so neither takes it */
+    return vec && cu_v.gemv_w8 && NT <= 2 && F != DS_W_FP8 ? GEMV_8_WARPS : GEMV_4_WARPS;
+}
+
 template <int F, bool QA, int NT>
 static void launch_gemv(float *y, const void *x, const float *xs, int n, const cu_weight *w, int k, int row0,
                         int rows)
 {
-    /* XR (BF16 / F32 weights, 3..8 tokens): every token's activation chunk held in
-     * registers (NT x 8 floats at most) and each row decoded once, 4 rows per block
-     * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s) */
-    constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
-    constexpr int RW = NT <= 2 || XR ? GEMV_ROWS : 1;
+    constexpr bool XR = gemv_cfg<F, QA, NT>::XR;
+    constexpr int RW = gemv_cfg<F, QA, NT>::RW;
     bool vec = (size_t)k * cu_wsize<F>::v % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
-    /* stage 7: short matrices (the 64-row gate, 576-row wkv_a: 16 and 144 blocks of
-     * 4 rows) take one row per block, 4x the blocks; every block prefetches its rows
-     * into L2 before waiting for the previous kernel (PDL). DSV3_CUDA_GEMV2=0: as stage 6. */
-    int v2 = cu_v.gemv2;
-    bool one = v2 && RW > 1 && cu_blocks((size_t)rows, RW) < GEMV_SMALL_BLOCKS;
-    dim3 grid(cu_blocks((size_t)rows, one ? 1 : RW));
-    if (one) {
-        if (vec) cu_launch(gemv_kernel<F, QA, true, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, true);
-        else cu_launch(gemv_kernel<F, QA, false, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, true);
+    bool pf;
+    gemv_form f = gemv_choose(F, NT, RW, vec, cu_blocks((size_t)rows, RW), &pf);
+    dim3 grid(cu_blocks((size_t)rows, f == GEMV_ONE_ROW ? 1 : RW));
+    if (f == GEMV_ONE_ROW) {
+        if (vec) cu_launch(gemv_kernel<F, QA, true, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+        else cu_launch(gemv_kernel<F, QA, false, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+    } else if (f == GEMV_8_WARPS) {
+        cu_launch(gemv_kernel<F, QA, true, NT, RW, XR, 8>, grid, 8 * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+    } else if (vec) {
+        cu_launch(gemv_kernel<F, QA, true, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
     } else {
-        bool pf = v2 && grid.x <= GEMV_PF_BLOCKS; /* later waves start after the wait: nothing to overlap */
-        /* GEMV8W (1..2 tokens, BF16 / F32 weights): 8 warps per block, so a row of <= 2048
-         * BF16 weights is one pass of 16-byte loads per thread (4 warps: two passes). Measured
-         * (stage 7): BF16 batch 1 3.70 -> 3.66 ms; FP8 batch 1 3.56 -> 3.67 and the 8-token
-         * (XR) kernels 9.0 -> 11.1 ms at batch 8, so neither takes it */
-        if (vec && cu_v.gemv_w8 && NT <= 2 && F != DS_W_FP8)
-            cu_launch(gemv_kernel<F, QA, true, NT, RW, XR, 8>, grid, 8 * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
-        else if (vec) cu_launch(gemv_kernel<F, QA, true, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
-        else cu_launch(gemv_kernel<F, QA, false, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
+        cu_launch(gemv_kernel<F, QA, false, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, y, x, xs, n, w->data, w->scale, k, row0, rows, pf);
     }
+}
+
+/* The products of t (each vec, see launch_gemv; t.k .. t.rows filled) in one launch of
+ * gemv_many_kernel; the blocks per job and the kernel shape as launch_gemv picks them
+ * for the rows of all the jobs together. */
+template <int F, int NT>
+static void launch_gemv_many(gemv_jobs *t, int n)
+{
+    constexpr bool XR = gemv_cfg<F, false, NT>::XR;
+    constexpr int RW = gemv_cfg<F, false, NT>::RW;
+    unsigned nb = 0;
+    for (int j = 0; j < t->nj; j++) nb += cu_blocks((size_t)t->rows[j], RW);
+    bool pf;
+    gemv_form f = gemv_choose(F, NT, RW, true, nb, &pf);
+    int rw = f == GEMV_ONE_ROW ? 1 : RW;
+    t->b0[0] = 0;
+    for (int j = 0; j < t->nj; j++) t->b0[j + 1] = t->b0[j] + (int)cu_blocks((size_t)t->rows[j], rw);
+    dim3 grid((unsigned)t->b0[t->nj]);
+    if (f == GEMV_ONE_ROW) cu_launch(gemv_many_kernel<F, NT, 1, XR>, grid, GEMV_WARPS * 32, 0, *t, n, pf);
+    else if (f == GEMV_8_WARPS) cu_launch(gemv_many_kernel<F, NT, RW, XR, 8>, grid, 8 * 32, 0, *t, n, pf);
+    else cu_launch(gemv_many_kernel<F, NT, RW, XR>, grid, GEMV_WARPS * 32, 0, *t, n, pf);
 }
 
 template <int F, bool QA>
@@ -482,6 +558,76 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
     cu_end(&io, "matmul");
 }
 
+template <int F>
+static void launch_many_fmt(gemv_jobs *t, int n)
+{
+    if (n == 1) launch_gemv_many<F, 1>(t, n);
+    else if (n == 2) launch_gemv_many<F, 2>(t, n);
+    else if (n <= 4) launch_gemv_many<F, 4>(t, n);
+    else launch_gemv_many<F, GEMV_NMAX>(t, n);
+}
+
+/* True when jobs can share one gemv launch: 1..GEMV_JOBS jobs of the same
+ * 1..GEMV_NMAX tokens and weight format, none on the FP8 act_quant path. */
+static bool many_fits(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm)
+{
+    if (!cu_v.many || n_jobs < 1 || n_jobs > GEMV_JOBS) return false;
+    int n = jobs[0].n;
+    ds_wfmt fmt = jobs[0].w->fmt;
+    if (n < 1 || n > GEMV_NMAX || (gemm == DS_GEMM_FP8 && fmt == DS_W_FP8)) return false;
+    for (int j = 1; j < n_jobs; j++)
+        if (jobs[j].n != n || jobs[j].w->fmt != fmt) return false;
+    return true;
+}
+
+void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
+{
+    if (!many_fits(jobs, n_jobs, gemm)) {
+        for (int j = 0; j < n_jobs; j++)
+            cu_matmul(jobs[j].y, jobs[j].x, jobs[j].n, jobs[j].w, jobs[j].row0, jobs[j].rows, gemm, ue8m0);
+        return;
+    }
+    int n = jobs[0].n;
+    ds_wfmt fmt = jobs[0].w->fmt;
+    size_t wsz = fmt == DS_W_F32 ? 4 : fmt == DS_W_BF16 ? 2 : 1;
+    cu_io io = {};
+    gemv_jobs t = {};
+    cu_weight dw[GEMV_JOBS];
+    bool ok = true, vec = true;
+    for (int j = 0; j < n_jobs && ok; j++) {
+        const ds_matmul_job *jb = &jobs[j];
+        if (jb->rows <= 0) continue; /* nothing to do, as cu_matmul */
+        int k = jb->w->cols, i = t.nj;
+        const void *dx = cu_in(&io, jb->x, sizeof(float) * (size_t)n * k);
+        float *dy = (float *)cu_out(&io, jb->y, sizeof(float) * (size_t)n * jb->rows, false);
+        ok = dx && dy && cu_weight_get(jb->w, &dw[i]);
+        if (!ok) break;
+        /* launch_gemv's condition for 16-byte loads, on the device pointers */
+        vec = vec && (size_t)k * wsz % 16 == 0 && (uintptr_t)dx % 16 == 0 && (uintptr_t)dw[i].data % 16 == 0;
+        t.y[i] = dy;
+        t.x[i] = dx;
+        t.w[i] = dw[i].data;
+        t.ws[i] = dw[i].scale;
+        t.k[i] = k;
+        t.row0[i] = jb->row0;
+        t.rows[i] = jb->rows;
+        t.nj++;
+    }
+    if (ok && vec && t.nj) {
+        if (fmt == DS_W_FP8) launch_many_fmt<DS_W_FP8>(&t, n);
+        else if (fmt == DS_W_BF16) launch_many_fmt<DS_W_BF16>(&t, n);
+        else launch_many_fmt<DS_W_F32>(&t, n);
+    } else if (ok) { /* scalar loads somewhere: one gemv per job, as cu_matmul at n <= 8 */
+        for (int i = 0; i < t.nj; i++) {
+            const float *dx = (const float *)t.x[i];
+            if (fmt == DS_W_FP8) launch_product<DS_W_FP8, false>(t.y[i], dx, NULL, n, &dw[i], t.k[i], t.row0[i], t.rows[i]);
+            else if (fmt == DS_W_BF16) launch_product<DS_W_BF16, false>(t.y[i], dx, NULL, n, &dw[i], t.k[i], t.row0[i], t.rows[i]);
+            else launch_product<DS_W_F32, false>(t.y[i], dx, NULL, n, &dw[i], t.k[i], t.row0[i], t.rows[i]);
+        }
+    }
+    cu_end(&io, "matmul_many");
+}
+
 /* ---- matmul_t: y[i][c] = sum_r x[i][r] W[row0 + r][c]; one thread per output,
  * consecutive threads on consecutive columns so each weight row is read coalesced. */
 
@@ -531,7 +677,7 @@ void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, 
 template <int F>
 __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
                              const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride,
-                             int rows)
+                             int rows, bool /* pf: heads_vec_kernel's */)
 {
     cu_pdl_wait();
     cu_pdl_launch();
@@ -561,12 +707,18 @@ __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restr
 template <int F>
 __global__ void __launch_bounds__(128)
 heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
-                 const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride, int rows)
+                 const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride, int rows,
+                 bool pf)
 {
-    cu_pdl_wait();
-    cu_pdl_launch();
     constexpr int E = 16 / cu_wsize<F>::v;
     int g = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    /* stage 8: the block's rows do not depend on the previous kernel: towards L2 first */
+    if (pf && g < H * rows) {
+        int wr = row0 + g / rows * hstride + g % rows;
+        cu_prefetch_lane_l2((const uint8_t *)w + (size_t)wr * k * cu_wsize<F>::v, (size_t)k * cu_wsize<F>::v, lane, 32);
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
     if (g >= H * rows) return;
     int h = g / rows, r = g % rows, wr = row0 + h * hstride + r, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
     for (int t0 = 0; t0 < n; t0 += HEADS_TB) {
@@ -604,8 +756,16 @@ heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int
 template <int F, int HW = HT_WARPS>
 __global__ void __launch_bounds__(HW * 32)
 heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
-               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows)
+               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows,
+               bool pf)
 {
+    /* stage 8: the block's 64-column slice of its head's rows towards L2 before the wait */
+    if (pf)
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+            size_t at = (size_t)(row0 + blockIdx.y * hstride + r) * cols + blockIdx.x * 64;
+            cu_prefetch_lane_l2((const uint8_t *)w + at * cu_wsize<F>::v,
+                                (size_t)min(64, cols - (int)blockIdx.x * 64) * cu_wsize<F>::v, 0, 1);
+        }
     cu_pdl_wait();
     cu_pdl_launch();
     __shared__ float red[HW][HEADS_TB][64];
@@ -741,15 +901,16 @@ void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, con
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, false, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         unsigned grid = cu_blocks((size_t)H * rows, 4);
+        bool pf = cu_v.heads_pf != 0;
         int sz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
         bool vec = cu_v.heads2 && (size_t)w->cols * sz % 16 == 0 && xs % 4 == 0 && (uintptr_t)dx % 16 == 0 &&
                    (uintptr_t)dw.data % 16 == 0;
-        if (vec && w->fmt == DS_W_FP8) cu_launch(heads_vec_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (vec && w->fmt == DS_W_BF16) cu_launch(heads_vec_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else if (vec) cu_launch(heads_vec_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_FP8) cu_launch(heads_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_BF16) cu_launch(heads_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else cu_launch(heads_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        if (vec && w->fmt == DS_W_FP8) cu_launch(heads_vec_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows, pf);
+        else if (vec && w->fmt == DS_W_BF16) cu_launch(heads_vec_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else if (vec) cu_launch(heads_vec_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else if (w->fmt == DS_W_FP8) cu_launch(heads_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows, pf);
+        else if (w->fmt == DS_W_BF16) cu_launch(heads_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else cu_launch(heads_kernel<DS_W_F32>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
     }
     cu_end(&io, "matmul_heads");
 }
@@ -764,13 +925,14 @@ void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, c
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, true, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         dim3 grid(cu_blocks((size_t)w->cols, 64), (unsigned)H);
+        bool pf = cu_v.heads_pf != 0;
         /* HEADS2: 16 warps splitting a head's rows (8 rows each for 128-row heads) */
-        if (cu_v.heads2 && w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (cu_v.heads2 && w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else if (cu_v.heads2) cu_launch(heads_t_kernel<DS_W_F32, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows);
-        else if (w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
-        else cu_launch(heads_t_kernel<DS_W_F32>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows);
+        if (cu_v.heads2 && w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows, pf);
+        else if (cu_v.heads2 && w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else if (cu_v.heads2) cu_launch(heads_t_kernel<DS_W_F32, 16>, grid, 16 * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else if (w->fmt == DS_W_FP8) cu_launch(heads_t_kernel<DS_W_FP8>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows, pf);
+        else if (w->fmt == DS_W_BF16) cu_launch(heads_t_kernel<DS_W_BF16>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
+        else cu_launch(heads_t_kernel<DS_W_F32>, grid, HT_WARPS * 32, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
     }
     cu_end(&io, "matmul_heads_t");
 }

@@ -168,6 +168,96 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t bytes)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
 }
 
+/* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
+ * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
+ * K experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
+ * shared scratch. The first reads of sc bypass L1 (other blocks may have written it).
+ * Softmax / sigmoid with warp reductions, group scores one lane per group, then K
+ * rounds of a warp argmax over the experts not taken (ties to the lowest index, as the
+ * reference's first strict maximum). */
+__device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, const float *__restrict__ bias,
+                                              float *biased, float *gs, int E, int K, int G, int limited, bool sigmoid,
+                                              float rscale)
+{
+    int lane = threadIdx.x % 32;
+    if (!sigmoid) {
+        float mx = -INFINITY, sum = 0;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(&sc[e]));
+        mx = cu_warp_max(mx);
+        for (int e = lane; e < E; e += 32) sum += expf(__ldcg(&sc[e]) - mx);
+        sum = cu_warp_sum(sum);
+        for (int e = lane; e < E; e += 32) sc[e] = expf(__ldcg(&sc[e]) - mx) / sum;
+    } else {
+        for (int e = lane; e < E; e += 32) sc[e] = 1.0f / (1.0f + expf(-__ldcg(&sc[e])));
+    }
+    for (int e = lane; e < E; e += 32) biased[e] = bias ? sc[e] + bias[e] : sc[e];
+    __syncwarp();
+    if (G > 1) {
+        int per = E / G;
+        for (int g = lane; g < G; g += 32) {
+            const float *p = biased + g * per;
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int j = 0; j < per; j++) {
+                if (p[j] > m1) {
+                    m2 = m1;
+                    m1 = p[j];
+                } else if (p[j] > m2) {
+                    m2 = p[j];
+                }
+            }
+            gs[g] = bias ? m1 + m2 : m1;
+        }
+        __syncwarp();
+        if (lane == 0) /* keep the `limited` best groups: mark kept ones with +inf in gs */
+            for (int k = 0; k < limited; k++) {
+                int best = -1;
+                for (int g = 0; g < G; g++)
+                    if (gs[g] != INFINITY && (best < 0 || gs[g] > gs[best])) best = g;
+                gs[best] = INFINITY;
+            }
+        __syncwarp();
+        for (int e = lane; e < E; e += 32)
+            if (gs[e / per] != INFINITY) biased[e] = -INFINITY;
+        __syncwarp();
+    }
+    uint32_t taken = 0;
+    float sum = 0;
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        float bv = 0;
+        for (int e = lane, i = 0; e < E; e += 32, i++)
+            if (!(taken >> i & 1) && (best < 0 || biased[e] > bv)) best = e, bv = biased[e];
+        #pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            int ob = __shfl_xor_sync(0xffffffffu, best, o);
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
+        }
+        if (best % 32 == lane) taken |= 1u << (best / 32);
+        float v = sc[best];
+        sum += v;
+        if (lane == 0) {
+            ix[k] = best;
+            w[k] = v;
+        }
+    }
+    __syncwarp();
+    for (int k = lane; k < K; k += 32) {
+        float v = w[k];
+        if (sigmoid) v /= sum;
+        w[k] = v * rscale;
+    }
+}
+
+/* prefetch.global.L2 of the 128-byte lines over [p, p + bytes): line i by caller t when
+ * i % nthr == t (nthr callers sharing the range; 0, 1: one caller takes every line). */
+__device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes, int t, int nthr)
+{
+    const char *c = (const char *)((uintptr_t)p & ~(uintptr_t)127);
+    const char *end = (const char *)p + bytes;
+    for (c += (size_t)t * 128; c < end; c += (size_t)nthr * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
+}
+
 /* Stage 7's changes, each on unless its environment variable is 0 (read by
  * cuda_backend() and cuda_reload_variants()): pdl DSV3_CUDA_PDL (PDL launches),
  * gemv2 DSV3_CUDA_GEMV2 (one row per block for short matrices, L2 prefetch),
@@ -177,9 +267,17 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t bytes)
  * DSV3_CUDA_COMBINE2 (split combine with 4 x 64 threads per slice; on unless 0),
  * moe_swap DSV3_CUDA_MOE_SWAP (2..8 tokens: pairs fastest in the MoE grids),
  * gemv_w8 DSV3_CUDA_GEMV8W (gemv blocks of 8 warps), heads2 DSV3_CUDA_HEADS2
- * (per-head decode products with 16-byte loads / more warps). */
+ * (per-head decode products with 16-byte loads / more warps).
+ * Stage 8 (fewer kernels per decode step): comb3 DSV3_CUDA_COMBINE3 (the last split block
+ * of a (token, head) merges the splits: no combine launch), moe_shared DSV3_CUDA_MOE_SHARED
+ * (the shared experts inside the grouped MoE kernels), gate DSV3_CUDA_GATE (gate product
+ * and routing in one launch), many DSV3_CUDA_MANY (matmul_many: the gemvs of several
+ * weights over one input in one launch), heads_pf DSV3_CUDA_HEADS_PF (per-head decode
+ * products start their weight rows towards L2 before waiting for the previous kernel);
+ * all on unless 0. */
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
+    int comb3, moe_shared, gate, many, heads_pf;
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -216,13 +314,23 @@ ds_status cu_upload_weight(ds_weight *w);
 /* The scalar ops (cuda_ops.cu) and the products (cuda_gemm.cu). */
 void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                bool ue8m0);
+/* The jobs' gemvs in one launch when they fit (1..4 jobs, the same 1..8 tokens and
+ * weight format, 16-byte loads, not the FP8 act_quant path, DSV3_CUDA_MANY on);
+ * else cu_matmul per job. */
+void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
 void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
                      int rows);
 void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                        int hstride, int rows);
 void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
-                    const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0);
+                    const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                    ds_gemm_impl gemm, bool ue8m0);
+void cu_add(float *y, const float *x, size_t n);
+void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+                  int limited_groups, bool sigmoid, float route_scale);
+void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight *gate, const float *bias, int n,
+                 int K, int groups, int limited_groups, bool sigmoid, float route_scale);
 void cu_copy_rows(float *dst, int dst_stride, const int *di, const float *src, int src_stride, const int *si, int n,
                   int len);
 void cu_add_rows_scaled(float *y, const int *idx, const float *x, const float *w, int n, int dim);

@@ -156,25 +156,29 @@ __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
     return s;
 }
 
-/* h[t*K + k][r] = silu(w1_e[r] . x[t]) * (w3_e[r] . x[t]), e = idx[t*K + k] - e0; grid (row tiles, n*K). */
+/* The shared experts of a decode step inside the grouped launches (stage 8,
+ * DSV3_CUDA_MOE_SHARED): their w1 / w3 rows as more blocks of moe_up, one "pair"
+ * per token, and their w2 rows as more items of each moe_down block, weight 1.
+ * Their weights do not depend on the routing, so those blocks start them towards
+ * L2 before waiting for the previous kernel (PDL). inter == 0: none. */
+typedef struct {
+    cu_weight w1, w3, w2;
+    int inter;
+    float *h; /* [n][inter] */
+} moe_shared_p;
+
+/* out[r0 + rr] = silu(w1[r] . xr) * (w3[r] . xr) for the MOE_RW rows r = r0 + rr < rows. */
 template <int F>
-__global__ void __launch_bounds__(MOE_THREADS)
-moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const int *__restrict__ idx, int e0, int ne,
-              const cu_weight *__restrict__ tab, int k, int inter, bool swap)
+__device__ __forceinline__ void moe_up_tile(float *out, const float *xr, const cu_weight &w1, const cu_weight &w3,
+                                            int k, int rows, int r0)
 {
-    cu_pdl_wait();
-    cu_pdl_launch();
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][2 * MOE_RW];
-    int p = swap ? blockIdx.x : blockIdx.y, e = idx[p] - e0, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW;
-    if (e < 0 || e >= ne) return;
-    cu_weight w1 = tab[e], w3 = tab[ne + e];
-    const float *xr = x + (size_t)(p / K) * k;
     size_t base[MOE_RW];
     int row[MOE_RW];
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) {
-        row[rr] = min(r0 + rr, inter - 1);
+        row[rr] = min(r0 + rr, rows - 1);
         base[rr] = (size_t)row[rr] * k;
     }
     float acc[2 * MOE_RW] = {};
@@ -189,43 +193,84 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const i
     float *sh = &red[0][0];
     if (threadIdx.x < 2 * MOE_RW) sh[threadIdx.x] = s; /* red[0] is free again */
     __syncthreads();
-    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < inter) {
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < rows) {
         float a = sh[threadIdx.x], g = sh[MOE_RW + threadIdx.x];
-        h[(size_t)p * inter + r0 + threadIdx.x] = a / (1.0f + expf(-a)) * g;
+        out[r0 + threadIdx.x] = a / (1.0f + expf(-a)) * g;
     }
 }
 
-/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e; grid (row tiles, n).
- * The (expert, 16-byte chunk) pairs of all K experts are spread over the block's
- * threads at once (one block sum at the end), so that short rows (inter = 1408 BF16:
- * 176 chunks) keep every thread loading; the sum order is fixed (deterministic). */
+/* h[t*K + k][r] = silu(w1_e[r] . x[t]) * (w3_e[r] . x[t]), e = idx[t*K + k] - e0, and
+ * sp.h[t][r] likewise for the shared experts. 1-D grid: n*K*tu routed blocks (tu row
+ * tiles; pair fastest when swap, else tile fastest), then n*tus shared blocks. */
+template <int F>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx, int e0,
+              int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp)
+{
+    unsigned b = blockIdx.x, nk = (unsigned)(n * K), tu = (unsigned)(inter + MOE_RW - 1) / MOE_RW;
+    if (b >= nk * tu) { /* shared experts */
+        b -= nk * tu;
+        unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW;
+        int t = (int)(swap ? b % n : b / tus), r0 = (int)(swap ? b / n : b % tus) * MOE_RW;
+        cu_prefetch_l2((const uint8_t *)sp.w1.data + (size_t)r0 * k * cu_wsize<F>::v,
+                       (size_t)min(MOE_RW, sp.inter - r0) * k * cu_wsize<F>::v);
+        cu_prefetch_l2((const uint8_t *)sp.w3.data + (size_t)r0 * k * cu_wsize<F>::v,
+                       (size_t)min(MOE_RW, sp.inter - r0) * k * cu_wsize<F>::v);
+        cu_pdl_wait();
+        cu_pdl_launch();
+        moe_up_tile<F>(sp.h + (size_t)t * sp.inter, x + (size_t)t * k, sp.w1, sp.w3, k, sp.inter, r0);
+        return;
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    int p = (int)(swap ? b % nk : b / tu), r0 = (int)(swap ? b / nk : b % tu) * MOE_RW, e = idx[p] - e0;
+    if (e < 0 || e >= ne) return;
+    moe_up_tile<F>(h + (size_t)p * inter, x + (size_t)(p / K) * k, tab[e], tab[ne + e], k, inter, r0);
+}
+
+/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e, plus
+ * (sp.w2[r] . sp.h[t]) when sp.inter; grid (row tiles, n) (swapped when swap).
+ * The (expert, 16-byte chunk) pairs of all K experts and the shared chunks are
+ * spread over the block's threads at once (one block sum at the end), so that short
+ * rows (inter = 1408 BF16: 176 chunks) keep every thread loading; the sum order is
+ * fixed (deterministic). */
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
                 const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim,
-                bool swap)
+                bool swap, moe_shared_p sp)
 {
-    cu_pdl_wait();
-    cu_pdl_launch();
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][MOE_RW];
     int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
-    size_t base[MOE_RW];
+    int nr = K * nch, ns = sp.inter / E;
+    size_t base[MOE_RW], bs[MOE_RW];
     int row[MOE_RW];
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) {
         row[rr] = min(r0 + rr, dim - 1);
         base[rr] = (size_t)row[rr] * inter;
+        bs[rr] = (size_t)row[rr] * sp.inter;
     }
+    if (ns) cu_prefetch_l2((const uint8_t *)sp.w2.data + bs[0] * cu_wsize<F>::v,
+                           (size_t)min(MOE_RW, dim - r0) * sp.inter * cu_wsize<F>::v);
+    cu_pdl_wait();
+    cu_pdl_launch();
     float acc[MOE_RW] = {};
-    for (int it = threadIdx.x; it < K * nch; it += MOE_THREADS) {
-        int kk = it / nch, c = (it % nch) * E, p = t * K + kk, e = idx[p] - e0;
-        if (e < 0 || e >= ne) continue;
-        cu_weight w2 = tab[2 * ne + e];
-        float xv[E], part[MOE_RW] = {};
-        moe_xload<E>(h + (size_t)p * inter + c, xv);
-        moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
-        float wk = wt[p];
+    for (int it = threadIdx.x; it < nr + ns; it += MOE_THREADS) {
+        float xv[E], part[MOE_RW] = {}, wk = 1.0f;
+        if (it < nr) {
+            int kk = it / nch, c = (it % nch) * E, p = t * K + kk, e = idx[p] - e0;
+            if (e < 0 || e >= ne) continue;
+            cu_weight w2 = tab[2 * ne + e];
+            moe_xload<E>(h + (size_t)p * inter + c, xv);
+            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
+            wk = wt[p];
+        } else {
+            int c = (it - nr) * E;
+            moe_xload<E>(sp.h + (size_t)t * sp.inter + c, xv);
+            moe_dot_chunk<F>(part, xv, sp.w2.data, sp.w2.scale, bs, row, sp.inter, c);
+        }
         #pragma unroll
         for (int rr = 0; rr < MOE_RW; rr++) acc[rr] += wk * part[rr];
     }
@@ -306,6 +351,8 @@ moe_up_dedup_kernel(float *__restrict__ h, const float *__restrict__ x, int n, i
  * pair; the (expert, 16-byte chunk) items are spread over the threads, each w2 chunk
  * applied to every token that chose the expert. y[t] of a token with no local expert is 0. */
 #define MOE_PAIRS_MAX 64
+static bool moe_dedup_on(int n, int K) { return cu_v.moe_dedup && n > 1 && n * K <= MOE_PAIRS_MAX; }
+
 template <int F, int NT>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_down_dedup_kernel(float *__restrict__ y, const float *__restrict__ h, int n, int K, const int *__restrict__ idx,
@@ -383,9 +430,9 @@ static void moe_dedup(float *y, const float *x, int n, int K, const int *idx, co
 
 template <int F>
 static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                        const cu_weight *tab, int dim, int inter, float *h)
+                        const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp)
 {
-    if (cu_v.moe_dedup && n > 1 && n * K <= MOE_PAIRS_MAX) { /* DSV3_CUDA_MOE_DEDUP=0: as stage 6 */
+    if (moe_dedup_on(n, K)) { /* DSV3_CUDA_MOE_DEDUP=0: as stage 6 (never given shared experts) */
         if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
         else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
         else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
@@ -396,10 +443,10 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
      * and the repeats come from L2 (8 tokens: ~35 distinct experts for 48 pairs) */
     bool swap = cu_v.moe_swap && n > 1;
     unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
-    dim3 gu = swap ? dim3((unsigned)(n * K), tu) : dim3(tu, (unsigned)(n * K));
+    unsigned gu = (unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW);
     dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
-    cu_launch(moe_up_kernel<F>, gu, MOE_THREADS, 0, h, x, K, idx, e0, ne, tab, dim, inter, swap);
-    cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap);
+    cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp);
+    cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
 }
 
 /* True when the grouped kernels apply: few tokens, exact-dequantisation
@@ -414,26 +461,68 @@ static bool moe_grouped_ok(int n, const ds_weight *ew1, int ne, ds_gemm_impl gem
            ew1[0].rows % 4 == 0;
 }
 
+/* True when the shared experts can join the grouped kernels: the experts' format,
+ * the same input width, rows of whole 16-byte chunks. */
+static bool moe_shared_ok(const ds_mlp_w *sh, const ds_weight *ew1, int n, int K)
+{
+    const ds_weight *w1 = sh->w1, *w2 = sh->w2, *w3 = sh->w3;
+    ds_wfmt f = ew1[0].fmt;
+    int sz = f == DS_W_FP8 ? 1 : f == DS_W_BF16 ? 2 : 4;
+    return cu_v.moe_shared && !moe_dedup_on(n, K) && w1->fmt == f && w2->fmt == f && w3->fmt == f &&
+           w1->cols == ew1[0].cols && w3->cols == w1->cols && w3->rows == w1->rows && w2->cols == w1->rows &&
+           w2->rows == w1->cols && (size_t)w1->rows * sz % 16 == 0 && w1->rows % 4 == 0;
+}
+
+/* The routed experts of n <= MOE_GROUPED_MAX tokens and, when sh is not NULL, the
+ * shared experts, in the two grouped launches; false (nothing queued) when a weight
+ * table could not be made. */
 static bool moe_experts_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt,
-                                const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne)
+                                const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                                const ds_mlp_w *sh)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
     const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
     if (!tab) return false;
+    moe_shared_p sp = {};
+    if (sh && !(cu_weight_get(sh->w1, &sp.w1) && cu_weight_get(sh->w3, &sp.w3) && cu_weight_get(sh->w2, &sp.w2)))
+        return false;
+    sp.inter = sh ? sh->w1->rows : 0;
     cu_io io = {};
     const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * dim);
     const int *di = (const int *)cu_in(&io, idx, sizeof(int) * (size_t)nk);
     const float *dw = (const float *)cu_in(&io, wt, sizeof(float) * (size_t)nk);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * dim, false);
-    float *h = (float *)cu_alloc(sizeof(float) * (size_t)nk * inter);
+    float *h = (float *)cu_alloc(sizeof(float) * ((size_t)nk * inter + (size_t)n * sp.inter));
     if (dx && di && dw && dy && h) {
-        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
-        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
-        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h);
+        sp.h = h + (size_t)nk * inter;
+        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
+        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
+        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
     }
     cu_free(h);
     cu_end(&io, "moe_experts");
     return true;
+}
+
+/* y += w2(silu(w1 x) * w3 x) for n rows, one op at a time (the shared experts
+ * where the grouped kernels do not take them). */
+static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, ds_gemm_impl gemm, bool ue8m0)
+{
+    int dim = sh->w1->cols, inter = sh->w1->rows;
+    float *a = (float *)cu_alloc(sizeof(float) * (size_t)n * inter), *g = (float *)cu_alloc(sizeof(float) * (size_t)n * inter);
+    float *ys = (float *)cu_alloc(sizeof(float) * (size_t)n * dim);
+    if (a && g && ys) {
+        cu_matmul(a, x, n, sh->w1, 0, inter, gemm, ue8m0);
+        cu_matmul(g, x, n, sh->w3, 0, inter, gemm, ue8m0);
+        cu_silu_mul(a, g, (size_t)n * inter);
+        cu_matmul(ys, a, n, sh->w2, 0, dim, gemm, ue8m0);
+        cu_add(y, ys, (size_t)n * dim);
+    } else {
+        cu_check(cudaErrorMemoryAllocation, "moe_experts: shared expert scratch");
+    }
+    cu_free(a);
+    cu_free(g);
+    cu_free(ys);
 }
 
 /* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order. */
@@ -494,11 +583,12 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
     return ok;
 }
 
-void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
-                    const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, ds_gemm_impl gemm, bool ue8m0)
+/* The routed experts when the grouped decode kernels do not apply: routing
+ * downloaded, tokens grouped per expert on the host. */
+static void moe_experts_host(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                             ds_gemm_impl gemm, bool ue8m0)
 {
-    if (n <= 0) return;
-    if (moe_grouped_ok(n, ew1, ne, gemm) && moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne)) return;
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
     int *hidx = (int *)malloc(sizeof(int) * (size_t)nk), *cnt = (int *)calloc((size_t)ne + 1, sizeof(int));
     float *hwt = (float *)malloc(sizeof(float) * (size_t)nk);
@@ -578,4 +668,131 @@ done:
     cu_free(ys);
     cu_free(a);
     cu_free(g);
+}
+
+void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                    const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                    ds_gemm_impl gemm, bool ue8m0)
+{
+    if (n <= 0) return;
+    if (moe_grouped_ok(n, ew1, ne, gemm)) {
+        bool fuse = shared && moe_shared_ok(shared, ew1, n, K);
+        if (moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, fuse ? shared : NULL)) {
+            if (shared && !fuse) moe_shared_add(y, x, n, shared, gemm, ue8m0);
+            return;
+        }
+    }
+    moe_experts_host(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0);
+    if (shared) moe_shared_add(y, x, n, shared, gemm, ue8m0);
+}
+
+/* ---- the gate and the routing in one launch (stage 8, DSV3_CUDA_GATE) */
+
+#define GATE_THREADS 128
+#define GATE_NMAX 8
+#define GATE_MAXE 1024 /* moe_route's limit */
+
+/* Block e: row e of the gate against every token (4 warps splitting K, 16-byte loads,
+ * the row started towards L2 before the wait, as the gemv). The last block to finish
+ * (ticket from a device counter, reset by that block) routes the tokens, a warp each. */
+template <int F, int NT>
+__global__ void __launch_bounds__(GATE_THREADS)
+gate_route_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, int n, const void *__restrict__ w, int k,
+                  int E, const float *__restrict__ bias, int K, int G, int limited, bool sigmoid, float rscale,
+                  unsigned *counter)
+{
+    constexpr int EL = 16 / cu_wsize<F>::v;
+    __shared__ float red[GATE_THREADS / 32][NT];
+    __shared__ bool last;
+    extern __shared__ float sm[];
+    int e = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const uint8_t *row = (const uint8_t *)w + (size_t)e * k * cu_wsize<F>::v;
+    cu_prefetch_lane_l2(row, (size_t)k * cu_wsize<F>::v, threadIdx.x, GATE_THREADS);
+    cu_pdl_wait();
+    cu_pdl_launch();
+    float acc[NT] = {};
+    for (int c = threadIdx.x * EL; c < k; c += GATE_THREADS * EL) {
+        float wv[EL];
+        cu_wload16<F>(w, (size_t)e * k + c, wv);
+        #pragma unroll
+        for (int i = 0; i < NT; i++) {
+            if (i >= n) break;
+            float xv[EL];
+            moe_xload<EL>(x + (size_t)i * k + c, xv);
+            #pragma unroll
+            for (int j = 0; j < EL; j++) acc[i] += xv[j] * wv[j];
+        }
+    }
+    #pragma unroll
+    for (int i = 0; i < NT; i++) {
+        float v = cu_warp_sum(acc[i]);
+        if (lane == 0) red[warp][i] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < n) {
+        float v = 0;
+        for (int wi = 0; wi < GATE_THREADS / 32; wi++) v += red[wi][threadIdx.x];
+        sc[(size_t)threadIdx.x * E + e] = v;
+    }
+    __threadfence(); /* the scores before the ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *counter = 0; /* ready for the next launch */
+    __threadfence();
+    for (int t = warp; t < n; t += GATE_THREADS / 32) {
+        float *biased = sm + (size_t)warp * (E + G);
+        cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc + (size_t)t * E, bias, biased, biased + E, E, K, G,
+                      limited, sigmoid, rscale);
+    }
+}
+
+/* One counter for every gate launch (they run one after another on the stream and each
+ * leaves it at 0), made on the first call outside a stream capture; NULL until then. */
+static unsigned *gate_counter(void)
+{
+    static unsigned *c;
+    static bool failed;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (c || failed || cudaStreamIsCapturing(cu_s, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return c;
+    if (cudaMalloc((void **)&c, sizeof(unsigned)) != cudaSuccess || cudaMemset(c, 0, sizeof(unsigned)) != cudaSuccess) {
+        cudaGetLastError(); /* not fatal: the two-launch path stays */
+        cudaFree(c);
+        c = NULL;
+        failed = true;
+    }
+    return c;
+}
+
+template <int F>
+static void launch_gate(int *idx, float *wt, float *sc, const float *x, int n, const cu_weight *w, int k, int E,
+                        const float *bias, int K, int G, int limited, bool sigmoid, float rscale, unsigned *counter)
+{
+    size_t smem = sizeof(float) * (GATE_THREADS / 32) * ((size_t)E + G);
+    if (n == 1) cu_launch(gate_route_kernel<F, 1>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);
+    else if (n <= 4) cu_launch(gate_route_kernel<F, 4>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);
+    else cu_launch(gate_route_kernel<F, GATE_NMAX>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);
+}
+
+void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight *gate, const float *bias, int n,
+                 int K, int groups, int limited_groups, bool sigmoid, float route_scale)
+{
+    int E = gate->rows, k = gate->cols, sz = gate->fmt == DS_W_BF16 ? 2 : 4;
+    bool fits = cu_v.gate && n >= 1 && n <= GATE_NMAX && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 &&
+                E <= GATE_MAXE && cu_device_readable(x) && cu_device_readable(sc) &&
+                cu_device_readable(idx) && cu_device_readable(wt) && (!bias || cu_device_readable(bias)) &&
+                (uintptr_t)x % 16 == 0;
+    unsigned *counter = fits ? gate_counter() : NULL;
+    cu_weight dw;
+    if (counter && cu_weight_get(gate, &dw) && (uintptr_t)dw.data % 16 == 0) {
+        if (gate->fmt == DS_W_BF16)
+            launch_gate<DS_W_BF16>(idx, wt, sc, x, n, &dw, k, E, bias, K, groups, limited_groups, sigmoid, route_scale, counter);
+        else
+            launch_gate<DS_W_F32>(idx, wt, sc, x, n, &dw, k, E, bias, K, groups, limited_groups, sigmoid, route_scale, counter);
+        cu_check(cudaGetLastError(), "moe_gate");
+        return;
+    }
+    cu_matmul(sc, x, n, gate, 0, E, DS_GEMM_BF16, false);
+    cu_moe_route(idx, wt, sc, bias, n, E, K, groups, limited_groups, sigmoid, route_scale);
 }

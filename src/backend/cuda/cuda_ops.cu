@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -39,6 +39,11 @@ extern "C" void cuda_reload_variants(void)
     cu_v.moe_swap = cu_env_flag("DSV3_CUDA_MOE_SWAP", 1) != 0;
     cu_v.gemv_w8 = cu_env_flag("DSV3_CUDA_GEMV8W", 1) != 0;
     cu_v.heads2 = cu_env_flag("DSV3_CUDA_HEADS2", 1) != 0;
+    cu_v.comb3 = cu_env_flag("DSV3_CUDA_COMBINE3", 1) != 0;
+    cu_v.moe_shared = cu_env_flag("DSV3_CUDA_MOE_SHARED", 1) != 0;
+    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 1) != 0;
+    cu_v.many = cu_env_flag("DSV3_CUDA_MANY", 1) != 0;
+    cu_v.heads_pf = cu_env_flag("DSV3_CUDA_HEADS_PF", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -234,10 +239,84 @@ typedef struct {
     /* split over positions (flash-decoding): block z covers positions
      * [z * chunk, (z + 1) * chunk) and writes its running max, sum and
      * unnormalised outputs to pm, pl, po [(t*H + h) * splits + z] (po: dv each);
-     * attn_combine_kernel merges them. splits == 1: out directly. */
+     * attn_combine_kernel merges them. splits == 1: out directly. A split
+     * with no positions (j0 > pos[t]) writes pm = -inf, pl = 0 and no po row;
+     * the merges never read po where pm == -inf. */
     int splits, chunk;
     float *pm, *pl, *po;
+    /* comb3 (NULL: a combine launch merges): one ticket per (t*H + h, column
+     * slice); the split block that takes the last ticket merges the splits of
+     * its slice and resets the ticket to 0. pm, pl are then per slice:
+     * [((t*H + h) * slices + slice) * splits + z]. */
+    unsigned *cnt;
 } attn_p;
+
+#define COMBINE_ZG 4 /* split groups summed separately, then in order (combine2, merge_last) */
+
+/* comb3: called by every split block of attn_kernel once its partials are written.
+ * The block taking the last ticket of its (t*H + h, slice) merges that slice, columns
+ * [c0, c0 + 32 * PER), exactly as attn_combine2_kernel does (the same sums in the same
+ * order): out = sum_z po_z e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z,
+ * splits with pm = -inf skipped (their po is never read). fz: splits floats of shared
+ * memory. The others' partials are read with __ldcg (from L2: L1 may hold stale lines). */
+template <int PER>
+__device__ __forceinline__ void attn_merge_last(const attn_p &p, int th, size_t slice, int c0, float *fz)
+{
+    __shared__ float red[2];
+    __shared__ bool last;
+    __threadfence(); /* release: this block's partials are visible before its ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(p.cnt + slice, 1u) == (unsigned)p.splits - 1;
+        if (last) p.cnt[slice] = 0; /* every split has arrived: zero for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence(); /* acquire: the other splits' partials */
+    const float *pm = p.pm + slice * p.splits, *pl = p.pl + slice * p.splits;
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY, sum = 0;
+        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, __ldcg(pm + z));
+        mx = cu_warp_max(mx);
+        for (int z = threadIdx.x; z < p.splits; z += 32) {
+            float m = __ldcg(pm + z);
+            if (m != -INFINITY) sum += __ldcg(pl + z) * expf(m - mx);
+        }
+        sum = cu_warp_sum(sum);
+        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
+    }
+    __syncthreads();
+    for (int z = threadIdx.x; z < p.splits; z += blockDim.x) {
+        float m = __ldcg(pm + z);
+        fz[z] = m == -INFINITY ? 0.0f : expf(m - red[0]) / red[1];
+    }
+    __syncthreads();
+    const float *po = p.po + (size_t)th * p.splits * p.dv;
+    int end = min(c0 + 32 * PER, p.dv);
+    for (int c = c0 + (int)threadIdx.x; c < end; c += blockDim.x) {
+        float acc[COMBINE_ZG];
+        #pragma unroll
+        for (int g = 0; g < COMBINE_ZG; g++) acc[g] = 0;
+        /* MERGE_Z splits per step, their loads issued together (one thread walks all
+         * splits of its column: latency-bound otherwise); group g sums z = g mod 4 */
+        enum { MERGE_Z = 4 * COMBINE_ZG };
+        for (int z0 = 0; z0 < p.splits; z0 += MERGE_Z) {
+            float f[MERGE_Z], v[MERGE_Z];
+            #pragma unroll
+            for (int k = 0; k < MERGE_Z; k++) {
+                f[k] = z0 + k < p.splits ? fz[z0 + k] : 0.0f;
+                v[k] = f[k] != 0.0f ? __ldcg(po + (size_t)(z0 + k) * p.dv + c) : 0.0f;
+            }
+            #pragma unroll
+            for (int k = 0; k < MERGE_Z; k++)
+                if (f[k] != 0.0f) acc[k % COMBINE_ZG] += v[k] * f[k];
+        }
+        float s = acc[0];
+        #pragma unroll
+        for (int g = 1; g < COMBINE_ZG; g++) s += acc[g];
+        p.out[(size_t)th * p.outs + c] = s;
+    }
+}
 
 /* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER. */
 template <int PER, int NP>
@@ -336,18 +415,21 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     float sum = 0;
     for (int w = 0; w < ATTN_WARPS; w++) sum += wl[w] * expf(wm[w] - mx);
     if (p.splits > 1) { /* partial result; an empty split has mx = -inf and contributes nothing */
-        size_t ps = (size_t)th * p.splits + blockIdx.z;
-        if (threadIdx.x == 0 && blockIdx.y == 0) {
-            p.pm[ps] = mx;
-            p.pl[ps] = mx == -INFINITY ? 0.0f : sum;
+        size_t ps = (size_t)th * p.splits + blockIdx.z, slice = (size_t)th * gridDim.y + blockIdx.y;
+        size_t pq = p.cnt ? slice * p.splits + blockIdx.z : ps;
+        if (threadIdx.x == 0 && (p.cnt || blockIdx.y == 0)) {
+            p.pm[pq] = mx;
+            p.pl[pq] = mx == -INFINITY ? 0.0f : sum;
         }
-        for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
-            if (c0 + c >= p.dv) continue;
-            float acc = 0;
-            if (mx != -INFINITY)
-                for (int w = 0; w < ATTN_WARPS; w++) acc += wo[w * 32 * PER + c] * expf(wm[w] - mx);
-            p.po[ps * p.dv + c0 + c] = acc;
-        }
+        if (j0 < len) /* empty: no po row (its pm = -inf keeps the merges off it) */
+            for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
+                if (c0 + c >= p.dv) continue;
+                float acc = 0;
+                if (mx != -INFINITY)
+                    for (int w = 0; w < ATTN_WARPS; w++) acc += wo[w * 32 * PER + c] * expf(wm[w] - mx);
+                p.po[ps * p.dv + c0 + c] = acc;
+            }
+        if (p.cnt) attn_merge_last<PER>(p, th, slice, c0, sm + p.d1 + p.d2 + 2 * ATTN_WARPS + ATTN_WARPS * 32 * PER);
         return;
     }
     float *out = p.out + (size_t)th * p.outs;
@@ -397,7 +479,6 @@ __global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
  * COMBINE_ZG-th split, then added in a fixed order (stage 7, DSV3_CUDA_COMBINE2, on
  * by default: at depth 4096 the 64-thread blocks walked 65 splits serially, 13.6 us
  * per layer in ncu; depth 4096 decode 4.79 -> 4.71 ms BF16, 4.67 -> 4.58 FP8) */
-#define COMBINE_ZG 4
 __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kernel(attn_p p)
 {
     cu_pdl_wait();
@@ -442,7 +523,8 @@ template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
     dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER), (unsigned)p->splits);
-    size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
+    size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER +
+                                   (p->cnt ? (size_t)p->splits : 0)); /* + attn_merge_last's factors */
     /* DSV3_CUDA_ATTN2: positions per warp step, 1 (default), 2 or 4. Measured (stage 7,
      * BF16 depth 4096, one process): 1: 4.79 ms, 2: 5.78, 4: 5.37 (an earlier build of
      * the 2-position loop measured faster than the old loop on another machine) */
@@ -460,6 +542,7 @@ static void launch_attn(const attn_p *p, int tokens)
         cu_launch(attn_kernel<PER, 1>, grid, ATTN_WARPS * 32, smem, *p);
     }
     dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
+    if (p->cnt) return; /* comb3: merged by the last split block */
     if (p->splits > 1 && cu_v.comb2)
         cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
     else if (p->splits > 1)
@@ -715,6 +798,38 @@ static void attn_split(attn_p *p, int n, int ctx)
     p->chunk = (ctx + p->splits - 1) / p->splits;
 }
 
+/* Column slices of launch_attn's grid: one up to 256 columns (PER <= 8), else 512 each. */
+static unsigned attn_slices(int dv) { return cu_blocks((size_t)dv, 512); }
+
+/* comb3's tickets (attn_p.cnt): ATTN_TICKETS zeroed counters at one address for the
+ * whole process (captured graphs keep it), made on the first call outside a stream
+ * capture and never freed. Every merge leaves its counter at 0 and every kernel
+ * starts with cu_pdl_wait, so successive attention launches share them. NULL (the
+ * caller launches a combine) while capturing before they exist, or if cudaMalloc failed. */
+#define ATTN_TICKETS 65536
+static unsigned *attn_tickets(void)
+{
+    static unsigned *cnt;
+    static bool tried;
+    if (cnt || tried) return cnt;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (!cu_check(cudaStreamIsCapturing(cu_s, &cs), "attention: capture status") || cs != cudaStreamCaptureStatusNone)
+        return NULL;
+    tried = true;
+    unsigned *c = NULL;
+    if (cudaMalloc(&c, sizeof(unsigned) * ATTN_TICKETS) != cudaSuccess) {
+        cudaGetLastError(); /* not an error: the combine launch stays */
+        return NULL;
+    }
+    if (!cu_check(cudaMemsetAsync(c, 0, sizeof(unsigned) * ATTN_TICKETS, cu_s), "attention: zeroing tickets") ||
+        !cu_check(cudaStreamSynchronize(cu_s), "attention: zeroing tickets")) {
+        cudaFree(c);
+        return NULL;
+    }
+    cnt = c;
+    return cnt;
+}
+
 static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
     int n = a->n_tokens, H = a->n_heads;
@@ -775,10 +890,13 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         else attn_split(&p, n, a->ctx);
     }
     if (ok && p.splits > 1) {
-        size_t np = th * p.splits;
-        p.pm = (float *)cu_alloc(sizeof(float) * np * (2 + (size_t)p.dv)); /* pool: stays valid in a graph */
-        p.pl = p.pm ? p.pm + np : NULL;
-        p.po = p.pm ? p.pm + 2 * np : NULL;
+        /* comb3: tickets per (t*H + h, slice) and pm, pl per slice (see attn_p) */
+        size_t slices = attn_slices(p.dv);
+        if (cu_v.comb3 && !mq && th * slices <= ATTN_TICKETS) p.cnt = attn_tickets();
+        size_t np = th * p.splits, nml = p.cnt ? np * slices : np;
+        p.pm = (float *)cu_alloc(sizeof(float) * (2 * nml + np * (size_t)p.dv)); /* pool: stays valid in a graph */
+        p.pl = p.pm ? p.pm + nml : NULL;
+        p.po = p.pm ? p.pm + 2 * nml : NULL;
         ok = p.pm != NULL;
     }
     if (ok && p.seq && p.pos) {
@@ -825,7 +943,7 @@ void cu_silu_mul(float *a, const float *b, size_t n)
     cu_end(&io, "silu_mul");
 }
 
-static void cu_add(float *y, const float *x, size_t n)
+void cu_add(float *y, const float *x, size_t n)
 {
     if (n == 0) return;
     cu_io io = {};
@@ -924,81 +1042,12 @@ __global__ void __launch_bounds__(32) moe_route_kernel(int *idx, float *wt, floa
     cu_pdl_wait();
     cu_pdl_launch();
     extern __shared__ float sm[];
-    float *biased = sm, *gs = sm + E;
-    int t = blockIdx.x, lane = threadIdx.x;
-    float *sc = sc_all + (size_t)t * E;
-    if (!sigmoid) {
-        float mx = -INFINITY, sum = 0;
-        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, sc[e]);
-        mx = cu_warp_max(mx);
-        for (int e = lane; e < E; e += 32) sum += expf(sc[e] - mx);
-        sum = cu_warp_sum(sum);
-        for (int e = lane; e < E; e += 32) sc[e] = expf(sc[e] - mx) / sum;
-    } else {
-        for (int e = lane; e < E; e += 32) sc[e] = 1.0f / (1.0f + expf(-sc[e]));
-    }
-    for (int e = lane; e < E; e += 32) biased[e] = bias ? sc[e] + bias[e] : sc[e];
-    __syncwarp();
-    if (G > 1) {
-        int per = E / G;
-        for (int g = lane; g < G; g += 32) {
-            const float *p = biased + g * per;
-            float m1 = -INFINITY, m2 = -INFINITY;
-            for (int j = 0; j < per; j++) {
-                if (p[j] > m1) {
-                    m2 = m1;
-                    m1 = p[j];
-                } else if (p[j] > m2) {
-                    m2 = p[j];
-                }
-            }
-            gs[g] = bias ? m1 + m2 : m1;
-        }
-        __syncwarp();
-        if (lane == 0) /* keep the `limited` best groups: mark kept ones with +inf in gs */
-            for (int k = 0; k < limited; k++) {
-                int best = -1;
-                for (int g = 0; g < G; g++)
-                    if (gs[g] != INFINITY && (best < 0 || gs[g] > gs[best])) best = g;
-                gs[best] = INFINITY;
-            }
-        __syncwarp();
-        for (int e = lane; e < E; e += 32)
-            if (gs[e / per] != INFINITY) biased[e] = -INFINITY;
-        __syncwarp();
-    }
-    int *ix = idx + (size_t)t * K;
-    float *w = wt + (size_t)t * K;
-    uint32_t taken = 0;
-    float sum = 0;
-    for (int k = 0; k < K; k++) {
-        int best = -1;
-        float bv = 0;
-        for (int e = lane, i = 0; e < E; e += 32, i++)
-            if (!(taken >> i & 1) && (best < 0 || biased[e] > bv)) best = e, bv = biased[e];
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            int ob = __shfl_xor_sync(0xffffffffu, best, o);
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-        }
-        if (best % 32 == lane) taken |= 1u << (best / 32);
-        float v = sc[best];
-        sum += v;
-        if (lane == 0) {
-            ix[k] = best;
-            w[k] = v;
-        }
-    }
-    __syncwarp();
-    for (int k = lane; k < K; k += 32) {
-        float v = w[k];
-        if (sigmoid) v /= sum;
-        w[k] = v * rscale;
-    }
+    int t = blockIdx.x;
+    cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc_all + (size_t)t * E, bias, sm, sm + E, E, K, G, limited,
+                  sigmoid, rscale);
 }
 
-static void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
                          int limited_groups, bool sigmoid, float route_scale)
 {
     if (n <= 0) return;
@@ -1035,6 +1084,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.alloc = cu_alloc;
         g_ops.free = cu_free;
         g_ops.matmul = cu_matmul;
+        g_ops.matmul_many = cu_matmul_many;
         g_ops.matmul_t = cu_matmul_t;
         g_ops.rmsnorm = cu_rmsnorm;
         g_ops.rope = cu_rope;
@@ -1051,6 +1101,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.matmul_heads = cu_matmul_heads;
         g_ops.matmul_heads_t = cu_matmul_heads_t;
         g_ops.moe_route = cu_moe_route;
+        g_ops.moe_gate = cu_moe_gate;
         g_ops.moe_experts = cu_moe_experts;
         g_ops.upload_weight = cu_upload_weight;
         g_ops.rmsnorm_rows = cu_rmsnorm_rows;
