@@ -996,6 +996,7 @@ static void test_combine3(void)
         {DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197}, {DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703},
         {DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77},
     };
+    set_variant("ATTN_HG", "0"); /* the per-head kernel, the one that merges in place */
     for (int pass = 0; pass < 3; pass++) {
         printf("-- stage 8 attention merge: %s\n", pass == 0 ? "last split block" : pass == 1 ? "combine2" : "combine");
         set_variant("COMBINE3", pass ? "0" : NULL);
@@ -1010,6 +1011,33 @@ static void test_combine3(void)
         }
     }
     set_variant("COMBINE3", NULL);
+    set_variant("COMBINE2", NULL);
+    set_variant("ATTN_HG", NULL);
+}
+
+/* Decode attention with 4 heads per block sharing each cache row (ATTN_HG, on by
+ * default; off is the per-head kernel): latent widths 128 / 256 / 512, head counts
+ * not a multiple of 4, a rope part of 16, one token at the cache's ends, 8 tokens of two
+ * sequences, short caches (one split) and long ones (splits, empty ones among them). */
+static void test_attn_hg(void)
+{
+    static const struct { int H, R, rope, ctx; } cs[] = {
+        {16, 512, 64, 4197}, {5, 256, 64, 333}, {4, 128, 16, 1001}, {7, 128, 32, 40}, {16, 512, 64, 90},
+    };
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- stage 8 attention, %s\n", pass ? "a head per block" : "4 heads per block");
+        set_variant("ATTN_HG", pass ? "0" : NULL);
+        set_variant("COMBINE2", pass ? "0" : NULL);
+        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+            int ctx = cs[i].ctx, seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
+            int at[3][1] = {{0}, {ctx - 1}, {ctx / 2}}, pos8[8] = {0, 1, ctx - 1, ctx - 2, ctx / 3, 63 % ctx, 64 % ctx, ctx / 2};
+            test_attention(DS_ATTN_ABSORB, cs[i].H, cs[i].R, cs[i].rope, 0, 0, ctx);
+            for (int k = 0; k < 3; k++)
+                test_attention_at(DS_ATTN_ABSORB, cs[i].H, cs[i].R, cs[i].rope, 0, 0, ctx, 1, seq1, at[k]);
+            test_attention_at(DS_ATTN_ABSORB, cs[i].H, cs[i].R, cs[i].rope, 0, 0, ctx, 8, seq8, pos8);
+        }
+    }
+    set_variant("ATTN_HG", NULL);
     set_variant("COMBINE2", NULL);
 }
 
@@ -1116,6 +1144,7 @@ int main(void)
     test_combine3();
     test_matmul_many();
     test_stage8();
+    test_attn_hg();
 
     test_fp8_golden();
     printf("device memory held by cached weights: %zu bytes\n", cuda_weight_bytes());

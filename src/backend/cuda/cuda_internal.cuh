@@ -268,16 +268,18 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
  * moe_swap DSV3_CUDA_MOE_SWAP (2..8 tokens: pairs fastest in the MoE grids),
  * gemv_w8 DSV3_CUDA_GEMV8W (gemv blocks of 8 warps), heads2 DSV3_CUDA_HEADS2
  * (per-head decode products with 16-byte loads / more warps).
- * Stage 8 (fewer kernels per decode step): comb3 DSV3_CUDA_COMBINE3 (the last split block
- * of a (token, head) merges the splits: no combine launch), moe_shared DSV3_CUDA_MOE_SHARED
- * (the shared experts inside the grouped MoE kernels), gate DSV3_CUDA_GATE (gate product
- * and routing in one launch), many DSV3_CUDA_MANY (matmul_many: the gemvs of several
- * weights over one input in one launch), heads_pf DSV3_CUDA_HEADS_PF (per-head decode
- * products start their weight rows towards L2 before waiting for the previous kernel);
- * all on unless 0. */
+ * Stage 8 (fewer kernels per decode step; measured in src/backend/cuda/NOTES.md):
+ * moe_shared DSV3_CUDA_MOE_SHARED (the shared experts inside the grouped MoE kernels),
+ * many DSV3_CUDA_MANY (matmul_many: the gemvs of several weights over one input in one
+ * launch), heads_pf DSV3_CUDA_HEADS_PF (per-head decode products start their weight rows
+ * towards L2 before waiting for the previous kernel), attn_hg DSV3_CUDA_ATTN_HG (decode
+ * attention with 4 heads per block sharing each cache row): on unless 0. comb3
+ * DSV3_CUDA_COMBINE3 (the last split block of a (token, head) merges the splits, no
+ * combine launch) and gate DSV3_CUDA_GATE (gate product and routing in one launch):
+ * off unless 1, both measured slower. */
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
-    int comb3, moe_shared, gate, many, heads_pf;
+    int comb3, moe_shared, gate, many, heads_pf, attn_hg;
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -39,11 +39,12 @@ extern "C" void cuda_reload_variants(void)
     cu_v.moe_swap = cu_env_flag("DSV3_CUDA_MOE_SWAP", 1) != 0;
     cu_v.gemv_w8 = cu_env_flag("DSV3_CUDA_GEMV8W", 1) != 0;
     cu_v.heads2 = cu_env_flag("DSV3_CUDA_HEADS2", 1) != 0;
-    cu_v.comb3 = cu_env_flag("DSV3_CUDA_COMBINE3", 1) != 0;
+    cu_v.comb3 = cu_env_flag("DSV3_CUDA_COMBINE3", 0) != 0;
     cu_v.moe_shared = cu_env_flag("DSV3_CUDA_MOE_SHARED", 1) != 0;
-    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 1) != 0;
+    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 0) != 0;
     cu_v.many = cu_env_flag("DSV3_CUDA_MANY", 1) != 0;
     cu_v.heads_pf = cu_env_flag("DSV3_CUDA_HEADS_PF", 1) != 0;
+    cu_v.attn_hg = cu_env_flag("DSV3_CUDA_ATTN_HG", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -519,6 +520,139 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
     }
 }
 
+/* Decode attention in the absorb form, HG heads per block (stage 8, DSV3_CUDA_ATTN_HG):
+ * every head reads the same cache rows, and a latent row is both the key (with its rope
+ * part) and the value. So each warp loads a position's row once into registers (lane
+ * holds columns lane + 32u, u < PER, dv = 32 * PER) and applies it to the HG heads'
+ * queries (shared memory): scores, online softmax and value sums per head. attn_kernel
+ * walks the rows per head and reads each twice (16 heads: 32 passes through L2 per layer).
+ * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
+ * per (t*H + h, split)), merged by the same combine kernels. */
+#define ATTN_HG 4
+template <int PER>
+__global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    constexpr int HG = ATTN_HG, DV = 32 * PER;
+    extern __shared__ float sm[];
+    int d = p.d1 + p.d2;
+    float *sq = sm;                              /* [HG][d] queries */
+    float *wm = sq + HG * d;                     /* [ATTN_WARPS][HG] running max */
+    float *wl = wm + ATTN_WARPS * HG;            /* [ATTN_WARPS][HG] running sum */
+    float *wo = wl + ATTN_WARPS * HG;            /* [ATTN_WARPS][HG][DV] outputs */
+    int groups = (p.heads + HG - 1) / HG, t = blockIdx.x / groups, h0 = blockIdx.x % groups * HG;
+    int nh = min(HG, p.heads - h0), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int i = threadIdx.x; i < HG * d; i += blockDim.x) {
+        int g = i / d, c = i % d;
+        size_t th = (size_t)t * p.heads + h0 + g;
+        sq[i] = g >= nh ? 0.0f : c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
+    }
+    __syncthreads();
+    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
+    if (p.splits > 1) {
+        j0 = blockIdx.z * p.chunk;
+        len = min(len, j0 + p.chunk);
+    }
+    const float *kv = p.k1 + s * p.k1_seq, *pe = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
+    float m[HG], l[HG], o[HG][PER];
+    #pragma unroll
+    for (int g = 0; g < HG; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0;
+        #pragma unroll
+        for (int u = 0; u < PER; u++) o[g][u] = 0;
+    }
+    bool r0 = pe && lane < p.d2, r1 = pe && lane + 32 < p.d2;
+    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
+        const float *row = kv + j * p.k1_pos;
+        float r[PER];
+        #pragma unroll
+        for (int u = 0; u < PER; u++) r[u] = row[lane + 32 * u];
+        float e0 = r0 ? pe[j * p.k2_pos + lane] : 0.0f, e1 = r1 ? pe[j * p.k2_pos + lane + 32] : 0.0f;
+        float dd[HG];
+        #pragma unroll
+        for (int g = 0; g < HG; g++) {
+            const float *q = sq + g * d;
+            float a = 0;
+            #pragma unroll
+            for (int u = 0; u < PER; u++) a += q[lane + 32 * u] * r[u];
+            if (r0) a += q[p.d1 + lane] * e0;
+            if (r1) a += q[p.d1 + lane + 32] * e1;
+            dd[g] = a;
+        }
+        #pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            #pragma unroll
+            for (int g = 0; g < HG; g++) dd[g] += __shfl_xor_sync(0xffffffffu, dd[g], off);
+        #pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float sc = dd[g] * p.scale, mn = fmaxf(m[g], sc), corr = expf(m[g] - mn), e = expf(sc - mn);
+            l[g] = l[g] * corr + e;
+            #pragma unroll
+            for (int u = 0; u < PER; u++) o[g][u] = o[g][u] * corr + e * r[u];
+            m[g] = mn;
+        }
+    }
+    #pragma unroll
+    for (int g = 0; g < HG; g++) {
+        if (lane == 0) {
+            wm[warp * HG + g] = m[g];
+            wl[warp * HG + g] = l[g];
+        }
+        #pragma unroll
+        for (int u = 0; u < PER; u++) wo[(warp * HG + g) * DV + lane + 32 * u] = o[g][u];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < nh * DV; i += blockDim.x) {
+        int g = i / DV, c = i % DV;
+        size_t th = (size_t)t * p.heads + h0 + g;
+        float mx = -INFINITY, sum = 0, acc = 0;
+        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wm[w * HG + g]);
+        if (mx != -INFINITY)
+            for (int w = 0; w < ATTN_WARPS; w++) {
+                float f = expf(wm[w * HG + g] - mx);
+                sum += wl[w * HG + g] * f;
+                acc += wo[(w * HG + g) * DV + c] * f;
+            }
+        if (p.splits > 1) { /* an empty split: pm = -inf and no po row, as attn_kernel */
+            size_t ps = th * p.splits + blockIdx.z;
+            if (c == 0) {
+                p.pm[ps] = mx;
+                p.pl[ps] = sum;
+            }
+            if (j0 < len) p.po[ps * DV + c] = acc;
+        } else {
+            p.out[th * p.outs + c] = acc / sum;
+        }
+    }
+}
+
+/* True when attn_hg_kernel takes the problem: the absorb form (one cache for keys and
+ * values, no per-head rows), dv of 128, 256 or 512, a rope part of at most 64. */
+static bool attn_hg_ok(const attn_p *p)
+{
+    return cu_v.attn_hg && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
+           p->v_pos == p->k1_pos && p->d1 == p->dv && (p->dv == 128 || p->dv == 256 || p->dv == 512) && p->d2 <= 64 &&
+           (p->d2 == 0 || p->k2);
+}
+
+template <int PER>
+static void launch_attn_hg(const attn_p *p, int tokens)
+{
+    int groups = (p->heads + ATTN_HG - 1) / ATTN_HG;
+    dim3 grid((unsigned)(tokens * groups), 1, (unsigned)p->splits);
+    size_t smem = sizeof(float) * ((size_t)ATTN_HG * (p->d1 + p->d2) + 2 * ATTN_WARPS * ATTN_HG +
+                                   (size_t)ATTN_WARPS * ATTN_HG * 32 * PER);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(attn_hg_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cu_launch(attn_hg_kernel<PER>, grid, ATTN_WARPS * 32, smem, *p);
+    dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
+    if (p->splits > 1 && cu_v.comb2)
+        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
+    else if (p->splits > 1)
+        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
+}
+
 template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
@@ -798,6 +932,19 @@ static void attn_split(attn_p *p, int n, int ctx)
     p->chunk = (ctx + p->splits - 1) / p->splits;
 }
 
+/* attn_hg_kernel's splits: about ATTN_HG_FILL blocks of ATTN_HG heads, at least
+ * ATTN_MIN_CHUNK positions each; shapes only, as attn_split. */
+#define ATTN_HG_FILL 528 /* 4 blocks of 4 warps per SM */
+
+static void attn_hg_split(attn_p *p, int n, int ctx)
+{
+    long long tg = (long long)n * ((p->heads + ATTN_HG - 1) / ATTN_HG), want = (ATTN_HG_FILL + tg - 1) / tg;
+    long long most = (ctx + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK;
+    p->splits = (int)(want < most ? want : most);
+    if (p->splits < 1) p->splits = 1;
+    p->chunk = (ctx + p->splits - 1) / p->splits;
+}
+
 /* Column slices of launch_attn's grid: one up to 256 columns (PER <= 8), else 512 each. */
 static unsigned attn_slices(int dv) { return cu_blocks((size_t)dv, 512); }
 
@@ -884,15 +1031,16 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         ok = p.q1 && p.k1 && p.v && p.out;
     }
     p.splits = 1;
-    bool mq = ok && attn_mq_ok(&p);
+    bool mq = ok && attn_mq_ok(&p), hg = ok && !mq && attn_hg_ok(&p);
     if (ok) {
         if (mq) mq_split(&p, n, a->ctx);
+        else if (hg) attn_hg_split(&p, n, a->ctx);
         else attn_split(&p, n, a->ctx);
     }
     if (ok && p.splits > 1) {
         /* comb3: tickets per (t*H + h, slice) and pm, pl per slice (see attn_p) */
         size_t slices = attn_slices(p.dv);
-        if (cu_v.comb3 && !mq && th * slices <= ATTN_TICKETS) p.cnt = attn_tickets();
+        if (cu_v.comb3 && !mq && !hg && th * slices <= ATTN_TICKETS) p.cnt = attn_tickets();
         size_t np = th * p.splits, nml = p.cnt ? np * slices : np;
         p.pm = (float *)cu_alloc(sizeof(float) * (2 * nml + np * (size_t)p.dv)); /* pool: stays valid in a graph */
         p.pl = p.pm ? p.pm + nml : NULL;
@@ -905,6 +1053,10 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
             else if (p.dv <= 2 * MQ_THREADS) launch_attn_mq<2>(&p, n);
             else if (p.dv <= 3 * MQ_THREADS) launch_attn_mq<3>(&p, n);
             else launch_attn_mq<4>(&p, n);
+        } else if (hg) {
+            if (p.dv == 128) launch_attn_hg<4>(&p, n);
+            else if (p.dv == 256) launch_attn_hg<8>(&p, n);
+            else launch_attn_hg<16>(&p, n);
         } else if (p.dv <= 32) launch_attn<1>(&p, n);
         else if (p.dv <= 64) launch_attn<2>(&p, n);
         else if (p.dv <= 128) launch_attn<4>(&p, n);
