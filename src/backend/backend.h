@@ -174,6 +174,14 @@ typedef struct ds_ops {
      * (interleaved pairs); src is not changed. */
     void (*rope_copy)(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
                       const int *pos, const float *cos_tab, const float *sin_tab);
+    /* Absorb attention's steps between the products, for tokens t < n (NULL: rmsnorm_rows
+     * and rope_copy twice):
+     *   kv[row[t]] = kvx[t][0 .. R) / rms * norm_w (eps); pe[row[t]] = kvx[t][R .. R + rope)
+     *   rotated by pos[t]; qp[t*H + h] = q[t][h*qk + nope .. + rope) rotated by pos[t], h < H.
+     * kvx rows are R + rope floats; kv, pe and qp rows R, rope and rope. */
+    void (*mla_prologue)(float *kv, float *pe, const int *row, const float *kvx, const float *norm_w, float eps,
+                         float *qp, const float *q, int n, int H, int qk, int nope, int R, int rope, const int *pos,
+                         const float *cos_tab, const float *sin_tab);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

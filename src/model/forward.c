@@ -61,13 +61,16 @@ static void scatter_cols(const ds_ops *ops, float *dst, const float *src, int n,
 /* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
  * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
 static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q, float *qc, float *qp, float *t1,
-                     float *t2, const batch *rot)
+                     float *t2, const batch *rot, bool qp_done)
 {
     const ds_ops *ops = m->ops;
     int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, rope = m->cfg.qk_rope_head_dim;
     int qk = m->qk_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
-    /* q_pe: the (token, head) pairs as n*H rows of qk floats (rot: not rotated yet) */
-    if (rot)
+    /* q_pe: the (token, head) pairs as n*H rows of qk floats (rot: not rotated yet;
+     * qp_done: mla_prologue wrote it) */
+    if (qp_done)
+        ;
+    else if (rot)
         ops->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, rot->pos, m->cos_tab, m->sin_tab);
     else
         ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
@@ -151,13 +154,6 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     };
     if (kv->attn == DS_ATTN_ABSORB) {
         float *kc = kv->kv[li], *pc = kv->pe[li];
-        if (fused) {
-            ops->rmsnorm_rows(kc, R, b->row, kvx, kva, NULL, l->kv_norm, n, R, EPS);
-            ops->rope_copy(pc, rope, b->row, kvx + R, kva, n, 1, rope, b->pos, m->cos_tab, m->sin_tab);
-        } else {
-            ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
-            ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
-        }
         float *qc = scratch(m, (size_t)n * H * R), *qp = scratch(m, (size_t)n * H * rope);
         if (!qc || !qp) {
             ops->free(qc);
@@ -165,7 +161,18 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
             s = ds_errorf(DS_ERR_NOMEM, "out of memory for attention activations of %d tokens", n);
             goto done;
         }
-        absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL);
+        bool pro = fused && ops->mla_prologue; /* the three steps below in one op */
+        if (pro) {
+            ops->mla_prologue(kc, pc, b->row, kvx, l->kv_norm, EPS, qp, q, n, H, qk, nope, R, rope, b->pos,
+                              m->cos_tab, m->sin_tab);
+        } else if (fused) {
+            ops->rmsnorm_rows(kc, R, b->row, kvx, kva, NULL, l->kv_norm, n, R, EPS);
+            ops->rope_copy(pc, rope, b->row, kvx + R, kva, n, 1, rope, b->pos, m->cos_tab, m->sin_tab);
+        } else {
+            ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
+            ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
+        }
+        absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL, pro);
         a.q_c = qc;
         a.q_pe = qp;
         a.kv_cache = kc;

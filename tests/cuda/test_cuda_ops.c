@@ -1015,19 +1015,57 @@ static void test_combine3(void)
     set_variant("ATTN_HG", NULL);
 }
 
+/* mla_prologue (kv_norm into scattered cache rows, k_pe and q_pe rotated) against the
+ * CPU reference's rmsnorm_rows + rope_copy twice, one launch (MLA_PRO, default) and three. */
+static void test_mla_prologue(int n, int H, int nope, int R, int rope)
+{
+    char label[128];
+    snprintf(label, sizeof label, "mla_prologue n=%d H=%d nope=%d R=%d rope=%d", n, H, nope, R, rope);
+    int qk = nope + rope, half = rope / 2, maxpos = 300, rows = 2 * n + 3, kva = R + rope;
+    size_t nkvx = (size_t)n * kva, nq = (size_t)n * H * qk, nkv = (size_t)rows * R, npe = (size_t)rows * rope;
+    size_t nqp = (size_t)n * H * rope, ntab = (size_t)maxpos * half;
+    float *kvx = hrand(nkvx, 2.0f), *q = hrand(nq, 1.0f), *w = hrand((size_t)R, 1.0f);
+    float *kv = hrand(nkv, 1.0f), *pe = hrand(npe, 1.0f), *qp = hrand(nqp, 1.0f);
+    float *ct = hrand(ntab, 1.0f), *st = hrand(ntab, 1.0f);
+    int *ids = malloc(sizeof(int) * 2 * (size_t)n); /* pos | row */
+    for (int t = 0; t < n; t++) {
+        ids[t] = (t * 97 + 13) % maxpos;
+        ids[n + t] = (t * 5 + 1) % rows;
+    }
+    float *gkvx = gcopy(kvx, nkvx), *gq = gcopy(q, nq), *gw = gcopy(w, (size_t)R), *gkv = gcopy(kv, nkv);
+    float *gpe = gcopy(pe, npe), *gqp = gcopy(qp, nqp), *gct = gcopy(ct, ntab), *gst = gcopy(st, ntab);
+    int *gids = G->alloc(sizeof(int) * 2 * (size_t)n);
+    memcpy(gids, ids, sizeof(int) * 2 * (size_t)n);
+    C->rmsnorm_rows(kv, R, ids + n, kvx, kva, NULL, w, n, R, 1e-6f);
+    C->rope_copy(pe, rope, ids + n, kvx + R, kva, n, 1, rope, ids, ct, st);
+    C->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, ids, ct, st);
+    G->mla_prologue(gkv, gpe, gids + n, gkvx, gw, 1e-6f, gqp, gq, n, H, qk, nope, R, rope, gids, gct, gst);
+    G->sync();
+    compare(label, gkv, kv, nkv, 1e-6);
+    compare(label, gpe, pe, npe, 1e-6);
+    compare(label, gqp, qp, nqp, 1e-6);
+    check_guard(label, gqp, nqp);
+    G->free(gkvx), G->free(gq), G->free(gw), G->free(gkv), G->free(gpe), G->free(gqp), G->free(gct), G->free(gst);
+    G->free(gids);
+    free(kvx), free(q), free(w), free(kv), free(pe), free(qp), free(ct), free(st), free(ids);
+}
+
 /* Decode attention with 4 heads per block sharing each cache row (ATTN_HG, on by
- * default; off is the per-head kernel): latent widths 128 / 256 / 512, head counts
- * not a multiple of 4, a rope part of 16, one token at the cache's ends, 8 tokens of two
- * sequences, short caches (one split) and long ones (splits, empty ones among them). */
+ * default, with and without the L2 prefetch of its rows; off is the per-head kernel):
+ * latent widths 128 / 256 / 512, head counts not a multiple of 4, a rope part of 16, one
+ * token at the cache's ends, 8 tokens of two sequences, short caches (one split) and
+ * long ones (splits, empty ones among them). */
 static void test_attn_hg(void)
 {
     static const struct { int H, R, rope, ctx; } cs[] = {
         {16, 512, 64, 4197}, {5, 256, 64, 333}, {4, 128, 16, 1001}, {7, 128, 32, 40}, {16, 512, 64, 90},
     };
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- stage 8 attention, %s\n", pass ? "a head per block" : "4 heads per block");
-        set_variant("ATTN_HG", pass ? "0" : NULL);
-        set_variant("COMBINE2", pass ? "0" : NULL);
+    for (int pass = 0; pass < 3; pass++) {
+        printf("-- stage 8 attention, %s\n",
+               pass == 2 ? "a head per block" : pass ? "4 heads per block, no L2 prefetch" : "4 heads per block");
+        set_variant("ATTN_HG", pass == 2 ? "0" : NULL);
+        set_variant("ATTN_PF", pass == 1 ? "0" : NULL);
+        set_variant("COMBINE2", pass == 2 ? "0" : NULL);
         for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
             int ctx = cs[i].ctx, seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
             int at[3][1] = {{0}, {ctx - 1}, {ctx / 2}}, pos8[8] = {0, 1, ctx - 1, ctx - 2, ctx / 3, 63 % ctx, 64 % ctx, ctx / 2};
@@ -1038,7 +1076,28 @@ static void test_attn_hg(void)
         }
     }
     set_variant("ATTN_HG", NULL);
+    set_variant("ATTN_PF", NULL);
     set_variant("COMBINE2", NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- stage 8 mla_prologue, %s\n", pass ? "three launches" : "one launch");
+        set_variant("MLA_PRO", pass ? "0" : NULL);
+        test_mla_prologue(1, 16, 128, 512, 64); /* 16B */
+        test_mla_prologue(3, 128, 128, 512, 64); /* V3: q_pe over 16 blocks */
+        test_mla_prologue(8, 5, 24, 100, 16);
+        test_mla_prologue(2, 3, 8, 40, 6);
+    }
+    set_variant("MLA_PRO", NULL);
+    for (int pass = 0; pass < 2; pass++) { /* rmsnorm_rows: row in registers (NORM4) or not */
+        printf("-- stage 8 rmsnorm_rows, %s\n", pass ? "one float per thread" : "float4 rows in registers");
+        set_variant("NORM4", pass ? "0" : NULL);
+        test_rmsnorm_rows(1, 2048, 2048, 2048, 1, false, true);  /* 16B decode: h += y; x = norm(h) */
+        test_rmsnorm_rows(3, 7168, 7168, 7168, 3, false, true);  /* V3: two float4 per thread */
+        test_rmsnorm_rows(2, 512, 576, 512, 9, true, false);     /* kv_norm into scattered cache rows */
+        test_rmsnorm_rows(4, 1000, 1000, 1004, 4, false, true);  /* 250 float4: a partial warp */
+        test_rmsnorm_rows(2, 203, 205, 203, 2, false, true);     /* odd: the scalar kernel */
+        test_rmsnorm_rows(1, 16384, 16384, 16384, 1, false, false); /* over 8192: the scalar kernel */
+    }
+    set_variant("NORM4", NULL);
 }
 
 int main(void)

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -45,6 +45,9 @@ extern "C" void cuda_reload_variants(void)
     cu_v.many = cu_env_flag("DSV3_CUDA_MANY", 1) != 0;
     cu_v.heads_pf = cu_env_flag("DSV3_CUDA_HEADS_PF", 1) != 0;
     cu_v.attn_hg = cu_env_flag("DSV3_CUDA_ATTN_HG", 1) != 0;
+    cu_v.mla_pro = cu_env_flag("DSV3_CUDA_MLA_PRO", 1) != 0;
+    cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
+    cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -107,6 +110,60 @@ static void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim,
     cu_end(&io, "rmsnorm");
 }
 
+/* rmsnorm_rows with the row held in registers (stage 8, DSV3_CUDA_NORM4): thread i owns
+ * the V float4s at columns 4 (i + j blockDim.x), loads x (and r) once, and writes y from
+ * registers after the block sum (rmsnorm_kernel reads the row again). dim % 4 == 0,
+ * 16-byte aligned rows. The weight w is loaded before waiting for the previous kernel. */
+template <int V>
+__global__ void rmsnorm4_kernel(float *y, int ys, const int *__restrict__ di, float *x, int xs,
+                                const float *__restrict__ r, const float *__restrict__ w, int dim, float eps)
+{
+    __shared__ float part[32];
+    int n4 = dim / 4;
+    float4 wv[V], v[V];
+    #pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < n4 ? ((const float4 *)w)[i] : make_float4(0, 0, 0, 0);
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    float4 *xi = (float4 *)(x + (size_t)blockIdx.x * xs);
+    float4 *yi = (float4 *)(y + (size_t)(di ? di[blockIdx.x] : (int)blockIdx.x) * ys);
+    const float4 *ri = r ? (const float4 *)(r + (size_t)blockIdx.x * dim) : nullptr;
+    float ss = 0;
+    #pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = make_float4(0, 0, 0, 0);
+        if (i >= n4) continue;
+        v[j] = xi[i];
+        if (ri) {
+            float4 a = ri[i];
+            v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
+            xi[i] = v[j];
+        }
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    ss = cu_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
+        t = cu_warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    float rs = rsqrtf(part[0] / dim + eps);
+    #pragma unroll
+    for (int j = 0; j < V; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < n4)
+            yi[i] = make_float4(v[j].x * rs * wv[j].x, v[j].y * rs * wv[j].y, v[j].z * rs * wv[j].z,
+                                v[j].w * rs * wv[j].w);
+    }
+}
+
 static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w, int n,
                             int dim, float eps)
 {
@@ -117,7 +174,15 @@ static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, c
     }
     cu_io io = {};
     const float *dw = (const float *)cu_in(&io, w, sizeof(float) * (size_t)dim);
-    if (dw) cu_launch(rmsnorm_kernel, (unsigned)n, norm_threads(dim), 0, y, ys, di, x, xs, r, dw, dim, eps);
+    bool vec = cu_v.norm4 && dim % 4 == 0 && dim <= 8192 && xs % 4 == 0 && ys % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+               (uintptr_t)y % 16 == 0 && (uintptr_t)dw % 16 == 0 && (!r || (uintptr_t)r % 16 == 0);
+    unsigned th = (unsigned)(dim / 4 + 31) / 32 * 32; /* a float4 per thread up to 1024 threads, then two */
+    if (dw && vec && th <= 1024)
+        cu_launch(rmsnorm4_kernel<1>, (unsigned)n, th, 0, y, ys, di, x, xs, r, dw, dim, eps);
+    else if (dw && vec)
+        cu_launch(rmsnorm4_kernel<2>, (unsigned)n, (th / 2 + 31) / 32 * 32, 0, y, ys, di, x, xs, r, dw, dim, eps);
+    else if (dw)
+        cu_launch(rmsnorm_kernel, (unsigned)n, norm_threads(dim), 0, y, ys, di, x, xs, r, dw, dim, eps);
     cu_end(&io, "rmsnorm_rows");
 }
 
@@ -222,6 +287,77 @@ static void cu_rope_copy(float *dst, int ds, const int *di, const float *src, in
     cu_end(&io, "rope_copy");
 }
 
+/* mla_prologue in one launch (stage 8): block (t, 0) writes token t's normalised latent
+ * and rotated k_pe into their cache rows; blocks (t, 1..) rotate q_pe, MLA_PRO_THREADS
+ * pairs each. Was three launches (rmsnorm_rows, rope_copy twice). */
+#define MLA_PRO_THREADS 256
+__global__ void __launch_bounds__(MLA_PRO_THREADS)
+mla_prologue_kernel(float *kv, float *pe, const int *__restrict__ row, const float *__restrict__ kvx,
+                    const float *__restrict__ nw, float eps, float *qp, const float *__restrict__ q, int H, int qk,
+                    int nope, int R, int half, const int *__restrict__ pos, const float *__restrict__ c,
+                    const float *__restrict__ sn)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    __shared__ float part[MLA_PRO_THREADS / 32];
+    int t = blockIdx.x, p = pos[t];
+    const float *cv = c + (size_t)p * half, *sv = sn + (size_t)p * half;
+    if (blockIdx.y > 0) {
+        int g = (blockIdx.y - 1) * MLA_PRO_THREADS + threadIdx.x, h = g / half, i = g % half;
+        if (h >= H) return;
+        const float *a = q + ((size_t)t * H + h) * qk + nope + 2 * i;
+        float *d = qp + ((size_t)t * H + h) * 2 * half + 2 * i;
+        float x0 = a[0], x1 = a[1];
+        d[0] = x0 * cv[i] - x1 * sv[i];
+        d[1] = x0 * sv[i] + x1 * cv[i];
+        return;
+    }
+    const float *xi = kvx + (size_t)t * (R + 2 * half);
+    size_t r = (size_t)row[t];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float x0 = xi[R + 2 * i], x1 = xi[R + 2 * i + 1];
+        pe[r * 2 * half + 2 * i] = x0 * cv[i] - x1 * sv[i];
+        pe[r * 2 * half + 2 * i + 1] = x0 * sv[i] + x1 * cv[i];
+    }
+    float ss = 0;
+    for (int j = threadIdx.x; j < R; j += blockDim.x) ss += xi[j] * xi[j];
+    ss = cu_warp_sum(ss);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < MLA_PRO_THREADS / 32 ? part[threadIdx.x] : 0;
+        v = cu_warp_sum(v);
+        if (threadIdx.x == 0) part[0] = v;
+    }
+    __syncthreads();
+    float rs = rsqrtf(part[0] / R + eps);
+    for (int j = threadIdx.x; j < R; j += blockDim.x) kv[r * R + j] = xi[j] * rs * nw[j];
+}
+
+static void cu_mla_prologue(float *kv, float *pe, const int *row, const float *kvx, const float *norm_w, float eps,
+                            float *qp, const float *q, int n, int H, int qk, int nope, int R, int rope, const int *pos,
+                            const float *cos_tab, const float *sin_tab)
+{
+    int half = rope / 2;
+    if (n <= 0) return;
+    if (!cu_v.mla_pro || half <= 0) { /* DSV3_CUDA_MLA_PRO=0: the three launches of stage 5 */
+        cu_rmsnorm_rows(kv, R, row, (float *)kvx, R + rope, NULL, norm_w, n, R, eps);
+        cu_rope_copy(pe, rope, row, kvx + R, R + rope, n, 1, rope, pos, cos_tab, sin_tab);
+        cu_rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, pos, cos_tab, sin_tab);
+        return;
+    }
+    const void *ptrs[] = {kv, pe, row, kvx, norm_w, qp, q, pos, cos_tab, sin_tab};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
+        if (!cu_device_readable(ptrs[i])) {
+            cu_check(cudaErrorInvalidValue, "mla_prologue: arguments must be device memory");
+            return;
+        }
+    dim3 grid((unsigned)n, 1 + cu_blocks((size_t)H * half, MLA_PRO_THREADS));
+    cu_launch(mla_prologue_kernel, grid, MLA_PRO_THREADS, 0, kv, pe, row, kvx, norm_w, eps, qp, q, H, qk, nope, R, half,
+              pos, cos_tab, sin_tab);
+    cu_check(cudaGetLastError(), "mla_prologue");
+}
+
 /* ---- attention */
 
 #define ATTN_WARPS 4
@@ -250,6 +386,7 @@ typedef struct {
      * its slice and resets the ticket to 0. pm, pl are then per slice:
      * [((t*H + h) * slices + slice) * splits + z]. */
     unsigned *cnt;
+    bool pf; /* attn_hg_kernel: the split's earlier cache rows towards L2 before the wait */
 } attn_p;
 
 #define COMBINE_ZG 4 /* split groups summed separately, then in order (combine2, merge_last) */
@@ -532,8 +669,6 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
 template <int PER>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
 {
-    cu_pdl_wait();
-    cu_pdl_launch();
     constexpr int HG = ATTN_HG, DV = 32 * PER;
     extern __shared__ float sm[];
     int d = p.d1 + p.d2;
@@ -543,17 +678,42 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
     float *wo = wl + ATTN_WARPS * HG;            /* [ATTN_WARPS][HG][DV] outputs */
     int groups = (p.heads + HG - 1) / HG, t = blockIdx.x / groups, h0 = blockIdx.x % groups * HG;
     int nh = min(HG, p.heads - h0), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    /* seq and pos are the pass's inputs, never a kernel's output, and the cache rows
+     * before pos[t] were written by earlier passes: the split's rows start towards L2
+     * (the coherent level) while the previous kernels run (PDL) */
+    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
+    if (p.splits > 1) {
+        j0 = blockIdx.z * p.chunk;
+        len = min(len, j0 + p.chunk);
+    }
+    if (p.pf) { /* rows [j0, min(len, pos)): not the one the previous kernel writes */
+        int kl = (p.d1 * 4 + 127) / 128, lines = kl + (p.k2 ? (p.d2 * 4 + 127) / 128 : 0);
+        int rows = min(len, p.pos[t]) - j0;
+        for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
+            int j = j0 + i / lines, c = i % lines;
+            const char *a = c < kl ? (const char *)(p.k1 + s * p.k1_seq + j * p.k1_pos) + c * 128
+                                   : (const char *)(p.k2 + s * p.k2_seq + j * p.k2_pos) + (c - kl) * 128;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    if (p.splits > 1) {
+        if (j0 >= len) { /* past the token's position (most splits at short depth): only pm = -inf */
+            if (threadIdx.x < nh) {
+                size_t ps = ((size_t)t * p.heads + h0 + threadIdx.x) * p.splits + blockIdx.z;
+                p.pm[ps] = -INFINITY;
+                p.pl[ps] = 0.0f;
+            }
+            return;
+        }
+    }
     for (int i = threadIdx.x; i < HG * d; i += blockDim.x) {
         int g = i / d, c = i % d;
         size_t th = (size_t)t * p.heads + h0 + g;
         sq[i] = g >= nh ? 0.0f : c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
     }
     __syncthreads();
-    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
-    if (p.splits > 1) {
-        j0 = blockIdx.z * p.chunk;
-        len = min(len, j0 + p.chunk);
-    }
     const float *kv = p.k1 + s * p.k1_seq, *pe = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
     float m[HG], l[HG], o[HG][PER];
     #pragma unroll
@@ -564,12 +724,27 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
         for (int u = 0; u < PER; u++) o[g][u] = 0;
     }
     bool r0 = pe && lane < p.d2, r1 = pe && lane + 32 < p.d2;
-    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
-        const float *row = kv + j * p.k1_pos;
-        float r[PER];
+    /* the next position's row is loaded while this one is used (two rows in flight per warp) */
+    float rn[PER], en0 = 0, en1 = 0;
+    if (j0 + warp < len) {
+        const float *row = kv + (j0 + warp) * p.k1_pos;
         #pragma unroll
-        for (int u = 0; u < PER; u++) r[u] = row[lane + 32 * u];
-        float e0 = r0 ? pe[j * p.k2_pos + lane] : 0.0f, e1 = r1 ? pe[j * p.k2_pos + lane + 32] : 0.0f;
+        for (int u = 0; u < PER; u++) rn[u] = row[lane + 32 * u];
+        if (r0) en0 = pe[(j0 + warp) * p.k2_pos + lane];
+        if (r1) en1 = pe[(j0 + warp) * p.k2_pos + lane + 32];
+    }
+    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
+        float r[PER], e0 = en0, e1 = en1;
+        #pragma unroll
+        for (int u = 0; u < PER; u++) r[u] = rn[u];
+        int jn = j + ATTN_WARPS;
+        if (jn < len) {
+            const float *row = kv + jn * p.k1_pos;
+            #pragma unroll
+            for (int u = 0; u < PER; u++) rn[u] = row[lane + 32 * u];
+            if (r0) en0 = pe[jn * p.k2_pos + lane];
+            if (r1) en1 = pe[jn * p.k2_pos + lane + 32];
+        }
         float dd[HG];
         #pragma unroll
         for (int g = 0; g < HG; g++) {
@@ -615,13 +790,13 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
                 sum += wl[w * HG + g] * f;
                 acc += wo[(w * HG + g) * DV + c] * f;
             }
-        if (p.splits > 1) { /* an empty split: pm = -inf and no po row, as attn_kernel */
+        if (p.splits > 1) {
             size_t ps = th * p.splits + blockIdx.z;
             if (c == 0) {
                 p.pm[ps] = mx;
                 p.pl[ps] = sum;
             }
-            if (j0 < len) p.po[ps * DV + c] = acc;
+            p.po[ps * DV + c] = acc;
         } else {
             p.out[th * p.outs + c] = acc / sum;
         }
@@ -1032,6 +1207,7 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
     }
     p.splits = 1;
     bool mq = ok && attn_mq_ok(&p), hg = ok && !mq && attn_hg_ok(&p);
+    p.pf = cu_v.attn_pf != 0;
     if (ok) {
         if (mq) mq_split(&p, n, a->ctx);
         else if (hg) attn_hg_split(&p, n, a->ctx);
@@ -1258,6 +1434,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.upload_weight = cu_upload_weight;
         g_ops.rmsnorm_rows = cu_rmsnorm_rows;
         g_ops.rope_copy = cu_rope_copy;
+        g_ops.mla_prologue = cu_mla_prologue;
         cu_graph_ops(&g_ops);
         cuda_reload_variants();
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
