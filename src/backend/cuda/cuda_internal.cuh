@@ -275,15 +275,16 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
  * towards L2 before waiting for the previous kernel), attn_hg DSV3_CUDA_ATTN_HG (decode
  * attention with 4 heads per block sharing each cache row), mla_pro DSV3_CUDA_MLA_PRO
  * (mla_prologue: kv_norm, k_pe and q_pe rotations in one launch; 0: three), norm4
- * DSV3_CUDA_NORM4 (rmsnorm_rows with the row in registers, float4 loads), attn_pf
- * DSV3_CUDA_ATTN_PF (attn_hg_kernel starts its cache rows towards L2 before the wait):
- * on unless 0. comb3
- * DSV3_CUDA_COMBINE3 (the last split block of a (token, head) merges the splits, no
- * combine launch) and gate DSV3_CUDA_GATE (gate product and routing in one launch):
- * off unless 1, both measured slower. */
+ * DSV3_CUDA_NORM4 (rmsnorm_rows with the row in registers, float4 loads), attn_direct
+ * DSV3_CUDA_ATTN_DIRECT (attn_hg_kernel writes the output of a token whose positions all
+ * lie in the first split; the combine skips it): on unless 0. comb3 DSV3_CUDA_COMBINE3
+ * (the last split block of a (token, head) merges the splits, no combine launch), gate
+ * DSV3_CUDA_GATE (gate product and routing in one launch) and attn_pf DSV3_CUDA_ATTN_PF
+ * (attn_hg_kernel starts its cache rows towards L2 before the wait): off unless 1, each
+ * measured slower. */
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
-    int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf;
+    int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

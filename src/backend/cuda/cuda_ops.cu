@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -47,7 +47,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.attn_hg = cu_env_flag("DSV3_CUDA_ATTN_HG", 1) != 0;
     cu_v.mla_pro = cu_env_flag("DSV3_CUDA_MLA_PRO", 1) != 0;
     cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
-    cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 1) != 0;
+    cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 0) != 0;
+    cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -387,6 +388,7 @@ typedef struct {
      * [((t*H + h) * slices + slice) * splits + z]. */
     unsigned *cnt;
     bool pf; /* attn_hg_kernel: the split's earlier cache rows towards L2 before the wait */
+    bool direct; /* attn_hg_kernel: a token with pos < chunk is written by split 0, not merged */
 } attn_p;
 
 #define COMBINE_ZG 4 /* split groups summed separately, then in order (combine2, merge_last) */
@@ -586,6 +588,7 @@ __global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
 {
     cu_pdl_wait();
     cu_pdl_launch();
+    if (p.direct && p.pos[blockIdx.x / p.heads] < p.chunk) return; /* attn_hg_kernel wrote it */
     extern __shared__ float fz[];
     __shared__ float red[2];
     int th = blockIdx.x;
@@ -621,6 +624,7 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
 {
     cu_pdl_wait();
     cu_pdl_launch();
+    if (p.direct && p.pos[blockIdx.x / p.heads] < p.chunk) return; /* attn_hg_kernel wrote it */
     extern __shared__ float fz[];
     __shared__ float red[2];
     __shared__ float part[COMBINE_ZG][COMBINE_COLS];
@@ -698,8 +702,12 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
     }
     cu_pdl_wait();
     cu_pdl_launch();
+    /* direct: every position of the token lies in split 0 (pos < chunk, short depth), which
+     * then writes the output itself and the combine kernels skip the token */
+    bool direct = p.direct && p.pos[t] < p.chunk;
     if (p.splits > 1) {
         if (j0 >= len) { /* past the token's position (most splits at short depth): only pm = -inf */
+            if (direct) return;
             if (threadIdx.x < nh) {
                 size_t ps = ((size_t)t * p.heads + h0 + threadIdx.x) * p.splits + blockIdx.z;
                 p.pm[ps] = -INFINITY;
@@ -790,7 +798,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
                 sum += wl[w * HG + g] * f;
                 acc += wo[(w * HG + g) * DV + c] * f;
             }
-        if (p.splits > 1) {
+        if (p.splits > 1 && !direct) {
             size_t ps = th * p.splits + blockIdx.z;
             if (c == 0) {
                 p.pm[ps] = mx;
@@ -1208,6 +1216,7 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
     p.splits = 1;
     bool mq = ok && attn_mq_ok(&p), hg = ok && !mq && attn_hg_ok(&p);
     p.pf = cu_v.attn_pf != 0;
+    p.direct = hg && cu_v.attn_direct;
     if (ok) {
         if (mq) mq_split(&p, n, a->ctx);
         else if (hg) attn_hg_split(&p, n, a->ctx);
