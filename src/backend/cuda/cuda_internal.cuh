@@ -168,6 +168,22 @@ __device__ __forceinline__ void cu_prefetch_l2(const void *p, size_t bytes)
         asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
 }
 
+/* The sum of v over the block, returned to every thread (blockDim.x a multiple of 32);
+ * part: 32 floats of shared memory. */
+__device__ __forceinline__ float cu_block_sum(float v, float *part)
+{
+    v = cu_warp_sum(v);
+    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
+        t = cu_warp_sum(t);
+        if (threadIdx.x == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
+
 /* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
  * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
  * K experts ix and weights w. biased (E floats) and gs (G floats) are the warp's

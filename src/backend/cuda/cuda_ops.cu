@@ -74,16 +74,7 @@ __global__ void rmsnorm_kernel(float *y, int ys, const int *__restrict__ di, flo
     } else {
         for (int j = threadIdx.x; j < dim; j += blockDim.x) ss += xi[j] * xi[j];
     }
-    ss = cu_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
-        v = cu_warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    float rs = rsqrtf(part[0] / dim + eps);
+    float rs = rsqrtf(cu_block_sum(ss, part) / dim + eps);
     for (int j = threadIdx.x; j < dim; j += blockDim.x) yi[j] = xi[j] * rs * w[j];
 }
 
@@ -146,16 +137,7 @@ __global__ void rmsnorm4_kernel(float *y, int ys, const int *__restrict__ di, fl
         }
         ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
     }
-    ss = cu_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0;
-        t = cu_warp_sum(t);
-        if (threadIdx.x == 0) part[0] = t;
-    }
-    __syncthreads();
-    float rs = rsqrtf(part[0] / dim + eps);
+    float rs = rsqrtf(cu_block_sum(ss, part) / dim + eps);
     #pragma unroll
     for (int j = 0; j < V; j++) {
         int i = threadIdx.x + j * blockDim.x;
@@ -300,7 +282,7 @@ mla_prologue_kernel(float *kv, float *pe, const int *__restrict__ row, const flo
 {
     cu_pdl_wait();
     cu_pdl_launch();
-    __shared__ float part[MLA_PRO_THREADS / 32];
+    __shared__ float part[32];
     int t = blockIdx.x, p = pos[t];
     const float *cv = c + (size_t)p * half, *sv = sn + (size_t)p * half;
     if (blockIdx.y > 0) {
@@ -322,16 +304,7 @@ mla_prologue_kernel(float *kv, float *pe, const int *__restrict__ row, const flo
     }
     float ss = 0;
     for (int j = threadIdx.x; j < R; j += blockDim.x) ss += xi[j] * xi[j];
-    ss = cu_warp_sum(ss);
-    if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float v = threadIdx.x < MLA_PRO_THREADS / 32 ? part[threadIdx.x] : 0;
-        v = cu_warp_sum(v);
-        if (threadIdx.x == 0) part[0] = v;
-    }
-    __syncthreads();
-    float rs = rsqrtf(part[0] / R + eps);
+    float rs = rsqrtf(cu_block_sum(ss, part) / R + eps);
     for (int j = threadIdx.x; j < R; j += blockDim.x) kv[r * R + j] = xi[j] * rs * nw[j];
 }
 
