@@ -1052,7 +1052,7 @@ static void test_mla_prologue(int n, int H, int nope, int R, int rope)
 
 /* Decode attention with 4 heads per block sharing each cache row (ATTN_HG, on by
  * default, with and without the opt-in L2 prefetch of its rows and the direct output of
- * short depths; off is the per-head kernel):
+ * short depths, splits of 64 and 16 positions; off is the per-head kernel):
  * latent widths 128 / 256 / 512, head counts not a multiple of 4, a rope part of 16, one
  * token at the cache's ends, 8 tokens of two sequences, short caches (one split) and
  * long ones (splits, empty ones among them). */
@@ -1064,10 +1064,12 @@ static void test_attn_hg(void)
     for (int pass = 0; pass < 3; pass++) {
         printf("-- stage 8 attention, %s\n",
                pass == 2 ? "a head per block"
-                         : pass ? "4 heads per block, L2 prefetch, short depths merged" : "4 heads per block");
+                         : pass ? "4 heads per block, L2 prefetch, short depths merged, splits of 16"
+                                : "4 heads per block");
         set_variant("ATTN_HG", pass == 2 ? "0" : NULL);
         set_variant("ATTN_PF", pass == 1 ? "1" : NULL);
         set_variant("ATTN_DIRECT", pass == 1 ? "0" : NULL);
+        set_variant("HG_CHUNK", pass == 1 ? "16" : NULL);
         set_variant("COMBINE2", pass == 2 ? "0" : NULL);
         for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
             int ctx = cs[i].ctx, seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
@@ -1081,6 +1083,7 @@ static void test_attn_hg(void)
     set_variant("ATTN_HG", NULL);
     set_variant("ATTN_PF", NULL);
     set_variant("ATTN_DIRECT", NULL);
+    set_variant("HG_CHUNK", NULL);
     set_variant("COMBINE2", NULL);
     for (int pass = 0; pass < 2; pass++) {
         printf("-- stage 8 mla_prologue, %s\n", pass ? "three launches" : "one launch");

@@ -301,6 +301,7 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
     int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;
+    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (64; 8 at least) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

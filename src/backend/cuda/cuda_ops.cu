@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -49,6 +49,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
     cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 0) != 0;
     cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
+    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", 64);
+    if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -1089,13 +1091,15 @@ static void attn_split(attn_p *p, int n, int ctx)
 }
 
 /* attn_hg_kernel's splits: about ATTN_HG_FILL blocks of ATTN_HG heads, at least
- * ATTN_MIN_CHUNK positions each; shapes only, as attn_split. */
+ * ATTN_MIN_CHUNK positions each (DSV3_CUDA_HG_CHUNK: another least, with the block
+ * target scaled to match); shapes only, as attn_split. */
 #define ATTN_HG_FILL 528 /* 4 blocks of 4 warps per SM */
 
 static void attn_hg_split(attn_p *p, int n, int ctx)
 {
-    long long tg = (long long)n * ((p->heads + ATTN_HG - 1) / ATTN_HG), want = (ATTN_HG_FILL + tg - 1) / tg;
-    long long most = (ctx + ATTN_MIN_CHUNK - 1) / ATTN_MIN_CHUNK;
+    long long tg = (long long)n * ((p->heads + ATTN_HG - 1) / ATTN_HG);
+    long long fill = (long long)ATTN_HG_FILL * ATTN_MIN_CHUNK / cu_v.hg_chunk, want = (fill + tg - 1) / tg;
+    long long most = (ctx + cu_v.hg_chunk - 1) / cu_v.hg_chunk;
     p->splits = (int)(want < most ? want : most);
     if (p->splits < 1) p->splits = 1;
     p->chunk = (ctx + p->splits - 1) / p->splits;
