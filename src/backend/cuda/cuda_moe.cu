@@ -139,8 +139,8 @@ __device__ __forceinline__ void moe_xload(const float *x, float *xv)
     }
 }
 
-/* Sums NV per-thread values over the block; thread rr < NV gets value rr. */
-template <int NV>
+/* Sums NV per-thread values over a block of NW warps; thread rr < NV gets value rr. */
+template <int NV, int NW = MOE_THREADS / 32>
 __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
 {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -152,7 +152,7 @@ __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
     __syncthreads();
     float s = 0;
     if (threadIdx.x < NV)
-        for (int w = 0; w < MOE_THREADS / 32; w++) s += red[w][threadIdx.x];
+        for (int w = 0; w < NW; w++) s += red[w][threadIdx.x];
     return s;
 }
 
@@ -205,12 +205,16 @@ __device__ __forceinline__ void moe_up_tile(float *out, const float *xr, const c
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx, int e0,
-              int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp)
+              int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp,
+              bool shared_first)
 {
     unsigned b = blockIdx.x, nk = (unsigned)(n * K), tu = (unsigned)(inter + MOE_RW - 1) / MOE_RW;
+    unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW, nsb = (unsigned)n * tus;
+    /* shared_first (DSV3_CUDA_MOE_SHFIRST): the shared blocks take the lowest indices, so
+     * they are resident (and prefetching) while the routing kernel runs */
+    if (shared_first) b = b < nsb ? nk * tu + b : b - nsb;
     if (b >= nk * tu) { /* shared experts */
         b -= nk * tu;
-        unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW;
         int t = (int)(swap ? b % n : b / tus), r0 = (int)(swap ? b / n : b % tus) * MOE_RW;
         cu_prefetch_l2((const uint8_t *)sp.w1.data + (size_t)r0 * k * cu_wsize<F>::v,
                        (size_t)min(MOE_RW, sp.inter - r0) * k * cu_wsize<F>::v);
@@ -234,14 +238,14 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, 
  * spread over the block's threads at once (one block sum at the end), so that short
  * rows (inter = 1408 BF16: 176 chunks) keep every thread loading; the sum order is
  * fixed (deterministic). */
-template <int F>
-__global__ void __launch_bounds__(MOE_THREADS)
+template <int F, int TH = MOE_THREADS>
+__global__ void __launch_bounds__(TH)
 moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
                 const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim,
                 bool swap, moe_shared_p sp)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
-    __shared__ float red[MOE_THREADS / 32][MOE_RW];
+    __shared__ float red[TH / 32][MOE_RW];
     int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
     int nr = K * nch, ns = sp.inter / E;
     size_t base[MOE_RW], bs[MOE_RW];
@@ -257,7 +261,7 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
     cu_pdl_wait();
     cu_pdl_launch();
     float acc[MOE_RW] = {};
-    for (int it = threadIdx.x; it < nr + ns; it += MOE_THREADS) {
+    for (int it = threadIdx.x; it < nr + ns; it += TH) {
         float xv[E], part[MOE_RW] = {}, wk = 1.0f;
         if (it < nr) {
             int kk = it / nch, c = (it % nch) * E, p = t * K + kk, e = idx[p] - e0;
@@ -274,7 +278,7 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
         #pragma unroll
         for (int rr = 0; rr < MOE_RW; rr++) acc[rr] += wk * part[rr];
     }
-    float out = moe_block_sum<MOE_RW>(acc, red); /* thread rr < MOE_RW: row r0 + rr */
+    float out = moe_block_sum<MOE_RW, TH / 32>(acc, red); /* thread rr < MOE_RW: row r0 + rr */
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
@@ -445,8 +449,16 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
     unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
     unsigned gu = (unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW);
     dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
-    cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp);
-    cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
+    cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp,
+              cu_v.moe_shfirst != 0);
+    /* DSV3_CUDA_MOE_DOWN256: 256 threads per moe_down block (one block per 4 rows of dim, per
+     * token: 512 blocks of 4 warps at batch 1 on the 16B model). By default for BF16 / F32
+     * weights only: measured (16B, H200, one process) BF16 batch 1 3.09 -> 3.03 ms, FP8
+     * 2.95 -> 2.99 ms and batch 8 10.05 -> 10.39 (an FP8 row is half the chunks) */
+    if (cu_v.moe_down256 > 0 || (cu_v.moe_down256 < 0 && F != DS_W_FP8))
+        cu_launch(moe_down_kernel<F, 256>, gd, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
+    else
+        cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
 }
 
 /* True when the grouped kernels apply: few tokens, exact-dequantisation

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -51,6 +51,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
     cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", 64);
     if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
+    cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
+    cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
