@@ -411,8 +411,18 @@ static void moe_route_ref(int *idx, float *wt, float *sc, const float *bias, int
                   wt + (size_t)t * K);
 }
 
-/* Tokens grouped per local expert, in expert order, as the model's host path does. */
-/* y += w2(silu(w1 x) * w3 x) for n rows (the shared experts). */
+/* ys = w2(silu(w1 x) * w3 x) for n rows of x; a, g: n rows of w1->rows floats of scratch. */
+static void mlp_ref(float *ys, const float *x, int n, const ds_weight *w1, const ds_weight *w2, const ds_weight *w3,
+                    float *a, float *g, ds_gemm_impl gemm, bool ue8m0)
+{
+    int inter = w1->rows;
+    matmul_ref(a, x, n, w1, 0, inter, gemm, ue8m0);
+    matmul_ref(g, x, n, w3, 0, inter, gemm, ue8m0);
+    for (size_t i = 0; i < (size_t)n * inter; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * g[i];
+    matmul_ref(ys, a, n, w2, 0, w2->rows, gemm, ue8m0);
+}
+
+/* y += the shared experts' MLP of x, n rows. */
 static void mlp_add_ref(float *y, const float *x, int n, const ds_mlp_w *w, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = w->w1->cols, inter = w->w1->rows;
@@ -421,10 +431,7 @@ static void mlp_add_ref(float *y, const float *x, int n, const ds_mlp_w *w, ds_g
     if (!a || !g || !ys) {
         cpu_fail_oom("shared expert activations", sizeof(float) * (size_t)n * (2 * (size_t)inter + dim));
     } else {
-        matmul_ref(a, x, n, w->w1, 0, inter, gemm, ue8m0);
-        matmul_ref(g, x, n, w->w3, 0, inter, gemm, ue8m0);
-        for (size_t i = 0; i < (size_t)n * inter; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * g[i];
-        matmul_ref(ys, a, n, w->w2, 0, dim, gemm, ue8m0);
+        mlp_ref(ys, x, n, w->w1, w->w2, w->w3, a, g, gemm, ue8m0);
         for (size_t i = 0; i < (size_t)n * dim; i++) y[i] += ys[i];
     }
     free(a);
@@ -432,6 +439,8 @@ static void mlp_add_ref(float *y, const float *x, int n, const ds_mlp_w *w, ds_g
     free(ys);
 }
 
+/* Tokens grouped per local expert, in expert order, as the model's host path does;
+ * then the shared experts, if any. */
 static void moe_experts_ref(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
                             const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0)
@@ -462,10 +471,7 @@ static void moe_experts_ref(float *y, const float *x, int n, int K, const int *i
                 }
         if (!cnt) continue;
         copy_rows_ref(xs, dim, NULL, x, dim, list, cnt, dim);
-        matmul_ref(a, xs, cnt, &ew1[e], 0, inter, gemm, ue8m0);
-        matmul_ref(g, xs, cnt, &ew3[e], 0, inter, gemm, ue8m0);
-        for (size_t i = 0; i < (size_t)cnt * inter; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * g[i];
-        matmul_ref(ys, a, cnt, &ew2[e], 0, dim, gemm, ue8m0);
+        mlp_ref(ys, xs, cnt, &ew1[e], &ew2[e], &ew3[e], a, g, gemm, ue8m0);
         add_rows_scaled_ref(y, list, ys, lw, cnt, dim);
     }
     if (shared) mlp_add_ref(y, x, n, shared, gemm, ue8m0);
