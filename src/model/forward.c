@@ -68,11 +68,9 @@ static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q
     int qk = m->qk_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
     /* q_pe: the (token, head) pairs as n*H rows of qk floats (rot: not rotated yet;
      * qp_done: mla_prologue wrote it) */
-    if (qp_done)
-        ;
-    else if (rot)
+    if (rot && !qp_done)
         ops->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, rot->pos, m->cos_tab, m->sin_tab);
-    else
+    else if (!qp_done)
         ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
     if (ops->matmul_heads_t) {
         ops->matmul_heads_t(qc, R, q, qk, n, H, &l->wkv_b, 0, nope + vd, nope);
