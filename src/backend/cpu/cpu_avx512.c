@@ -113,7 +113,9 @@ AVX512 INLINE __m512 exp512(__m512 x)
  * checkpoint is mapped with 4 KiB pages, at whose boundaries the hardware
  * prefetchers stop. Four chunks of 16 in flight per token hide FMA latency. */
 
+#ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 6144
+#endif
 
 AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y,
                              size_t ldy)
@@ -177,8 +179,9 @@ AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, s
  * error stays near float32's (two vdpbf16ps per 32 weights). Subnormal e4m3
  * (exponent field 0) would become bf16 subnormals, which vdpbf16ps reads as
  * zero: they are rare in real weights (|w| < 2^-6 of the block's unit), so a
- * chunk of 64 codes that holds one takes a second pass in float32 for just
- * those codes. Columns past the last multiple of 64 go through float32 too.
+ * chunk of 128 codes that holds one (found by one test of the raw bytes per
+ * 64) takes a second pass in float32 for just those codes. Columns past the
+ * last multiple of 64 go through float32 too.
  *   acc  (vdpbf16ps) sums w x s 2^-64;  corr (float32) sums w x s 2^48. */
 
 #define DP_XSHIFT 72057594037927936.0f /* 2^56 */
@@ -228,44 +231,91 @@ AVX512 static void fp8_fix32(__m512 *corr, int T, const uint8_t *p, __mmask32 m,
     }
 }
 
+/* Codes p[0..31] (converted: X) against token t's bf16 activations q (32 highs,
+ * then 32 lows), into chains c and c + 1. */
+#define DP32(X, q, c)                                                                                        \
+    do {                                                                                                     \
+        acc[(c) % C][t] = _mm512_dpbf16_ps(acc[(c) % C][t], (__m512bh)(X), (__m512bh)_mm512_loadu_si512(q)); \
+        acc[((c) + 1) % C][t] =                                                                              \
+            _mm512_dpbf16_ps(acc[((c) + 1) % C][t], (__m512bh)(X), (__m512bh)_mm512_loadu_si512((q) + 32));  \
+    } while (0)
+
+/* The subnormal codes of p[0..n), n a multiple of 32, into corr (a slow path:
+ * the caller found at least one code whose exponent field is 0). */
+AVX512 static void fp8_fix(__m512 *corr, int T, const uint8_t *p, int n, const float *xs, size_t ldx)
+{
+    const __m512i expo = _mm512_set1_epi16(0x0780);
+    for (int i = 0; i < n; i += 32) {
+        __mmask32 m = _mm512_testn_epi16_mask(fp8x32_to_bf16(p + i), expo);
+        if (m) fp8_fix32(corr, T, p + i, m, xs + i, ldx);
+    }
+}
+
 AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy)
 {
-    int K = w->cols, K64 = K / 64 * 64;
+    int K = w->cols, K64 = K / 64 * 64, K128 = K / 128 * 128;
     const uint8_t *row = w_row(w, r);
-    const __m512i expo = _mm512_set1_epi16(0x0780);
-    __m512 acc[4][4], corr[4]; /* four chains per token: vdpbf16ps has a long latency */
+    const __m512i e8 = _mm512_set1_epi8(0x78);
+    /* vdpbf16ps has a long latency: 8 independent chains at one token, 4 per
+     * token at two, 2 per token beyond */
+    enum { NC = 8 };
+    const int C = T == 1 ? 8 : T == 2 ? 4 : 2;
+    __m512 acc[NC][4], corr[4];
     #pragma GCC unroll 16
-    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = acc[2][t] = acc[3][t] = corr[t] = _mm512_setzero_ps();
-    for (int k = 0; k < K64; k += 64) {
+    for (int t = 0; t < T; t++) {
+        corr[t] = _mm512_setzero_ps();
+        #pragma GCC unroll 16
+        for (int c = 0; c < C; c++) acc[c][t] = _mm512_setzero_ps();
+    }
+    int k = 0;
+    for (; k < K128; k += 128) {
         _mm_prefetch((const char *)row + k + PREFETCH_BYTES, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        /* an exponent field of 0 (a subnormal or zero code) on the raw bytes:
+         * one test per 64 codes, a branch per 128 */
+        __mmask64 z0 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k), e8);
+        __mmask64 z1 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k + 64), e8);
+        if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) fp8_fix(corr, T, row + k, 128, xs + k, ldx);
         __m512i A = fp8x32_to_bf16(row + k), B = fp8x32_to_bf16(row + k + 32);
-        __mmask32 za = _mm512_testn_epi16_mask(A, expo), zb = _mm512_testn_epi16_mask(B, expo);
+        __m512i D = fp8x32_to_bf16(row + k + 64), E = fp8x32_to_bf16(row + k + 96);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const uint16_t *q = xq + t * ldq + 2 * k;
-            acc[0][t] = _mm512_dpbf16_ps(acc[0][t], (__m512bh)A, (__m512bh)_mm512_loadu_si512(q));
-            acc[1][t] = _mm512_dpbf16_ps(acc[1][t], (__m512bh)A, (__m512bh)_mm512_loadu_si512(q + 32));
-            acc[2][t] = _mm512_dpbf16_ps(acc[2][t], (__m512bh)B, (__m512bh)_mm512_loadu_si512(q + 64));
-            acc[3][t] = _mm512_dpbf16_ps(acc[3][t], (__m512bh)B, (__m512bh)_mm512_loadu_si512(q + 96));
-        }
-        if (__builtin_expect((za | zb) != 0, 0)) {
-            if (za) fp8_fix32(corr, T, row + k, za, xs + k, ldx);
-            if (zb) fp8_fix32(corr, T, row + k + 32, zb, xs + k + 32, ldx);
+            DP32(A, q, 0);
+            DP32(B, q + 64, 2);
+            DP32(D, q + 128, 4);
+            DP32(E, q + 192, 6);
         }
     }
-    for (int k = K64; k < K; k += 16) {
+    if (k < K64) { /* one chunk of 64 */
+        __mmask64 z0 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k), e8);
+        if (z0) fp8_fix(corr, T, row + k, 64, xs + k, ldx);
+        __m512i A = fp8x32_to_bf16(row + k), B = fp8x32_to_bf16(row + k + 32);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            const uint16_t *q = xq + t * ldq + 2 * k;
+            DP32(A, q, 0);
+            DP32(B, q + 64, 2);
+        }
+        k += 64;
+    }
+    for (; k < K; k += 16) {
         __mmask16 m = mask16(K - k);
         __m512 wv = fp8x16_to_f32(_mm_maskz_loadu_epi8(m, row + k));
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) corr[t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xs + t * ldx + k), corr[t]);
     }
     #pragma GCC unroll 16
-    for (int t = 0; t < T; t++)
-        y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), _mm512_add_ps(acc[2][t], acc[3][t])))
-                         * 18446744073709551616.0f /* 2^64 */
+    for (int t = 0; t < T; t++) {
+        __m512 s = acc[0][t];
+        #pragma GCC unroll 16
+        for (int c = 1; c < C; c++) s = _mm512_add_ps(s, acc[c][t]);
+        y[t * ldy] = _mm512_reduce_add_ps(s) * 18446744073709551616.0f /* 2^64 */
                      + _mm512_reduce_add_ps(corr[t]) * 3.5527136788005009e-15f /* 2^-48 */;
+    }
 }
+#undef DP32
 
 AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
                                size_t ldq, float *y, size_t ldy)
