@@ -427,12 +427,13 @@ static void check_moe(void)
 }
 
 /* Every e4m3 code through the decode kernel's vdpbf16ps path: row i of a
- * (256, 192) weight holds code i in column (5 i) % 192 and zeros elsewhere;
- * scale 1, x = 1: y[i] is the code's value exactly (64-column chunks, the
- * float32 second pass for subnormal and zero codes, and the 64-column tail). */
+ * (256, 200) weight holds code i in column (5 i) % 200 and zeros elsewhere;
+ * scale 1, x = 1: y[i] is the code's value exactly (the 128-column steps, the
+ * one 64-column chunk, the float32 second pass for subnormal and zero codes,
+ * and the float32 tail past column 192). */
 static void check_e4m3_codes_wide(void)
 {
-    enum { R = 256, C = 192 };
+    enum { R = 256, C = 200 };
     uint8_t *codes = calloc((size_t)R * C, 1);
     float scale[2 * 2] = {1, 1, 1, 1}, x[C], y[R + PAD];
     for (int i = 0; i < R; i++) codes[(size_t)i * C + (5 * i) % C] = (uint8_t)i;
