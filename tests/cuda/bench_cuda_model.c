@@ -126,14 +126,14 @@ static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
  * backend's switches in this one process (a spec: "default", or NAME=V,NAME=V with
  * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2, COMBINE3, MOE_SHARED,
  * GATE, MANY, HEADS_PF, ATTN_HG, MLA_PRO, NORM4, ATTN_PF, ATTN_DIRECT, HG_CHUNK,
- * MOE_DOWN256, MOE_SHFIRST for DSV3_CUDA_NAME; unnamed ones at their defaults),
+ * MOE_DOWN256, MOE_SHFIRST, EVF for DSV3_CUDA_NAME; unnamed ones at their defaults),
  * each on a new KV cache (so new graphs), with its graph vs eager logits check. */
 static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
 {
     static const char *names[] = {"PDL",      "GEMV2",    "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W",  "HEADS2",
                                   "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
                                   "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
-                                  "MOE_DOWN256", "MOE_SHFIRST"};
+                                  "MOE_DOWN256", "MOE_SHFIRST", "EVF"};
     const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);

@@ -985,6 +985,17 @@ static void test_stage8(void)
     g_moe_shared = 0;
     set_variant("MOE_DOWN256", NULL);
     set_variant("MOE_SHFIRST", NULL);
+    printf("-- stage 9 routed experts loaded without the evict-first hint\n");
+    set_variant("EVF", "0"); /* on by default: every other test runs with it */
+    for (int mode = 0; mode <= 1; mode++) {
+        g_moe_shared = mode;
+        test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
+        test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+        test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 208, 144);
+        test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
+    }
+    g_moe_shared = 0;
+    set_variant("EVF", NULL);
     for (int pass = 0; pass < 2; pass++) { /* one launch (GATE, default) and matmul + moe_route */
         printf("-- stage 8 gate %s\n", pass ? "two launches" : "fused");
         set_variant("GATE", pass ? "0" : NULL);

@@ -306,6 +306,9 @@ struct cu_variants {
                       * BF16 / F32 weights, not FP8) */
     int moe_shfirst; /* DSV3_CUDA_MOE_SHFIRST: moe_up's shared-expert blocks first (off unless 1:
                       * BF16 batch 1 3.09 -> 3.07 ms, FP8 unchanged) */
+    int evf; /* DSV3_CUDA_EVF: the routed experts' weights loaded evict-first (ld.global.cs), so
+              * that streaming them leaves the L2 lines other kernels start early (shared experts,
+              * per-head and short gemv weights) in place; on unless 0 (stage 9, NOTES.md) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

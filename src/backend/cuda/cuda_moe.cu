@@ -108,13 +108,16 @@ void cu_moe_forget(void)
  * MOE_RW rows (base[rr] = row * k), FP8 block scales applied per 16 elements. */
 template <int F>
 __device__ __forceinline__ void moe_dot_chunk(float *acc, const float *xv, const void *w, const float *ws,
-                                              const size_t *base, const int *row, int k, int c)
+                                              const size_t *base, const int *row, int k, int c, bool evf = false)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
     uint4 raw[MOE_RW];
     #pragma unroll
-    for (int rr = 0; rr < MOE_RW; rr++) raw[rr] = *(const uint4 *)((const uint8_t *)w + (base[rr] + c) * cu_wsize<F>::v);
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        const uint4 *a = (const uint4 *)((const uint8_t *)w + (base[rr] + c) * cu_wsize<F>::v);
+        raw[rr] = evf ? __ldcs(a) : *a; /* evf: streamed once, evict first (DSV3_CUDA_EVF) */
+    }
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) {
         float wv[E];
@@ -170,7 +173,7 @@ typedef struct {
 /* out[r0 + rr] = silu(w1[r] . xr) * (w3[r] . xr) for the MOE_RW rows r = r0 + rr < rows. */
 template <int F>
 __device__ __forceinline__ void moe_up_tile(float *out, const float *xr, const cu_weight &w1, const cu_weight &w3,
-                                            int k, int rows, int r0)
+                                            int k, int rows, int r0, bool evf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[MOE_THREADS / 32][2 * MOE_RW];
@@ -185,8 +188,8 @@ __device__ __forceinline__ void moe_up_tile(float *out, const float *xr, const c
     for (int c = threadIdx.x * E; c < k; c += MOE_THREADS * E) {
         float xv[E];
         moe_xload<E>(xr + c, xv);
-        moe_dot_chunk<F>(acc, xv, w1.data, w1.scale, base, row, k, c);
-        moe_dot_chunk<F>(acc + MOE_RW, xv, w3.data, w3.scale, base, row, k, c);
+        moe_dot_chunk<F>(acc, xv, w1.data, w1.scale, base, row, k, c, evf);
+        moe_dot_chunk<F>(acc + MOE_RW, xv, w3.data, w3.scale, base, row, k, c, evf);
     }
     float s = moe_block_sum<2 * MOE_RW>(acc, red);
     __syncthreads();
@@ -206,7 +209,7 @@ template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx, int e0,
               int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp,
-              bool shared_first)
+              bool shared_first, bool evf)
 {
     unsigned b = blockIdx.x, nk = (unsigned)(n * K), tu = (unsigned)(inter + MOE_RW - 1) / MOE_RW;
     unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW, nsb = (unsigned)n * tus;
@@ -222,14 +225,14 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, 
                        (size_t)min(MOE_RW, sp.inter - r0) * k * cu_wsize<F>::v);
         cu_pdl_wait();
         cu_pdl_launch();
-        moe_up_tile<F>(sp.h + (size_t)t * sp.inter, x + (size_t)t * k, sp.w1, sp.w3, k, sp.inter, r0);
+        moe_up_tile<F>(sp.h + (size_t)t * sp.inter, x + (size_t)t * k, sp.w1, sp.w3, k, sp.inter, r0, false);
         return;
     }
     cu_pdl_wait();
     cu_pdl_launch();
     int p = (int)(swap ? b % nk : b / tu), r0 = (int)(swap ? b / nk : b % tu) * MOE_RW, e = idx[p] - e0;
     if (e < 0 || e >= ne) return;
-    moe_up_tile<F>(h + (size_t)p * inter, x + (size_t)(p / K) * k, tab[e], tab[ne + e], k, inter, r0);
+    moe_up_tile<F>(h + (size_t)p * inter, x + (size_t)(p / K) * k, tab[e], tab[ne + e], k, inter, r0, evf);
 }
 
 /* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e, plus
@@ -242,7 +245,7 @@ template <int F, int TH = MOE_THREADS>
 __global__ void __launch_bounds__(TH)
 moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
                 const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim,
-                bool swap, moe_shared_p sp)
+                bool swap, moe_shared_p sp, bool evf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[TH / 32][MOE_RW];
@@ -268,7 +271,7 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
             if (e < 0 || e >= ne) continue;
             cu_weight w2 = tab[2 * ne + e];
             moe_xload<E>(h + (size_t)p * inter + c, xv);
-            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
+            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c, evf);
             wk = wt[p];
         } else {
             int c = (it - nr) * E;
@@ -450,15 +453,17 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
     unsigned gu = (unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW);
     dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
     cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp,
-              cu_v.moe_shfirst != 0);
+              cu_v.moe_shfirst != 0, cu_v.evf != 0);
     /* DSV3_CUDA_MOE_DOWN256: 256 threads per moe_down block (one block per 4 rows of dim, per
      * token: 512 blocks of 4 warps at batch 1 on the 16B model). By default for BF16 / F32
      * weights only: measured (16B, H200, one process) BF16 batch 1 3.09 -> 3.03 ms, FP8
      * 2.95 -> 2.99 ms and batch 8 10.05 -> 10.39 (an FP8 row is half the chunks) */
     if (cu_v.moe_down256 > 0 || (cu_v.moe_down256 < 0 && F != DS_W_FP8))
-        cu_launch(moe_down_kernel<F, 256>, gd, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
+        cu_launch(moe_down_kernel<F, 256>, gd, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp,
+                  cu_v.evf != 0);
     else
-        cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp);
+        cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp,
+                  cu_v.evf != 0);
 }
 
 /* True when the grouped kernels apply: few tokens, exact-dequantisation

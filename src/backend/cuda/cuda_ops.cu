@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -53,6 +53,7 @@ extern "C" void cuda_reload_variants(void)
     if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
     cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
     cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
+    cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
