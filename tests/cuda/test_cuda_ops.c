@@ -501,6 +501,30 @@ static void test_fp8_golden(void)
     for (int i = 0; i < 256; i++)
         if ((i & 0x7f) != 0x7f) bad += dec[i] != fp8_e4m3_to_f32((uint8_t)i);
     CHECK_MSG(bad == 0, "%d e4m3 codes decode differently on the GPU", bad);
+    /* and through the decode gemv's 16-byte path (cu_e4m3x4): row i holds code i in
+     * column (3 i) % 32, zeros elsewhere; scale 1, x = 1: y[i] is the code's value */
+    enum { R = 256, C = 32 };
+    ds_weight cw = {.fmt = DS_W_FP8, .rows = R, .cols = C};
+    uint8_t *wc = calloc((size_t)R * C, 1);
+    float *ws = malloc(sizeof(float) * 2), *ones = malloc(sizeof(float) * C);
+    for (int i = 0; i < R; i++) wc[(size_t)i * C + (3 * i) % C] = (uint8_t)i;
+    ws[0] = ws[1] = 1.0f;
+    for (int k = 0; k < C; k++) ones[k] = 1.0f;
+    cw.data = wc;
+    cw.scale = ws;
+    float *gx = gcopy(ones, C), *gy = gbuf(R);
+    G->matmul(gy, gx, 1, &cw, 0, R, DS_GEMM_BF16, false);
+    G->sync();
+    bad = 0;
+    for (int i = 0; i < R; i++)
+        if ((i & 0x7f) != 0x7f) bad += gy[i] != fp8_e4m3_to_f32((uint8_t)i);
+    CHECK_MSG(bad == 0, "%d e4m3 codes decode differently in the gemv", bad);
+    G->free(gx);
+    G->free(gy);
+    cuda_forget_weights();
+    free(wc);
+    free(ws);
+    free(ones);
     st_close(f);
 }
 

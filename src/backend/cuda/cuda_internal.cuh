@@ -82,6 +82,24 @@ __device__ __forceinline__ float cu_e4m3(uint8_t b) { return cu_e4m3_bits(b); }
 
 __device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 
+/* The four e4m3 codes in the bytes of p (lowest first) as float32, exact as cu_e4m3, in
+ * about half its integer work: each pair of codes goes into an f16x2 at once (a code's 7
+ * low bits shifted left 7 with its sign at bit 15 is the f16 of its value times 2^-8,
+ * subnormals included), times 2^8 (exact in f16), then widened on the FP pipe. At HBM rate
+ * the FP8 gemvs are bound by the integer pipe (stage 9, NOTES.md). */
+__device__ __forceinline__ void cu_e4m3x4(uint32_t p, float *out)
+{
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        uint32_t w = __byte_perm(p, 0, h ? 0x3424 : 0x1404); /* codes 2h, 2h + 1 to bits 8.., 24.. */
+        uint32_t v = (w & 0x80008000u) | ((w >> 1) & 0x3f803f80u);
+        __half2 x = *reinterpret_cast<const __half2 *>(&v);
+        float2 f = __half22float2(__hmul2(x, __float2half2_rn(256.0f)));
+        out[2 * h] = f.x;
+        out[2 * h + 1] = f.y;
+    }
+}
+
 /* Element i of a weight matrix stored as F (ds_wfmt), without its FP8 scale. */
 template <int F>
 __device__ __forceinline__ float cu_wload(const void *w, size_t i)
@@ -116,9 +134,7 @@ __device__ __forceinline__ void cu_wload16(const void *w, size_t i, float *out)
         }
     } else {
         #pragma unroll
-        for (int e = 0; e < 4; e++)
-            #pragma unroll
-            for (int j = 0; j < 4; j++) out[4 * e + j] = cu_e4m3_bits(p[e] >> (8 * j));
+        for (int e = 0; e < 4; e++) cu_e4m3x4(p[e], out + 4 * e);
     }
     (void)E;
 }
