@@ -202,6 +202,9 @@ __device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__r
                 }
             }
         } else {
+            float wv[RW][E]; /* each row decoded once, then applied to every token's chunk */
+            #pragma unroll
+            for (int rr = 0; rr < RW; rr++) wdecode<F, E>(raw[rr], wv[rr]);
             #pragma unroll
             for (int i = 0; i < NT; i++) {
                 if (i >= n) break;
@@ -210,11 +213,9 @@ __device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__r
                 float xsc = QA ? xs[(size_t)i * kb + c / DS_BLOCK] : 1.0f;
                 #pragma unroll
                 for (int rr = 0; rr < RW; rr++) {
-                    float wv[E];
-                    wdecode<F, E>(raw[rr], wv);
                     float part = 0;
                     #pragma unroll
-                    for (int e = 0; e < E; e++) part += xv[e] * wv[e];
+                    for (int e = 0; e < E; e++) part += xv[e] * wv[rr][e];
                     if (QA) part *= xsc;
                     acc[rr][i] += F == DS_W_FP8 ? part * s[rr] : part;
                 }
@@ -356,7 +357,7 @@ tiled_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__r
 template <int F, bool QA, int NT>
 struct gemv_cfg {
     static constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
-    static constexpr int RW = NT <= 2 || XR ? GEMV_ROWS : 1;
+    static constexpr int RW = NT <= 2 || XR || (F == DS_W_FP8 && !QA) ? GEMV_ROWS : 1;
 };
 
 enum gemv_form { GEMV_ONE_ROW, GEMV_8_WARPS, GEMV_4_WARPS };
