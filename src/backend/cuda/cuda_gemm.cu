@@ -348,12 +348,13 @@ tiled_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__r
 /* ---- launchers */
 
 /* NT: tokens the kernel is compiled for (n rounded up), so registers match the
- * batch; RW rows per block: 4 shares each activation load among 4 rows, but
- * with many tokens the unrolled accumulators and activations would spill, so
- * larger batches take one row per block.
+ * batch; RW rows per block: 4 shares each activation load among 4 rows.
  * XR (BF16 / F32 weights, 3..8 tokens): every token's activation chunk held in
  * registers (NT x 8 floats at most) and each row decoded once, 4 rows per block
- * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s) */
+ * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s).
+ * FP8 weights at 3..8 tokens: the 4 rows' 16 codes widened once and held, each
+ * token's chunk loaded in turn (stage 9; one row per block read the activations
+ * once per row). Only act_quant inputs (QA) at 3..8 tokens keep one row per block. */
 template <int F, bool QA, int NT>
 struct gemv_cfg {
     static constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
