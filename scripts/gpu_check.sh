@@ -91,6 +91,9 @@ run_prog() { # label name [wrapper...]
 
 run_prog test_cuda_ops test_cuda_ops
 run_prog test_cuda_golden test_cuda_golden
+# the same with every scratch buffer filled with NaN bytes: no reader relies on what it did
+# not write (the backend leaves scratch unfilled by default)
+run_prog test_cuda_golden.nan_scratch test_cuda_golden env DSV3_CUDA_SCRATCH_FILL=-1
 run_prog bench_cuda_ops bench_cuda_ops
 if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"

@@ -73,6 +73,10 @@ typedef struct {
 typedef struct ds_ops {
     const char *name;
     void *(*alloc)(size_t bytes);           /* zeroed; NULL on failure */
+    /* Optional (NULL: alloc): as alloc but the contents are undefined, for a pass's
+     * scratch whose every reader finds it written (no fill to queue: a memset between two
+     * kernels of a captured CUDA step costs more than most kernels). */
+    void *(*alloc_scratch)(size_t bytes);
     void (*free)(void *p);
     /* y[n][rows] = x[n][w->cols] @ W[row0:row0+rows]^T. gemm FP8 quantises x per
      * 128-block (act_quant) for FP8 weights; otherwise exact dequantisation. */

@@ -23,9 +23,15 @@ typedef struct {
     int seq0, pos0;
 } batch;
 
+/* A pass's scratch: every element is written before it is read. */
+static void *scratch_bytes(const ds_model *m, size_t bytes)
+{
+    return m->ops->alloc_scratch ? m->ops->alloc_scratch(bytes) : m->ops->alloc(bytes);
+}
+
 static float *scratch(const ds_model *m, size_t nfloats)
 {
-    return m->ops->alloc(nfloats * sizeof(float));
+    return scratch_bytes(m, nfloats * sizeof(float));
 }
 
 static ds_status all_reduce(ds_model *m, float *buf, size_t n)
@@ -310,7 +316,7 @@ static ds_status moe_device(ds_model *m, int li, const float *x, int n, float *y
     int E = c->n_routed_experts, K = c->n_activated_experts, dim = c->dim;
     ds_status s = DS_OK;
     float *sc = scratch(m, (size_t)n * E), *wt = scratch(m, (size_t)n * K);
-    int *idx = ops->alloc(sizeof(int) * (size_t)n * K);
+    int *idx = scratch_bytes(m, sizeof(int) * (size_t)n * K);
     /* the shared experts in the same op (a GPU runs them in the routed experts' launches);
      * their slice joins this rank's routed sum before the one all-reduce */
     ds_mlp_w shared = {&l->sw1, &l->sw2, &l->sw3};

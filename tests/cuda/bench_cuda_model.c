@@ -79,6 +79,25 @@ static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, f
     return t[reps / 2];
 }
 
+/* The 512-token prefill of main (positions 0..511 of sequence 0, logits of the last). */
+static int g_np;
+static int32_t *g_tok;
+static int *g_seq, *g_pos;
+static bool *g_want;
+
+/* Median seconds of 3 prefills after one warm-up. */
+static double prefill(ds_model *m, ds_kvcache *kv, float *logits)
+{
+    double t[3];
+    for (int r = 0; r < 4; r++) {
+        double t0 = now();
+        if (model_forward(m, kv, g_np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
+        if (r >= 1) t[r - 1] = now() - t0;
+    }
+    qsort(t, 3, sizeof *t, cmp);
+    return t[1];
+}
+
 /* Max |graph - eager| / max |eager| over the logits of decode step 4 of one sequence. */
 static double graph_vs_eager(ds_model *m, float *a, float *b)
 {
@@ -126,19 +145,19 @@ static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
  * backend's switches in this one process (a spec: "default", or NAME=V,NAME=V with
  * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2, COMBINE3, MOE_SHARED,
  * GATE, MANY, HEADS_PF, ATTN_HG, MLA_PRO, NORM4, ATTN_PF, ATTN_DIRECT, HG_CHUNK,
- * MOE_DOWN256, MOE_SHFIRST, EVF for DSV3_CUDA_NAME; unnamed ones at their defaults),
+ * MOE_DOWN256, MOE_SHFIRST, EVF, MOE_DEVSORT, SCRATCH_FILL for DSV3_CUDA_NAME; unnamed ones at their defaults),
  * each on a new KV cache (so new graphs), with its graph vs eager logits check. */
 static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
 {
     static const char *names[] = {"PDL",      "GEMV2",    "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W",  "HEADS2",
                                   "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
                                   "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
-                                  "MOE_DOWN256", "MOE_SHFIRST", "EVF"};
+                                  "MOE_DOWN256", "MOE_SHFIRST", "EVF", "MOE_DEVSORT", "SCRATCH_FILL"};
     const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);
-    printf("A/B (BENCH_AB): ms per step, median of %d\n%-40s %8s %8s %8s %8s %9s %9s\n", reps, "variant", "b1", "b1 eager",
-           "b8", "d4096", "b1 roof", "g-e diff");
+    printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %9s %9s\n", reps,
+           "variant", "b1", "b1 eager", "b8", "d4096", "pf512", "b1 roof", "g-e diff");
     for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
         for (int i = 0; i < n_names; i++) {
             snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
@@ -165,11 +184,12 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         double t8 = decode(m, kv, 8, 0, reps, logits);
         fill_cache(m, kv, depth);
         double t4k = decode(m, kv, 1, depth, reps, logits);
+        double tpf = prefill(m, kv, logits);
         kvcache_free(kv);
         double gerr = graph_vs_eager(m, logits, logits + m->cfg.vocab_size);
-        if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || gerr < 0) return -1;
-        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3,
-               100 * roof / t1, gerr);
+        if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || tpf < 0 || gerr < 0) return -1;
+        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3,
+               tpf * 1e3, 100 * roof / t1, gerr);
     }
     for (int i = 0; i < n_names; i++) {
         snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
@@ -220,6 +240,7 @@ int main(int argc, char **argv)
         pos[i] = i;
     }
     want[np - 1] = true;
+    g_np = np, g_tok = tok, g_seq = seq, g_pos = pos, g_want = want;
     const char *prof_mode = getenv("BENCH_PROFILE");
     if (prof_mode) {
         /* for ncu --profile-from-start off: one eager batch-1 step at depth 0, one

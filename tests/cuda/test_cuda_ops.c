@@ -1020,6 +1020,13 @@ static void test_stage8(void)
     }
     g_moe_shared = 0;
     set_variant("EVF", NULL);
+    printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
+    set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
+    test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
+    test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_BF16);
+    test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
+    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    set_variant("MOE_DEVSORT", NULL);
     for (int pass = 0; pass < 2; pass++) { /* one launch (GATE, default) and matmul + moe_route */
         printf("-- stage 8 gate %s\n", pass ? "two launches" : "fused");
         set_variant("GATE", pass ? "0" : NULL);

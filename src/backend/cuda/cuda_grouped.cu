@@ -56,9 +56,11 @@ __device__ __forceinline__ uint32_t gg_pack(float lo, float hi)
 /* x (n, k) float32 rows list[i] (row i without a list) -> xh (total, k) bf16 and, when xl is not NULL,
  * xl = bf16(x - xh) (the hi + lo split keeps ~16 bits of x) */
 __global__ void gg_gather_kernel(__nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ xl,
-                                 const float *__restrict__ x, const int *__restrict__ list, int total, int k)
+                                 const float *__restrict__ x, const int *__restrict__ list, int total, int k,
+                                 const int *__restrict__ total_d = NULL)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, k4 = (size_t)k / 4;
+    if (total_d) total = *total_d; /* the grid covers the bound, the device holds the count */
     if (i >= (size_t)total * k4) return;
     size_t r = i / k4, c = (i % k4) * 4;
     float4 v = *(const float4 *)(x + (size_t)(list ? list[r] : (int)r) * k + c);
@@ -223,6 +225,7 @@ ga_kernel(float *__restrict__ oy, __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 
     ga_smem &sm = *(ga_smem *)ga_raw;
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return; /* an empty tile past the device-grouped count */
     int r0 = blockIdx.x * (UP ? GA_BN / 2 : GA_BN);
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
     int warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
@@ -291,6 +294,7 @@ gg_kernel(float *__restrict__ oy, __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 
     gg_smem &sm = *(gg_smem *)gg_raw;
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return; /* an empty tile past the device-grouped count */
     int r0 = blockIdx.x * (UP ? GG_BN / 2 : GG_BN);
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
     int warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
@@ -441,6 +445,32 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
     }
     free(ht);
     cu_free(dt);
+    cu_free(xb);
+    cu_free(hb);
+    return ok;
+}
+
+int cu_grouped_tile(void) { return GG_BM; }
+
+bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
+                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter)
+{
+    bool split = cu_gemm_split();
+    int halves = split ? 2 : 1;
+    size_t nx = (size_t)nk * dim, nh = (size_t)nk * inter;
+    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nx * halves);
+    __nv_bfloat16 *hb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nh * halves);
+    bool ok = xb && hb;
+    if (ok) {
+        __nv_bfloat16 *xl = split ? xb + nx : NULL, *hl = split ? hb + nh : NULL;
+        gg_gather_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>(xb, xl, x, list, nk, dim, total);
+        if (fmt == DS_W_FP8)
+            ok = split ? gg_launch<DS_W_FP8, true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
+                       : gg_launch<DS_W_FP8, false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
+        else
+            ok = split ? gg_launch<DS_W_BF16, true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
+                       : gg_launch<DS_W_BF16, false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
+    }
     cu_free(xb);
     cu_free(hb);
     return ok;

@@ -320,6 +320,9 @@ struct cu_variants {
     int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (64; 8 at least) */
     int moe_down256; /* DSV3_CUDA_MOE_DOWN256: moe_down blocks of 256 threads (1 all, 0 none; unset:
                       * BF16 / F32 weights, not FP8) */
+    int scratch_fill; /* DSV3_CUDA_SCRATCH_FILL: what cu_alloc fills scratch with (cuda_mem.cu; stage 9) */
+    int moe_devsort; /* DSV3_CUDA_MOE_DEVSORT: prefill's routing grouped per expert on the device,
+                      * no download per MoE layer (stage 9; on unless 0) */
     int moe_shfirst; /* DSV3_CUDA_MOE_SHFIRST: moe_up's shared-expert blocks first (off unless 1:
                       * BF16 batch 1 3.09 -> 3.07 ms, FP8 unchanged) */
     int evf; /* DSV3_CUDA_EVF: the routed experts' weights loaded evict-first (ld.global.cs), so
@@ -350,7 +353,10 @@ static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, 
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
+/* Device memory from the pool: scratch whose contents are undefined (see
+ * DSV3_CUDA_SCRATCH_FILL), or zeroed (ds_ops.alloc). */
 void *cu_alloc(size_t bytes);
+void *cu_alloc_zeroed(size_t bytes);
 void cu_free(void *p);
 void cu_upload(void *dst, const void *src, size_t bytes);
 void cu_download(void *dst, const void *src, size_t bytes);
@@ -397,6 +403,12 @@ bool cu_gemm_split(void);
 bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2);
 bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
                         ds_wfmt fmt, int dim, int inter);
+/* The same with the grouping on the device (nothing downloaded): moe_sort_kernel's list
+ * and tiles, mt tiles (the empty ones do nothing), *total (device) rows of at most nk. */
+bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
+                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter);
+/* Tokens per tile of the grouped kernels. */
+int cu_grouped_tile(void);
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T, W FP8 (device copy dw), on
  * the tensor cores with exact e4m3 values and block scales on partial sums;
  * k % 16 == 0 and row0 % 32 == 0 (a warp's 32 rows in one scale block); false

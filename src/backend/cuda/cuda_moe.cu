@@ -600,6 +600,91 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
     return ok;
 }
 
+/* ---- prefill's routing grouped per expert on the device (stage 9, DSV3_CUDA_MOE_DEVSORT):
+ * what moe_experts_host builds on the host after downloading the routing, without the
+ * download (the GPU idled while the host waited for it and built the lists, once per MoE
+ * layer). One warp: a histogram of the local experts, their prefix counts, the tiles
+ * (expert, first, end) of at most bm sorted rows (then empty ones up to mt), and the
+ * stable placement: the pairs in order, 32 at a time, each group of lanes naming the same
+ * expert (match_any) ranked by lane. list: [token of sorted row | its weight (float bits) |
+ * sorted row of pair p, or -1 when p's expert is another rank's]; *total: sorted rows. */
+__global__ void __launch_bounds__(32) moe_sort_kernel(int *list, int4 *tiles, int *total, const int *__restrict__ idx,
+                                                      const float *__restrict__ wt, int nk, int K, int e0, int ne,
+                                                      int mt, int bm)
+{
+    extern __shared__ int off[]; /* [ne + 1]: counts, then each expert's next sorted row */
+    int lane = threadIdx.x;
+    for (int e = lane; e <= ne; e += 32) off[e] = 0;
+    __syncwarp();
+    for (int p = lane; p < nk; p += 32) {
+        int e = idx[p] - e0;
+        if (e >= 0 && e < ne) atomicAdd(&off[e], 1);
+    }
+    __syncwarp();
+    if (lane == 0) {
+        int sum = 0, nt = 0;
+        for (int e = 0; e < ne; e++) {
+            int c = off[e];
+            for (int t = sum; t < sum + c; t += bm) tiles[nt++] = make_int4(e, t, min(t + bm, sum + c), 0);
+            off[e] = sum;
+            sum += c;
+        }
+        for (; nt < mt; nt++) tiles[nt] = make_int4(0, 0, 0, 0);
+        *total = sum;
+    }
+    __syncwarp();
+    for (int base = 0; base < nk; base += 32) {
+        int p = base + lane, e = p < nk ? idx[p] - e0 : -1;
+        bool local = p < nk && e >= 0 && e < ne;
+        unsigned peers = __match_any_sync(0xffffffffu, local ? e : -1 - lane);
+        int rank = __popc(peers & ((1u << lane) - 1)), at = local ? off[e] + rank : -1;
+        __syncwarp();
+        if (local && rank == 0) off[e] += __popc(peers);
+        __syncwarp();
+        if (p < nk) {
+            list[2 * nk + p] = at;
+            if (local) {
+                list[at] = p / K;
+                list[nk + at] = __float_as_int(wt[p]);
+            }
+        }
+    }
+}
+
+/* The routed experts of a prefill on the tensor cores with the grouping done on the
+ * device; false (nothing queued) when the path does not apply or scratch is short. */
+static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                            const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                            ds_gemm_impl gemm)
+{
+    int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K, bm = cu_grouped_tile();
+    if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || !(ew1[0].fmt == DS_W_BF16 || gemm == DS_GEMM_BF16) ||
+        !cu_device_readable(x) || !cu_device_readable(y) || !cu_device_readable(wt) || !cu_device_readable(idx))
+        return false;
+    int mt = nk / bm + (ne < nk ? ne : nk) + 1;
+    if (mt > 65535) return false; /* grid.y */
+    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+    if (!tab) return false;
+    int *dl = (int *)cu_alloc(sizeof(int) * (3 * (size_t)nk + 1));
+    int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)mt);
+    float *ys = (float *)cu_alloc(sizeof(float) * (size_t)nk * dim);
+    bool ok = dl && dt && ys;
+    if (ok) {
+        int *total = dl + 3 * (size_t)nk;
+        moe_sort_kernel<<<1, 32, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0, ne, mt, bm);
+        ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
+             cu_grouped_experts_dev(ys, x, dl, dt, mt, total, nk, ne, tab, ew1[0].fmt, dim, inter);
+        if (ok)
+            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, dl + 2 * nk,
+                                                                                              wt, K, dim);
+        ok = ok && cu_check(cudaGetLastError(), "moe_experts: combine");
+    }
+    cu_free(dl);
+    cu_free(dt);
+    cu_free(ys);
+    return ok;
+}
+
 /* The routed experts when the grouped decode kernels do not apply: routing
  * downloaded, tokens grouped per expert on the host. */
 static void moe_experts_host(float *y, const float *x, int n, int K, const int *idx, const float *wt,
@@ -699,7 +784,8 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
             return;
         }
     }
-    moe_experts_host(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0);
+    if (!moe_experts_dev(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm))
+        moe_experts_host(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0);
     if (shared) moe_shared_add(y, x, n, shared, gemm, ue8m0);
 }
 

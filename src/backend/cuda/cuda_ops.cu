@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -53,6 +53,8 @@ extern "C" void cuda_reload_variants(void)
     if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
     cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
     cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
+    cu_v.scratch_fill = cu_env_flag("DSV3_CUDA_SCRATCH_FILL", 0);
+    cu_v.moe_devsort = cu_env_flag("DSV3_CUDA_MOE_DEVSORT", 1) != 0;
     cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
 }
 
@@ -1398,7 +1400,8 @@ extern "C" const ds_ops *cuda_backend(void)
             ds_errorf(DS_ERR_UNSUPPORTED, "cuda: cannot use device 0: %s", cudaGetErrorString(e));
             return NULL;
         }
-        g_ops.alloc = cu_alloc;
+        g_ops.alloc = cu_alloc_zeroed;
+        g_ops.alloc_scratch = cu_alloc;
         g_ops.free = cu_free;
         g_ops.matmul = cu_matmul;
         g_ops.matmul_many = cu_matmul_many;
