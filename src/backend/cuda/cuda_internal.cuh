@@ -317,7 +317,7 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
     int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;
-    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (64; 8 at least) */
+    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (32 since stage 9; 8 at least) */
     int moe_down256; /* DSV3_CUDA_MOE_DOWN256: moe_down blocks of 256 threads (1 all, 0 none; unset:
                       * BF16 / F32 weights, not FP8) */
     int scratch_fill; /* DSV3_CUDA_SCRATCH_FILL: what cu_alloc fills scratch with (cuda_mem.cu; stage 9) */

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 32, -1, 0, 1, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -49,7 +49,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
     cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 0) != 0;
     cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
-    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", 64);
+    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", 32);
     if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
     cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
     cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
