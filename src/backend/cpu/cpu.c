@@ -22,7 +22,8 @@ static ds_ops g_fast;
  * layer and every call. Freed blocks are kept (up to CACHE_BYTES in all) and
  * handed out again, so a forward pass does not pay for fresh zeroed pages
  * (page faults were a quarter of prefill time). A block carries its capacity
- * in a 64-byte header. */
+ * in a 64-byte header. alloc zeroes what it hands out; alloc_scratch (a
+ * pass's scratch, written before it is read) does not. */
 #define CACHE_SLOTS 32
 #define CACHE_BYTES ((size_t)128 << 20)
 
@@ -32,7 +33,8 @@ static size_t g_cached;
 
 static size_t block_cap(const char *p) { return *(const size_t *)(p - 64); }
 
-static void *fast_alloc(size_t bytes)
+/* A cached or new block of at least bytes, contents as left. */
+static void *take_block(size_t bytes)
 {
     char *p = NULL;
     pthread_mutex_lock(&g_mu);
@@ -51,7 +53,24 @@ static void *fast_alloc(size_t bytes)
         *(size_t *)raw = cap;
         p = raw + 64;
     }
-    memset(p, 0, bytes);
+    return p;
+}
+
+static void *fast_alloc(size_t bytes)
+{
+    void *p = take_block(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+/* DSV3_SCRATCH_POISON=1: scratch comes filled with NaN bytes, so that a test shows
+ * whether any reader relies on what it did not write (read once). */
+static bool g_poison;
+
+static void *fast_alloc_scratch(size_t bytes)
+{
+    void *p = take_block(bytes);
+    if (p && g_poison) memset(p, 0xff, bytes);
     return p;
 }
 
@@ -99,7 +118,10 @@ static void fill_fast(void)
 {
     g_fast = cpu_ref_ops;
     g_fast.alloc = fast_alloc;
+    g_fast.alloc_scratch = fast_alloc_scratch;
     g_fast.free = fast_free;
+    const char *poison = getenv("DSV3_SCRATCH_POISON");
+    g_poison = poison && !strcmp(poison, "1");
     /* the reference's batched versions of these are scalar; without AVX-512
      * the model's host loops over heads and experts reach the fast matmuls */
     g_fast.matmul_heads = NULL;
