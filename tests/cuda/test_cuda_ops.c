@@ -763,6 +763,20 @@ static void test_prefill_products(void)
     test_matmul(DS_W_FP8, 257, 384, 130, 3, 250, DS_GEMM_BF16, false, false); /* row0 % 32 != 0: fallback */
 }
 
+/* The grouped decode MoE kernels at 1, 2, 3 and 8 tokens, BF16 / FP8 / F32, without and
+ * with the shared experts in the same launches (g_moe_shared 0, 1; left 0). */
+static void test_moe_decode_cases(void)
+{
+    for (int mode = 0; mode <= 1; mode++) {
+        g_moe_shared = mode;
+        test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
+        test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+        test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 208, 144);
+        test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
+    }
+    g_moe_shared = 0;
+}
+
 /* Sets DSV3_CUDA_<name> (value NULL: unset) and re-reads the backend's switches. */
 static void set_variant(const char *name, const char *value)
 {
@@ -998,27 +1012,13 @@ static void test_stage8(void)
                pass ? "" : ", moe_up's shared blocks first");
         set_variant("MOE_DOWN256", pass ? "0" : "1");
         set_variant("MOE_SHFIRST", pass ? NULL : "1");
-        for (int mode = 0; mode <= 1; mode++) {
-            g_moe_shared = mode;
-            test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
-            test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
-            test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 208, 144);
-            test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
-        }
+        test_moe_decode_cases();
     }
-    g_moe_shared = 0;
     set_variant("MOE_DOWN256", NULL);
     set_variant("MOE_SHFIRST", NULL);
     printf("-- stage 9 routed experts loaded without the evict-first hint\n");
     set_variant("EVF", "0"); /* on by default: every other test runs with it */
-    for (int mode = 0; mode <= 1; mode++) {
-        g_moe_shared = mode;
-        test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
-        test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
-        test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 208, 144);
-        test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
-    }
-    g_moe_shared = 0;
+    test_moe_decode_cases();
     set_variant("EVF", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
