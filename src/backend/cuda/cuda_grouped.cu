@@ -414,42 +414,6 @@ bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2)
 /* The experts' products of a prefill: xs rows list[i] of x gathered in expert
  * order (cnt: host prefix counts, ne + 1), ys (total, dim) = per expert
  * w2(silu(w1 x) * w3 x). tab: device table [3][ne] (w1, w3, w2). */
-bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
-                        ds_wfmt fmt, int dim, int inter)
-{
-    int total = cnt[ne], nt = 0;
-    bool split = cu_gemm_split();
-    for (int e = 0; e < ne; e++) nt += (cnt[e + 1] - cnt[e] + GG_BM - 1) / GG_BM;
-    if (nt == 0) return true;
-    int halves = split ? 2 : 1;
-    size_t nx = (size_t)total * dim, nh = (size_t)total * inter;
-    int4 *ht = (int4 *)malloc(sizeof(int4) * (size_t)nt);
-    int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)nt);
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nx * halves);
-    __nv_bfloat16 *hb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nh * halves);
-    bool ok = ht && dt && xb && hb;
-    if (ok) {
-        int i = 0;
-        for (int e = 0; e < ne; e++)
-            for (int t = cnt[e]; t < cnt[e + 1]; t += GG_BM)
-                ht[i++] = make_int4(e, t, t + GG_BM < cnt[e + 1] ? t + GG_BM : cnt[e + 1], 0);
-        cu_upload(dt, ht, sizeof(int4) * (size_t)nt);
-        __nv_bfloat16 *xl = split ? xb + nx : NULL, *hl = split ? hb + nh : NULL;
-        gg_gather_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>(xb, xl, x, list, total, dim);
-        if (fmt == DS_W_FP8)
-            ok = split ? gg_launch<DS_W_FP8, true>(ys, xb, xl, hb, hl, dt, nt, tab, ne, dim, inter)
-                       : gg_launch<DS_W_FP8, false>(ys, xb, xl, hb, hl, dt, nt, tab, ne, dim, inter);
-        else
-            ok = split ? gg_launch<DS_W_BF16, true>(ys, xb, xl, hb, hl, dt, nt, tab, ne, dim, inter)
-                       : gg_launch<DS_W_BF16, false>(ys, xb, xl, hb, hl, dt, nt, tab, ne, dim, inter);
-    }
-    free(ht);
-    cu_free(dt);
-    cu_free(xb);
-    cu_free(hb);
-    return ok;
-}
-
 int cu_grouped_tile(void) { return GG_BM; }
 
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
@@ -473,6 +437,28 @@ bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const in
     }
     cu_free(xb);
     cu_free(hb);
+    return ok;
+}
+
+bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
+                        ds_wfmt fmt, int dim, int inter)
+{
+    int nt = 0;
+    for (int e = 0; e < ne; e++) nt += (cnt[e + 1] - cnt[e] + GG_BM - 1) / GG_BM;
+    if (nt == 0) return true;
+    int4 *ht = (int4 *)malloc(sizeof(int4) * (size_t)nt);
+    int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)nt);
+    bool ok = ht && dt;
+    if (ok) { /* the tiles from the host's counts; every row of the bound is a sorted row */
+        int i = 0;
+        for (int e = 0; e < ne; e++)
+            for (int t = cnt[e]; t < cnt[e + 1]; t += GG_BM)
+                ht[i++] = make_int4(e, t, t + GG_BM < cnt[e + 1] ? t + GG_BM : cnt[e + 1], 0);
+        cu_upload(dt, ht, sizeof(int4) * (size_t)nt);
+        ok = cu_grouped_experts_dev(ys, x, list, dt, nt, NULL, cnt[ne], ne, tab, fmt, dim, inter);
+    }
+    free(ht);
+    cu_free(dt);
     return ok;
 }
 

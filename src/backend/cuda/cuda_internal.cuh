@@ -404,7 +404,8 @@ bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2);
 bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
                         ds_wfmt fmt, int dim, int inter);
 /* The same with the grouping on the device (nothing downloaded): moe_sort_kernel's list
- * and tiles, mt tiles (the empty ones do nothing), *total (device) rows of at most nk. */
+ * and tiles, mt tiles (the empty ones do nothing), *total (device) rows of at most nk;
+ * total NULL: exactly nk rows (cu_grouped_experts, tiles from the host). */
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
                             int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter);
 /* Tokens per tile of the grouped kernels. */
