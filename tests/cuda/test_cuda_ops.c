@@ -824,6 +824,7 @@ static void test_stage7(void)
         }
         set_variant("HEADS2", NULL);
         set_variant("MOE_SWAP", v);
+        set_variant("MOE_WARP", "0"); /* the stage-9 kernels, which these switches shape */
         for (int dd = 0; dd < 2; dd++) {
             set_variant("MOE_DEDUP", dd ? "1" : "0");
             test_moe(DS_W_BF16, 2, false, 1, DS_GEMM_BF16);
@@ -836,6 +837,7 @@ static void test_stage7(void)
         }
         set_variant("MOE_DEDUP", NULL);
         set_variant("MOE_SWAP", NULL);
+        set_variant("MOE_WARP", NULL);
         for (int np = 0; np < (pass ? 1 : 3); np++) {
             set_variant("ATTN2", pass ? "0" : np == 2 ? "4" : np ? "2" : NULL);
             set_variant("COMBINE2", pass || np == 1 ? "0" : NULL);
@@ -1012,14 +1014,41 @@ static void test_stage8(void)
                pass ? "" : ", moe_up's shared blocks first");
         set_variant("MOE_DOWN256", pass ? "0" : "1");
         set_variant("MOE_SHFIRST", pass ? NULL : "1");
+        set_variant("MOE_WARP", "0");
         test_moe_decode_cases();
+        set_variant("EVF", "0");
+        test_moe_decode_cases();
+        set_variant("EVF", NULL);
     }
     set_variant("MOE_DOWN256", NULL);
     set_variant("MOE_SHFIRST", NULL);
+    set_variant("MOE_WARP", NULL);
     printf("-- stage 9 routed experts loaded without the evict-first hint\n");
     set_variant("EVF", "0"); /* on by default: every other test runs with it */
     test_moe_decode_cases();
     set_variant("EVF", NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        /* MOE_WARP bits: 1 moe_up by warps, 2 moe_down pipelined one item ahead, 4 two ahead */
+        printf("-- stage 10 decode MoE: moe_up by warps, moe_down pipelined %d item(s) ahead\n", pass + 1);
+        set_variant("MOE_WARP", pass ? "5" : "3"); /* the default (unset) picks by token count */
+        test_moe_decode_cases();
+        set_variant("EVF", "0");
+        test_moe_decode_cases();
+        set_variant("EVF", NULL);
+        set_variant("MOE_WARP", pass ? "4" : "2"); /* moe_down's alone, beside the stage-9 moe_up */
+        test_moe_decode_cases();
+        set_variant("MOE_WARP", pass ? "5" : "3");
+        for (int mode = 0; mode <= 1; mode++) { /* more shapes: several steps per row, tails */
+            g_moe_shared = mode;
+            test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
+            test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
+            test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
+            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
+            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 1040, 272);
+        }
+        g_moe_shared = 0;
+    }
+    set_variant("MOE_WARP", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);

@@ -328,6 +328,9 @@ struct cu_variants {
     int evf; /* DSV3_CUDA_EVF: the routed experts' weights loaded evict-first (ld.global.cs), so
               * that streaming them leaves the L2 lines other kernels start early (shared experts,
               * per-head and short gemv weights) in place; on unless 0 (stage 9, NOTES.md) */
+    int moe_warp; /* DSV3_CUDA_MOE_WARP: the decode MoE kernels with loads ahead of the arithmetic
+                   * (stage 10, cuda_moe.cu): bits 1 moe_up by warps, 2 / 4 moe_down one / two items
+                   * ahead; unset (-1): 1 | 4 at one token, 1 | 2 at more; 0: the stage-9 kernels */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -285,6 +285,320 @@ moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
+/* ---- stage 10 (DSV3_CUDA_MOE_WARP): the decode MoE kernels with their loads in flight
+ * ahead of the arithmetic. In the kernels above a block of moe_up does one 4-row tile
+ * and ends: for 16 KB of FP8 weights it pays the routing lookups, a DRAM round trip and
+ * two block barriers, and at 80 registers 6 blocks fit an SM; a moe_down thread walks
+ * its (expert, chunk) items one dependent load chain at a time. In the graph the FP8
+ * MoE streamed at ~1.8 TB/s, no faster than BF16 with twice the bytes.
+ *   moe_up_warp_kernel: a grid that fits on the GPU at once; each warp walks 4-row tiles
+ *   (w1 and w3, so each chunk of x serves 8 weight chunks) in steps of one 16-byte chunk
+ *   per lane and row, loading the next step (or the next tile's first) before computing
+ *   the current one; a tile ends in warp sums, no block barrier.
+ *   moe_down_pipe_kernel: moe_down's grid, each thread D items ahead; the shared
+ *   expert's chunks come first, so a thread's first loads go out before the PDL wait. */
+#define MW_THREADS 128
+
+/* up: item i < n * tiles of the shared rows (token fastest), then the routed (row tile,
+ * pair) items, pair fastest; a tile is MW_RW rows of w1 and the same rows of w3, so that
+ * each chunk of x read serves 2 * MW_RW weight chunks. */
+#define MW_RW 4
+typedef struct {
+    const uint8_t *w1, *w3; /* the matrices; NULL: another rank's expert (nothing to do) */
+    const float *s1, *s3;   /* FP8 block scales */
+    const float *x;
+    float *out;             /* h row of the item's pair / token */
+    int r0, rows;
+} mw_up_item;
+
+__device__ __forceinline__ mw_up_item mw_up_at(long i, long nsh, const float *x, float *h, int n, int K,
+                                               const int *idx, int e0, int ne, const cu_weight *tab, int k,
+                                               int inter, const moe_shared_p &sp)
+{
+    mw_up_item m = {};
+    const cu_weight *w1, *w3;
+    if (i < nsh) {
+        int t = (int)(i % n);
+        m.r0 = (int)(i / n) * MW_RW;
+        m.rows = sp.inter;
+        w1 = &sp.w1;
+        w3 = &sp.w3;
+        m.x = x + (size_t)t * k;
+        m.out = sp.h + (size_t)t * sp.inter;
+    } else {
+        long j = i - nsh, nk = (long)n * K;
+        int p = (int)(j % nk), e = idx[p] - e0;
+        m.r0 = (int)(j / nk) * MW_RW;
+        if (e < 0 || e >= ne) return m;
+        m.rows = inter;
+        w1 = &tab[e];
+        w3 = &tab[ne + e];
+        m.x = x + (size_t)(p / K) * k;
+        m.out = h + (size_t)p * inter;
+    }
+    m.w1 = (const uint8_t *)w1->data;
+    m.w3 = (const uint8_t *)w3->data;
+    m.s1 = w1->scale;
+    m.s3 = w3->scale;
+    return m;
+}
+
+/* One lane's chunk j of the tile's rows: raw bytes of w1 and w3 (zero past the row's end)
+ * and, for FP8, their block scales. */
+template <int F>
+__device__ __forceinline__ void mw_up_load(uint4 *r1, uint4 *r3, float *c1, float *c3, const mw_up_item &m, int j,
+                                           int nch, int k, bool evf)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    #pragma unroll
+    for (int rr = 0; rr < MW_RW; rr++) {
+        int row = min(m.r0 + rr, m.rows - 1);
+        r1[rr] = r3[rr] = make_uint4(0, 0, 0, 0);
+        c1[rr] = c3[rr] = 0;
+        if (j < nch) {
+            size_t off = (size_t)row * k * cu_wsize<F>::v + (size_t)j * 16;
+            const uint4 *a1 = (const uint4 *)(m.w1 + off), *a3 = (const uint4 *)(m.w3 + off);
+            r1[rr] = evf ? __ldcs(a1) : *a1;
+            r3[rr] = evf ? __ldcs(a3) : *a3;
+            if (F == DS_W_FP8) {
+                size_t si = (size_t)(row / DS_BLOCK) * kb + j * E / DS_BLOCK;
+                c1[rr] = m.s1[si];
+                c3[rr] = m.s3[si];
+            }
+        }
+    }
+}
+
+/* h as moe_up_kernel: silu(w1 x) * (w3 x) for every routed pair's rows and the shared rows.
+ * A warp walks its items in steps of one 16-byte chunk per lane and row, loading the next
+ * step (or the next item's first) before computing the current. */
+template <int F, int MINB>
+__global__ void __launch_bounds__(MW_THREADS, MINB)
+moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
+                   int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    int lane = threadIdx.x % 32, nch = k / E, steps = (nch + 31) / 32;
+    long tus = (sp.inter + MW_RW - 1) / MW_RW, tu = (inter + MW_RW - 1) / MW_RW;
+    long nsh = (long)n * tus, items = nsh + (long)n * K * tu;
+    long W = (long)gridDim.x * (MW_THREADS / 32), it = (long)blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
+    uint4 r1[MW_RW], r3[MW_RW], n1[MW_RW], n3[MW_RW];
+    float c1[MW_RW], c3[MW_RW], d1[MW_RW], d3[MW_RW];
+    mw_up_item cur = {}, nxt;
+    /* a shared tile depends on nothing the previous kernel writes: its first step loads before the wait */
+    bool early = it < nsh;
+    if (early) {
+        cur = mw_up_at(it, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
+        mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, false);
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    if (!early && it < items) {
+        cur = mw_up_at(it, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
+        if (cur.w1) mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, evf);
+    }
+    float a1[MW_RW] = {}, a3[MW_RW] = {};
+    for (int step = 0; it < items;) {
+        long nit = it;
+        int nstep = step + 1;
+        if (nstep == steps) {
+            nit += W;
+            nstep = 0;
+        }
+        nxt = cur;
+        if (nit < items) {
+            if (nstep == 0) nxt = mw_up_at(nit, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
+            if (nxt.w1) mw_up_load<F>(n1, n3, d1, d3, nxt, nstep * 32 + lane, nch, k, evf && nit >= nsh);
+        }
+        int j = step * 32 + lane;
+        if (cur.w1 && j < nch) {
+            float xv[E];
+            moe_xload<E>(cur.x + (size_t)j * E, xv);
+            #pragma unroll
+            for (int rr = 0; rr < MW_RW; rr++) {
+                float wv[E], s1 = 0, s3 = 0;
+                cu_wload16<F>(&r1[rr], 0, wv);
+                #pragma unroll
+                for (int e = 0; e < E; e++) s1 += xv[e] * wv[e];
+                cu_wload16<F>(&r3[rr], 0, wv);
+                #pragma unroll
+                for (int e = 0; e < E; e++) s3 += xv[e] * wv[e];
+                a1[rr] += F == DS_W_FP8 ? s1 * c1[rr] : s1;
+                a3[rr] += F == DS_W_FP8 ? s3 * c3[rr] : s3;
+            }
+        }
+        if (step == steps - 1) {
+            #pragma unroll
+            for (int rr = 0; rr < MW_RW; rr++) {
+                float g1 = cu_warp_sum(a1[rr]), g3 = cu_warp_sum(a3[rr]);
+                if (lane == rr && cur.w1 && cur.r0 + rr < cur.rows) cur.out[cur.r0 + rr] = g1 / (1.0f + expf(-g1)) * g3;
+                a1[rr] = a3[rr] = 0;
+            }
+        }
+        it = nit;
+        step = nstep;
+        cur = nxt;
+        #pragma unroll
+        for (int rr = 0; rr < MW_RW; rr++) {
+            r1[rr] = n1[rr];
+            r3[rr] = n3[rr];
+            c1[rr] = d1[rr];
+            c3[rr] = d3[rr];
+        }
+    }
+}
+
+/* down with the old grid (a block per 4 rows of dim and token), but each thread loads
+ * its next (expert, chunk) item before computing the current one, and the shared
+ * expert's chunks come first, so that a thread's first load goes out before the wait. */
+template <int F>
+__device__ __forceinline__ bool mp_down_at(int it, int ns, int nch, int t, int K, const int *idx, int e0, int ne,
+                                           const cu_weight *tab, const float *h, const float *wt, int inter,
+                                           const moe_shared_p &sp, const int *row, bool evf, uint4 *raw, float *sc,
+                                           const float **xp, float *wk)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    cu_weight w;
+    int c, k;
+    if (it < ns) {
+        c = it * E;
+        w = sp.w2;
+        k = sp.inter;
+        *xp = sp.h + (size_t)t * sp.inter + c;
+        *wk = 1.0f;
+        evf = false;
+    } else {
+        int q = it - ns, kk = q / nch, p = t * K + kk, e = idx[p] - e0;
+        if (e < 0 || e >= ne) return false;
+        c = (q % nch) * E;
+        w = tab[2 * ne + e];
+        k = inter;
+        *xp = h + (size_t)p * inter + c;
+        *wk = wt[p];
+    }
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) {
+        const uint4 *a = (const uint4 *)((const uint8_t *)w.data + ((size_t)row[rr] * k + c) * cu_wsize<F>::v);
+        raw[rr] = evf ? __ldcs(a) : *a;
+        sc[rr] = F == DS_W_FP8 ? w.scale[(size_t)(row[rr] / DS_BLOCK) * kb + c / DS_BLOCK] : 1.0f;
+    }
+    return true;
+}
+
+template <int F, int D>
+__global__ void __launch_bounds__(MOE_THREADS)
+moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
+                     const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter,
+                     int dim, bool swap, moe_shared_p sp, bool evf)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    __shared__ float red[MOE_THREADS / 32][MOE_RW];
+    int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
+    int ns = sp.inter / E, total = ns + K * nch;
+    int row[MOE_RW];
+    #pragma unroll
+    for (int rr = 0; rr < MOE_RW; rr++) row[rr] = min(r0 + rr, dim - 1);
+    /* stage d holds item it + d * MOE_THREADS: D items in flight ahead of the one computed */
+    uint4 raw[D + 1][MOE_RW];
+    float sc[D + 1][MOE_RW], wk[D + 1];
+    const float *xp[D + 1];
+    bool v[D + 1];
+    int it = threadIdx.x;
+    #pragma unroll
+    for (int d = 0; d < D; d++) {
+        int i = it + d * MOE_THREADS;
+        v[d] = i < ns && mp_down_at<F>(i, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[d], sc[d],
+                                       &xp[d], &wk[d]);
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    #pragma unroll
+    for (int d = 0; d < D; d++) {
+        int i = it + d * MOE_THREADS;
+        if (i >= ns && i < total)
+            v[d] = mp_down_at<F>(i, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[d], sc[d], &xp[d],
+                                 &wk[d]);
+    }
+    float acc[MOE_RW] = {};
+    for (; it < total; it += MOE_THREADS) {
+        int nit = it + D * MOE_THREADS;
+        v[D] = nit < total && mp_down_at<F>(nit, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[D],
+                                            sc[D], &xp[D], &wk[D]);
+        if (v[0]) {
+            float xv[E];
+            moe_xload<E>(xp[0], xv);
+            #pragma unroll
+            for (int rr = 0; rr < MOE_RW; rr++) {
+                float wv[E], part = 0;
+                cu_wload16<F>(&raw[0][rr], 0, wv);
+                #pragma unroll
+                for (int e = 0; e < E; e++) part += xv[e] * wv[e];
+                acc[rr] += wk[0] * (part * sc[0][rr]);
+            }
+        }
+        #pragma unroll
+        for (int d = 0; d < D; d++) {
+            v[d] = v[d + 1];
+            xp[d] = xp[d + 1];
+            wk[d] = wk[d + 1];
+            #pragma unroll
+            for (int rr = 0; rr < MOE_RW; rr++) {
+                raw[d][rr] = raw[d + 1][rr];
+                sc[d][rr] = sc[d + 1][rr];
+            }
+        }
+    }
+    float out = moe_block_sum<MOE_RW>(acc, red);
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
+}
+
+/* Blocks of a grid that fits on the device at once (per kernel, asked once), at most need. */
+template <typename KF>
+static unsigned mw_grid(KF kernel, int *cached, long need)
+{
+    if (!*cached) {
+        int dev = 0, sms = 0, per = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MW_THREADS, 0);
+        *cached = sms > 0 && per > 0 ? sms * per : 132;
+    }
+    return (unsigned)(need < *cached ? (need > 0 ? need : 1) : *cached);
+}
+
+template <int F>
+static void moe_warp(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
+                     const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp)
+{
+    static int gu_max;
+    const int wpb = MW_THREADS / 32;
+    long up_items = (long)n * cu_blocks((size_t)sp.inter, MW_RW) + (long)n * K * cu_blocks((size_t)inter, MW_RW);
+    unsigned gu = mw_grid(moe_up_warp_kernel<F, 4>, &gu_max, (up_items + wpb - 1) / wpb);
+    bool evf = cu_v.evf != 0;
+    unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
+    /* DSV3_CUDA_MOE_WARP bits: 1 moe_up by warps, 2 moe_down one item ahead, 4 two ahead;
+     * unset: 1 | 4 at one token, 1 | 2 at more (two ahead costs registers, and with them
+     * resident blocks, when the grid is n times larger: FP8 batch 8 7.95 -> 8.15 ms) */
+    int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
+    if (v & 1)
+        cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf);
+    else
+        cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
+                  MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, false, evf);
+    dim3 gdb = n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
+    if (v & 4)
+        cu_launch(moe_down_pipe_kernel<F, 2>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1,
+                  sp, evf);
+    else if (v & 2)
+        cu_launch(moe_down_pipe_kernel<F, 1>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1,
+                  sp, evf);
+    else
+        cu_launch(moe_down_kernel<F>, n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n), MOE_THREADS, 0, y, h, K,
+                  idx, wt, e0, ne, tab, inter, dim, n > 1, sp, evf);
+}
+
 /* ---- 2..8 tokens (stage 7): each chosen expert's rows stream once per step.
  * Eight tokens pick ~35 distinct of 64 experts for 48 (token, k) pairs, and the
  * kernels above read an expert once per pair. */
@@ -443,6 +757,10 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
         if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
         else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
         else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
+        return;
+    }
+    if (cu_v.moe_warp) {
+        moe_warp<F>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, sp);
         return;
     }
     /* stage 7 (swap, 2..8 tokens): the pairs (up) or tokens (down) vary fastest in the

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 32, -1, 0, 1, 0, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 32, -1, 0, 1, 0, 1, -1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -56,6 +56,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.scratch_fill = cu_env_flag("DSV3_CUDA_SCRATCH_FILL", 0);
     cu_v.moe_devsort = cu_env_flag("DSV3_CUDA_MOE_DEVSORT", 1) != 0;
     cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
+    cu_v.moe_warp = cu_env_flag("DSV3_CUDA_MOE_WARP", -1);
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
