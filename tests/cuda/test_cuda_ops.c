@@ -1038,6 +1038,11 @@ static void test_stage8(void)
         set_variant("MOE_WARP", pass ? "4" : "2"); /* moe_down's alone, beside the stage-9 moe_up */
         test_moe_decode_cases();
         set_variant("MOE_WARP", pass ? "5" : "3");
+        for (int th = 0; th < 2; th++) { /* moe_down's block size forced both ways (default: by format) */
+            set_variant("MOE_DOWN256", th ? "1" : "0");
+            test_moe_decode_cases();
+        }
+        set_variant("MOE_DOWN256", NULL);
         for (int mode = 0; mode <= 1; mode++) { /* more shapes: several steps per row, tails */
             g_moe_shared = mode;
             test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);

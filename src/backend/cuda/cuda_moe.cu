@@ -487,20 +487,20 @@ __device__ __forceinline__ bool mp_down_at(int it, int ns, int nch, int t, int K
     return true;
 }
 
-template <int F, int D>
-__global__ void __launch_bounds__(MOE_THREADS)
+template <int F, int D, int TH>
+__global__ void __launch_bounds__(TH)
 moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
                      const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter,
                      int dim, bool swap, moe_shared_p sp, bool evf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
-    __shared__ float red[MOE_THREADS / 32][MOE_RW];
+    __shared__ float red[TH / 32][MOE_RW];
     int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
     int ns = sp.inter / E, total = ns + K * nch;
     int row[MOE_RW];
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) row[rr] = min(r0 + rr, dim - 1);
-    /* stage d holds item it + d * MOE_THREADS: D items in flight ahead of the one computed */
+    /* stage d holds item it + d * TH: D items in flight ahead of the one computed */
     uint4 raw[D + 1][MOE_RW];
     float sc[D + 1][MOE_RW], wk[D + 1];
     const float *xp[D + 1];
@@ -508,7 +508,7 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
     int it = threadIdx.x;
     #pragma unroll
     for (int d = 0; d < D; d++) {
-        int i = it + d * MOE_THREADS;
+        int i = it + d * TH;
         v[d] = i < ns && mp_down_at<F>(i, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[d], sc[d],
                                        &xp[d], &wk[d]);
     }
@@ -516,14 +516,14 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
     cu_pdl_launch();
     #pragma unroll
     for (int d = 0; d < D; d++) {
-        int i = it + d * MOE_THREADS;
+        int i = it + d * TH;
         if (i >= ns && i < total)
             v[d] = mp_down_at<F>(i, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[d], sc[d], &xp[d],
                                  &wk[d]);
     }
     float acc[MOE_RW] = {};
-    for (; it < total; it += MOE_THREADS) {
-        int nit = it + D * MOE_THREADS;
+    for (; it < total; it += TH) {
+        int nit = it + D * TH;
         v[D] = nit < total && mp_down_at<F>(nit, ns, nch, t, K, idx, e0, ne, tab, h, wt, inter, sp, row, evf, raw[D],
                                             sc[D], &xp[D], &wk[D]);
         if (v[0]) {
@@ -550,7 +550,7 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
             }
         }
     }
-    float out = moe_block_sum<MOE_RW>(acc, red);
+    float out = moe_block_sum<MOE_RW, TH / 32>(acc, red);
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
@@ -588,12 +588,21 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
         cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
                   MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, false, evf);
     dim3 gdb = n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
-    if (v & 4)
-        cu_launch(moe_down_pipe_kernel<F, 2>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1,
-                  sp, evf);
+    /* DSV3_CUDA_MOE_DOWN256=1: 256 threads per block. Unlike the stage-9 kernel, 128 for every
+     * format by default: BF16 batch 1 2.364 / 2.365 ms with 256 against 2.323 / 2.324 with 128 */
+    bool th256 = cu_v.moe_down256 > 0;
+    if ((v & 4) && th256)
+        cu_launch(moe_down_pipe_kernel<F, 2, 256>, gdb, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1, sp,
+                  evf);
+    else if (v & 4)
+        cu_launch(moe_down_pipe_kernel<F, 2, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
+                  dim, n > 1, sp, evf);
+    else if ((v & 2) && th256)
+        cu_launch(moe_down_pipe_kernel<F, 1, 256>, gdb, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1, sp,
+                  evf);
     else if (v & 2)
-        cu_launch(moe_down_pipe_kernel<F, 1>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1,
-                  sp, evf);
+        cu_launch(moe_down_pipe_kernel<F, 1, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
+                  dim, n > 1, sp, evf);
     else
         cu_launch(moe_down_kernel<F>, n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n), MOE_THREADS, 0, y, h, K,
                   idx, wt, e0, ne, tab, inter, dim, n > 1, sp, evf);
