@@ -1153,15 +1153,17 @@ static void test_attn_hg(void)
     static const struct { int H, R, rope, ctx; } cs[] = {
         {16, 512, 64, 4197}, {5, 256, 64, 333}, {4, 128, 16, 1001}, {7, 128, 32, 40}, {16, 512, 64, 90},
     };
-    for (int pass = 0; pass < 3; pass++) {
+    for (int pass = 0; pass < 4; pass++) {
         printf("-- stage 8 attention, %s\n",
-               pass == 2 ? "a head per block"
-                         : pass ? "4 heads per block, L2 prefetch, short depths merged, splits of 16"
-                                : "4 heads per block");
+               pass == 3   ? "4 heads per block, one row ahead per warp (HG_DEPTH=1), splits of 32"
+               : pass == 2 ? "a head per block"
+               : pass      ? "4 heads per block, L2 prefetch, short depths merged, splits of 16"
+                           : "4 heads per block");
         set_variant("ATTN_HG", pass == 2 ? "0" : NULL);
         set_variant("ATTN_PF", pass == 1 ? "1" : NULL);
         set_variant("ATTN_DIRECT", pass == 1 ? "0" : NULL);
-        set_variant("HG_CHUNK", pass == 1 ? "16" : NULL);
+        set_variant("HG_CHUNK", pass == 1 ? "16" : pass == 3 ? "32" : NULL);
+        set_variant("HG_DEPTH", pass == 3 ? "1" : NULL);
         set_variant("COMBINE2", pass == 2 ? "0" : NULL);
         for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
             int ctx = cs[i].ctx, seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
@@ -1176,6 +1178,7 @@ static void test_attn_hg(void)
     set_variant("ATTN_PF", NULL);
     set_variant("ATTN_DIRECT", NULL);
     set_variant("HG_CHUNK", NULL);
+    set_variant("HG_DEPTH", NULL);
     set_variant("COMBINE2", NULL);
     for (int pass = 0; pass < 2; pass++) {
         printf("-- stage 8 mla_prologue, %s\n", pass ? "three launches" : "one launch");

@@ -317,7 +317,7 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
     int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;
-    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (32 since stage 9; 8 at least) */
+    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (64 with HG_DEPTH 2, else 32; 8 at least) */
     int moe_down256; /* DSV3_CUDA_MOE_DOWN256: moe_down blocks of 256 threads (1 all, 0 none; unset:
                       * BF16 / F32 weights, not FP8) */
     int scratch_fill; /* DSV3_CUDA_SCRATCH_FILL: what cu_alloc fills scratch with (cuda_mem.cu; stage 9) */
@@ -331,6 +331,8 @@ struct cu_variants {
     int moe_warp; /* DSV3_CUDA_MOE_WARP: the decode MoE kernels with loads ahead of the arithmetic
                    * (stage 10, cuda_moe.cu): bits 1 moe_up by warps, 2 / 4 moe_down one / two items
                    * ahead; unset (-1): 1 | 4 at one token, 1 | 2 at more; 0: the stage-9 kernels */
+    int hg_depth; /* DSV3_CUDA_HG_DEPTH: cache rows attn_hg_kernel's warps load ahead of the one used
+                   * (2 since stage 10, then HG_CHUNK defaults to 64; 1: 32) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

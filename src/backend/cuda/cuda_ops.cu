@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 32, -1, 0, 1, 0, 1, -1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -49,7 +49,10 @@ extern "C" void cuda_reload_variants(void)
     cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
     cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 0) != 0;
     cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
-    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", 32);
+    cu_v.hg_depth = cu_env_flag("DSV3_CUDA_HG_DEPTH", 2);
+    /* two rows ahead take the 512-wide kernel to 168 registers (3 blocks per SM): splits of
+     * 64 positions keep its grid within one wave (FP8 depth 4096 2.76 -> 2.67 ms; 2.90 with 32) */
+    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", cu_v.hg_depth >= 2 ? 64 : 32);
     if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
     cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
     cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
@@ -651,7 +654,7 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
  * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
  * per (t*H + h, split)), merged by the same combine kernels. */
 #define ATTN_HG 4
-template <int PER>
+template <int PER, int D>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
 {
     constexpr int HG = ATTN_HG, DV = 32 * PER;
@@ -713,26 +716,40 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
         for (int u = 0; u < PER; u++) o[g][u] = 0;
     }
     bool r0 = pe && lane < p.d2, r1 = pe && lane + 32 < p.d2;
-    /* the next position's row is loaded while this one is used (two rows in flight per warp) */
-    float rn[PER], en0 = 0, en1 = 0;
-    if (j0 + warp < len) {
-        const float *row = kv + (j0 + warp) * p.k1_pos;
-        #pragma unroll
-        for (int u = 0; u < PER; u++) rn[u] = row[lane + 32 * u];
-        if (r0) en0 = pe[(j0 + warp) * p.k2_pos + lane];
-        if (r1) en1 = pe[(j0 + warp) * p.k2_pos + lane + 32];
+    /* stage i holds position j + i * ATTN_WARPS: D rows loaded ahead of the one used
+     * (DSV3_CUDA_HG_DEPTH; D + 1 rows in flight per warp) */
+    float rs[D + 1][PER], es0[D + 1], es1[D + 1];
+    #pragma unroll
+    for (int i = 0; i < D; i++) {
+        int jj = j0 + warp + i * ATTN_WARPS;
+        es0[i] = es1[i] = 0;
+        if (jj < len) {
+            const float *row = kv + jj * p.k1_pos;
+            #pragma unroll
+            for (int u = 0; u < PER; u++) rs[i][u] = row[lane + 32 * u];
+            if (r0) es0[i] = pe[jj * p.k2_pos + lane];
+            if (r1) es1[i] = pe[jj * p.k2_pos + lane + 32];
+        }
     }
     for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
-        float r[PER], e0 = en0, e1 = en1;
-        #pragma unroll
-        for (int u = 0; u < PER; u++) r[u] = rn[u];
-        int jn = j + ATTN_WARPS;
+        int jn = j + D * ATTN_WARPS;
+        es0[D] = es1[D] = 0;
         if (jn < len) {
             const float *row = kv + jn * p.k1_pos;
             #pragma unroll
-            for (int u = 0; u < PER; u++) rn[u] = row[lane + 32 * u];
-            if (r0) en0 = pe[jn * p.k2_pos + lane];
-            if (r1) en1 = pe[jn * p.k2_pos + lane + 32];
+            for (int u = 0; u < PER; u++) rs[D][u] = row[lane + 32 * u];
+            if (r0) es0[D] = pe[jn * p.k2_pos + lane];
+            if (r1) es1[D] = pe[jn * p.k2_pos + lane + 32];
+        }
+        float r[PER], e0 = es0[0], e1 = es1[0];
+        #pragma unroll
+        for (int u = 0; u < PER; u++) r[u] = rs[0][u];
+        #pragma unroll
+        for (int i = 0; i < D; i++) {
+            es0[i] = es0[i + 1];
+            es1[i] = es1[i + 1];
+            #pragma unroll
+            for (int u = 0; u < PER; u++) rs[i][u] = rs[i + 1][u];
         }
         float dd[HG];
         #pragma unroll
@@ -808,8 +825,15 @@ static void launch_attn_hg(const attn_p *p, int tokens)
     dim3 grid((unsigned)(tokens * groups), 1, (unsigned)p->splits);
     size_t smem = sizeof(float) * ((size_t)ATTN_HG * (p->d1 + p->d2) + 2 * ATTN_WARPS * ATTN_HG +
                                    (size_t)ATTN_WARPS * ATTN_HG * 32 * PER);
-    if (smem > 48 * 1024) cudaFuncSetAttribute(attn_hg_kernel<PER>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    cu_launch(attn_hg_kernel<PER>, grid, ATTN_WARPS * 32, smem, *p);
+    if (cu_v.hg_depth >= 2) {
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_hg_kernel<PER, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cu_launch(attn_hg_kernel<PER, 2>, grid, ATTN_WARPS * 32, smem, *p);
+    } else {
+        if (smem > 48 * 1024)
+            cudaFuncSetAttribute(attn_hg_kernel<PER, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cu_launch(attn_hg_kernel<PER, 1>, grid, ATTN_WARPS * 32, smem, *p);
+    }
     dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
     if (p->splits > 1 && cu_v.comb2)
         cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
