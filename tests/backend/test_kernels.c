@@ -223,6 +223,8 @@ static void check_attention(void)
     static const int cases[][5] = {
         /* heads, kv_rank, rope, tokens, first position */
         {16, 512, 64, 1, 300}, {5, 48, 16, 1, 0}, {3, 32, 16, 4, 70}, {8, 128, 32, 9, 0}, {7, 64, 16, 2, 1000},
+        {12, 96, 16, 3, 130}, {13, 64, 16, 1, 64}, {9, 160, 32, 2, 77}, /* eight heads at a time, then 4 and 1 */
+        {10, 48, 16, 2, 33}, /* R % 32 != 0: four heads at a time */
         {3, 40, 8, 2, 5}, /* not multiples of 16: the reference path */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {

@@ -960,11 +960,38 @@ AVX512 INLINE void att_values(int HN, int R, const float *kv, int jb, int nj, co
         for (int i = 0; i < 4; i++) _mm512_storeu_ps(o + (size_t)(h + u) * R + c + 16 * i, acc[u][i]);
 }
 
+/* o[h][c..c+32) += sum_j p[h][j] kv[j][c..c+32) for heads [h, h+8): each cache row
+ * chunk loaded (from L2) once for eight heads, not twice as by att_values (4 heads x 64
+ * columns): the values pass ran ~9% faster at 16 heads. */
+AVX512 INLINE void att_values8(int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
+{
+    __m512 acc[8][2];
+    #pragma GCC unroll 8
+    for (int u = 0; u < 8; u++)
+        #pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) acc[u][i] = _mm512_loadu_ps(o + (size_t)(h + u) * R + c + 16 * i);
+    for (int j = 0; j < nj; j++) {
+        const float *kr = kv + (size_t)(jb + j) * R + c;
+        __m512 x0 = _mm512_loadu_ps(kr), x1 = _mm512_loadu_ps(kr + 16);
+        #pragma GCC unroll 8
+        for (int u = 0; u < 8; u++) {
+            __m512 pb = _mm512_set1_ps(p[(size_t)(h + u) * ATT_JB + j]);
+            acc[u][0] = _mm512_fmadd_ps(pb, x0, acc[u][0]);
+            acc[u][1] = _mm512_fmadd_ps(pb, x1, acc[u][1]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int u = 0; u < 8; u++)
+        #pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) _mm512_storeu_ps(o + (size_t)(h + u) * R + c + 16 * i, acc[u][i]);
+}
+
 AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
     int H = a->n_heads, R = a->kv_rank, s = a->seq[t];
     const float *qc = a->q_c + (size_t)t * H * R, *qp = a->q_pe + (size_t)t * H * a->rope;
     const float *kv = a->kv_cache + (size_t)s * a->ctx * R, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    int H8 = R % 32 ? 0 : H / 8 * 8; /* heads the values pass takes eight at a time */
     for (int h = 0; h < H; h++) {
         mx[h] = -INFINITY;
         l[h] = 0;
@@ -1002,8 +1029,10 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
                     _mm512_storeu_ps(o + (size_t)h * R + c, _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)h * R + c), cv));
             }
         }
+        for (int c = 0; c < R; c += 32)
+            for (h = 0; h + 8 <= H8; h += 8) att_values8(R, kv, jb, nj, sc, h, c, o);
         for (int c = 0; c < R; c += 64) {
-            h = 0;
+            h = H8;
             if (R - c >= 64) {
                 for (; h + 4 <= H; h += 4) att_values(4, R, kv, jb, nj, sc, h, c, o);
                 for (; h < H; h++) att_values(1, R, kv, jb, nj, sc, h, c, o);
