@@ -654,6 +654,21 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
  * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
  * per (t*H + h, split)), merged by the same combine kernels. */
 #define ATTN_HG 4
+/* A lane's part of cache row j (when j < len): PER latent values and its one or two
+ * rope values (r0, r1: lanes that hold them), else zeros for the rope part. */
+template <int PER>
+__device__ __forceinline__ void hg_row(float *r, float *e0, float *e1, const float *kv, const float *pe, int j, int len,
+                                       const attn_p &p, int lane, bool r0, bool r1)
+{
+    *e0 = *e1 = 0;
+    if (j >= len) return;
+    const float *row = kv + j * p.k1_pos;
+    #pragma unroll
+    for (int u = 0; u < PER; u++) r[u] = row[lane + 32 * u];
+    if (r0) *e0 = pe[j * p.k2_pos + lane];
+    if (r1) *e1 = pe[j * p.k2_pos + lane + 32];
+}
+
 template <int PER, int D>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
 {
@@ -720,27 +735,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
      * (DSV3_CUDA_HG_DEPTH; D + 1 rows in flight per warp) */
     float rs[D + 1][PER], es0[D + 1], es1[D + 1];
     #pragma unroll
-    for (int i = 0; i < D; i++) {
-        int jj = j0 + warp + i * ATTN_WARPS;
-        es0[i] = es1[i] = 0;
-        if (jj < len) {
-            const float *row = kv + jj * p.k1_pos;
-            #pragma unroll
-            for (int u = 0; u < PER; u++) rs[i][u] = row[lane + 32 * u];
-            if (r0) es0[i] = pe[jj * p.k2_pos + lane];
-            if (r1) es1[i] = pe[jj * p.k2_pos + lane + 32];
-        }
-    }
+    for (int i = 0; i < D; i++)
+        hg_row<PER>(rs[i], &es0[i], &es1[i], kv, pe, j0 + warp + i * ATTN_WARPS, len, p, lane, r0, r1);
     for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
-        int jn = j + D * ATTN_WARPS;
-        es0[D] = es1[D] = 0;
-        if (jn < len) {
-            const float *row = kv + jn * p.k1_pos;
-            #pragma unroll
-            for (int u = 0; u < PER; u++) rs[D][u] = row[lane + 32 * u];
-            if (r0) es0[D] = pe[jn * p.k2_pos + lane];
-            if (r1) es1[D] = pe[jn * p.k2_pos + lane + 32];
-        }
+        hg_row<PER>(rs[D], &es0[D], &es1[D], kv, pe, j + D * ATTN_WARPS, len, p, lane, r0, r1);
         float r[PER], e0 = es0[0], e1 = es1[0];
         #pragma unroll
         for (int u = 0; u < PER; u++) r[u] = rs[0][u];
