@@ -654,6 +654,24 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
  * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
  * per (t*H + h, split)), merged by the same combine kernels. */
 #define ATTN_HG 4
+/* An attention kernel of ATTN_WARPS warps per block, its dynamic shared memory above the
+ * 48 KB default allowed first. */
+static void launch_smem(void (*kernel)(attn_p), dim3 grid, size_t smem, const attn_p &p)
+{
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    cu_launch(kernel, grid, ATTN_WARPS * 32, smem, p);
+}
+
+/* The combine of a split attention launch (nothing when p->splits is 1). */
+static void launch_combine(const attn_p *p, int tokens)
+{
+    dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
+    if (p->splits > 1 && cu_v.comb2)
+        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
+    else if (p->splits > 1)
+        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
+}
+
 /* A lane's part of cache row j (when j < len): PER latent values and its one or two
  * rope values (r0, r1: lanes that hold them), else zeros for the rope part. */
 template <int PER>
@@ -823,20 +841,8 @@ static void launch_attn_hg(const attn_p *p, int tokens)
     dim3 grid((unsigned)(tokens * groups), 1, (unsigned)p->splits);
     size_t smem = sizeof(float) * ((size_t)ATTN_HG * (p->d1 + p->d2) + 2 * ATTN_WARPS * ATTN_HG +
                                    (size_t)ATTN_WARPS * ATTN_HG * 32 * PER);
-    if (cu_v.hg_depth >= 2) {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_hg_kernel<PER, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cu_launch(attn_hg_kernel<PER, 2>, grid, ATTN_WARPS * 32, smem, *p);
-    } else {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_hg_kernel<PER, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cu_launch(attn_hg_kernel<PER, 1>, grid, ATTN_WARPS * 32, smem, *p);
-    }
-    dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
-    if (p->splits > 1 && cu_v.comb2)
-        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
-    else if (p->splits > 1)
-        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
+    launch_smem(cu_v.hg_depth >= 2 ? attn_hg_kernel<PER, 2> : attn_hg_kernel<PER, 1>, grid, smem, *p);
+    launch_combine(p, tokens);
 }
 
 template <int PER>
@@ -848,25 +854,9 @@ static void launch_attn(const attn_p *p, int tokens)
     /* DSV3_CUDA_ATTN2: positions per warp step, 1 (default), 2 or 4. Measured (stage 7,
      * BF16 depth 4096, one process): 1: 4.79 ms, 2: 5.78, 4: 5.37 (an earlier build of
      * the 2-position loop measured faster than the old loop on another machine) */
-    if (cu_v.attn2 >= 4) {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_kernel<PER, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cu_launch(attn_kernel<PER, 4>, grid, ATTN_WARPS * 32, smem, *p);
-    } else if (cu_v.attn2 >= 2) {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_kernel<PER, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cu_launch(attn_kernel<PER, 2>, grid, ATTN_WARPS * 32, smem, *p);
-    } else {
-        if (smem > 48 * 1024)
-            cudaFuncSetAttribute(attn_kernel<PER, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        cu_launch(attn_kernel<PER, 1>, grid, ATTN_WARPS * 32, smem, *p);
-    }
-    dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
-    if (p->cnt) return; /* comb3: merged by the last split block */
-    if (p->splits > 1 && cu_v.comb2)
-        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
-    else if (p->splits > 1)
-        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
+    launch_smem(cu_v.attn2 >= 4 ? attn_kernel<PER, 4> : cu_v.attn2 >= 2 ? attn_kernel<PER, 2> : attn_kernel<PER, 1>,
+                grid, smem, *p);
+    if (!p->cnt) launch_combine(p, tokens); /* cnt (comb3): merged by the last split block */
 }
 
 /* ---- multi-query decode attention (absorb form): the heads of one token share
