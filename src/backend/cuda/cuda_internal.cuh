@@ -202,8 +202,10 @@ __device__ __forceinline__ float cu_block_sum(float v, float *part)
 
 /* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
  * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
- * K experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
- * shared scratch. The first reads of sc bypass L1 (other blocks may have written it).
+ * K <= 32 experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
+ * shared scratch. sc is read once (bypassing L1: other blocks may have written it) into
+ * biased, and the chosen probabilities are read back once at the end, one lane each:
+ * every dependent global round trip is a few hundred cycles of a latency-bound launch.
  * Softmax / sigmoid with warp reductions, group scores one lane per group, then K
  * rounds of a warp argmax over the experts not taken (ties to the lowest index, as the
  * reference's first strict maximum). */
@@ -212,17 +214,23 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
                                               float rscale)
 {
     int lane = threadIdx.x % 32;
+    #pragma unroll 8
+    for (int e = lane; e < E; e += 32) biased[e] = __ldcg(&sc[e]);
+    __syncwarp();
+    float mx = 0, den = 1;
     if (!sigmoid) {
-        float mx = -INFINITY, sum = 0;
-        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, __ldcg(&sc[e]));
+        mx = -INFINITY, den = 0;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, biased[e]);
         mx = cu_warp_max(mx);
-        for (int e = lane; e < E; e += 32) sum += expf(__ldcg(&sc[e]) - mx);
-        sum = cu_warp_sum(sum);
-        for (int e = lane; e < E; e += 32) sc[e] = expf(__ldcg(&sc[e]) - mx) / sum;
-    } else {
-        for (int e = lane; e < E; e += 32) sc[e] = 1.0f / (1.0f + expf(-__ldcg(&sc[e])));
+        for (int e = lane; e < E; e += 32) den += expf(biased[e] - mx);
+        den = cu_warp_sum(den);
     }
-    for (int e = lane; e < E; e += 32) biased[e] = bias ? sc[e] + bias[e] : sc[e];
+    #pragma unroll 8
+    for (int e = lane; e < E; e += 32) {
+        float v = sigmoid ? 1.0f / (1.0f + expf(-biased[e])) : expf(biased[e] - mx) / den;
+        sc[e] = v;
+        biased[e] = bias ? v + bias[e] : v;
+    }
     __syncwarp();
     if (G > 1) {
         int per = E / G;
@@ -253,7 +261,7 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
         __syncwarp();
     }
     uint32_t taken = 0;
-    float sum = 0;
+    int mine = 0; /* lane k: the expert of round k */
     for (int k = 0; k < K; k++) {
         int best = -1;
         float bv = 0;
@@ -266,18 +274,13 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
             if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
         }
         if (best % 32 == lane) taken |= 1u << (best / 32);
-        float v = sc[best];
-        sum += v;
-        if (lane == 0) {
-            ix[k] = best;
-            w[k] = v;
-        }
+        if (lane == k) mine = best;
     }
-    __syncwarp();
-    for (int k = lane; k < K; k += 32) {
-        float v = w[k];
-        if (sigmoid) v /= sum;
-        w[k] = v * rscale;
+    float v = lane < K ? sc[mine] : 0.0f; /* this warp's own writes, ordered by __syncwarp */
+    float sum = sigmoid ? cu_warp_sum(v) : 1.0f;
+    if (lane < K) {
+        ix[lane] = mine;
+        w[lane] = v / sum * rscale;
     }
 }
 

@@ -1210,7 +1210,7 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
 {
     int E = gate->rows, k = gate->cols, sz = gate->fmt == DS_W_BF16 ? 2 : 4;
     bool fits = cu_v.gate && n >= 1 && n <= GATE_NMAX && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 &&
-                E <= GATE_MAXE && cu_device_readable(x) && cu_device_readable(sc) &&
+                E <= GATE_MAXE && K <= 32 && K <= E && cu_device_readable(x) && cu_device_readable(sc) &&
                 cu_device_readable(idx) && cu_device_readable(wt) && (!bias || cu_device_readable(bias)) &&
                 (uintptr_t)x % 16 == 0;
     unsigned *counter = fits ? gate_counter() : NULL;

@@ -654,6 +654,7 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
  * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
  * per (t*H + h, split)), merged by the same combine kernels. */
 #define ATTN_HG 4
+#define HG_QB 8 /* attn_hg_kernel: query loads in flight per thread */
 /* An attention kernel of ATTN_WARPS warps per block, its dynamic shared memory above the
  * 48 KB default allowed first. */
 static void launch_smem(void (*kernel)(attn_p), dim3 grid, size_t smem, const attn_p &p)
@@ -733,10 +734,19 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
             return;
         }
     }
-    for (int i = threadIdx.x; i < HG * d; i += blockDim.x) {
-        int g = i / d, c = i % d;
-        size_t th = (size_t)t * p.heads + h0 + g;
-        sq[i] = g >= nh ? 0.0f : c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
+    /* the queries, HG_QB loads in flight per thread (one at a time, the chain of
+     * dependent L2 round trips was most of a short-depth launch) */
+    for (int i0 = threadIdx.x; i0 < HG * d; i0 += HG_QB * blockDim.x) {
+        float qv[HG_QB];
+        #pragma unroll
+        for (int u = 0; u < HG_QB; u++) {
+            int i = i0 + u * blockDim.x, g = i / d, c = i % d;
+            size_t th = (size_t)t * p.heads + h0 + g;
+            qv[u] = i >= HG * d || g >= nh ? 0.0f : c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
+        }
+        #pragma unroll
+        for (int u = 0; u < HG_QB; u++)
+            if (i0 + u * blockDim.x < HG * d) sq[i0 + u * blockDim.x] = qv[u];
     }
     __syncthreads();
     const float *kv = p.k1 + s * p.k1_seq, *pe = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
@@ -801,27 +811,37 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
         for (int u = 0; u < PER; u++) wo[(warp * HG + g) * DV + lane + 32 * u] = o[g][u];
     }
     __syncthreads();
+    bool part = p.splits > 1 && !direct;
+    if (threadIdx.x < nh) { /* head g's warp factors, once (in wm), and 1 / sum (in wl) */
+        int g = threadIdx.x;
+        float mx = -INFINITY, sum = 0, f[ATTN_WARPS];
+        #pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wm[w * HG + g]);
+        #pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) {
+            f[w] = mx == -INFINITY ? 0.0f : expf(wm[w * HG + g] - mx);
+            sum += wl[w * HG + g] * f[w];
+        }
+        #pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) wm[w * HG + g] = part ? f[w] : f[w] / sum;
+        if (part) {
+            size_t ps = ((size_t)t * p.heads + h0 + g) * p.splits + blockIdx.z;
+            p.pm[ps] = mx;
+            p.pl[ps] = sum;
+        }
+    }
+    __syncthreads();
+    #pragma unroll 4
     for (int i = threadIdx.x; i < nh * DV; i += blockDim.x) {
         int g = i / DV, c = i % DV;
         size_t th = (size_t)t * p.heads + h0 + g;
-        float mx = -INFINITY, sum = 0, acc = 0;
-        for (int w = 0; w < ATTN_WARPS; w++) mx = fmaxf(mx, wm[w * HG + g]);
-        if (mx != -INFINITY)
-            for (int w = 0; w < ATTN_WARPS; w++) {
-                float f = expf(wm[w * HG + g] - mx);
-                sum += wl[w * HG + g] * f;
-                acc += wo[(w * HG + g) * DV + c] * f;
-            }
-        if (p.splits > 1 && !direct) {
-            size_t ps = th * p.splits + blockIdx.z;
-            if (c == 0) {
-                p.pm[ps] = mx;
-                p.pl[ps] = sum;
-            }
-            p.po[ps * DV + c] = acc;
-        } else {
-            p.out[th * p.outs + c] = acc / sum;
-        }
+        float acc = 0;
+        #pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) acc += wo[(w * HG + g) * DV + c] * wm[w * HG + g];
+        if (part)
+            p.po[(th * p.splits + blockIdx.z) * DV + c] = acc;
+        else
+            p.out[th * p.outs + c] = acc;
     }
 }
 
@@ -1389,7 +1409,8 @@ void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int 
     float *dw = (float *)cu_out(&io, wt, sizeof(float) * (size_t)n * K, false);
     const float *db = (const float *)cu_in(&io, bias, sizeof(float) * (size_t)E);
     size_t smem = sizeof(float) * ((size_t)E + groups);
-    if (E > ROUTE_MAXE) cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts");
+    if (E > ROUTE_MAXE || K > 32 || K > E)
+        cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts, or more than 32 (or E) chosen");
     else if (dsc && di && dw && (db || !bias))
         cu_launch(moe_route_kernel, (unsigned)n, 32, smem, di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
                                                            route_scale);
