@@ -1054,6 +1054,13 @@ static void test_stage8(void)
         g_moe_shared = 0;
     }
     set_variant("MOE_WARP", NULL);
+    printf("-- stage 11 decode MoE with the shared tiles after the PDL wait\n");
+    set_variant("MOE_EARLY", "0"); /* on by default: every other case runs with it */
+    test_moe_decode_cases();
+    g_moe_shared = 1;
+    test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
+    g_moe_shared = 0;
+    set_variant("MOE_EARLY", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);

@@ -370,36 +370,30 @@ __device__ __forceinline__ void mw_up_load(uint4 *r1, uint4 *r3, float *c1, floa
     }
 }
 
-/* h as moe_up_kernel: silu(w1 x) * (w3 x) for every routed pair's rows and the shared rows.
- * A warp walks its items in steps of one 16-byte chunk per lane and row, loading the next
- * step (or the next item's first) before computing the current. */
-template <int F, int MINB>
-__global__ void __launch_bounds__(MW_THREADS, MINB)
-moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
-                   int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf)
+/* A warp's walk over items it, it + W, ... < end of moe_up_warp_kernel, in steps of one
+ * 16-byte chunk per lane and row, loading the next step (or the next item's first)
+ * before computing the current. wait: the first item is a shared tile, whose first step
+ * loads before the PDL wait that the walk then does. */
+template <int F>
+__device__ __forceinline__ void mw_up_walk(long it, long end, long W, long nsh, bool wait, float *h, const float *x,
+                                           int n, int K, const int *idx, int e0, int ne, const cu_weight *tab, int k,
+                                           int inter, const moe_shared_p &sp, bool evf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     int lane = threadIdx.x % 32, nch = k / E, steps = (nch + 31) / 32;
-    long tus = (sp.inter + MW_RW - 1) / MW_RW, tu = (inter + MW_RW - 1) / MW_RW;
-    long nsh = (long)n * tus, items = nsh + (long)n * K * tu;
-    long W = (long)gridDim.x * (MW_THREADS / 32), it = (long)blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
     uint4 r1[MW_RW], r3[MW_RW], n1[MW_RW], n3[MW_RW];
     float c1[MW_RW], c3[MW_RW], d1[MW_RW], d3[MW_RW];
     mw_up_item cur = {}, nxt;
-    /* a shared tile depends on nothing the previous kernel writes: its first step loads before the wait */
-    bool early = it < nsh;
-    if (early) {
+    if (it < end) {
         cur = mw_up_at(it, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
-        mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, false);
+        if (cur.w1) mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, evf && it >= nsh);
     }
-    cu_pdl_wait();
-    cu_pdl_launch();
-    if (!early && it < items) {
-        cur = mw_up_at(it, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
-        if (cur.w1) mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, evf);
+    if (wait) {
+        cu_pdl_wait();
+        cu_pdl_launch();
     }
     float a1[MW_RW] = {}, a3[MW_RW] = {};
-    for (int step = 0; it < items;) {
+    for (int step = 0; it < end;) {
         long nit = it;
         int nstep = step + 1;
         if (nstep == steps) {
@@ -407,7 +401,7 @@ moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, in
             nstep = 0;
         }
         nxt = cur;
-        if (nit < items) {
+        if (nit < end) {
             if (nstep == 0) nxt = mw_up_at(nit, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
             if (nxt.w1) mw_up_load<F>(n1, n3, d1, d3, nxt, nstep * 32 + lane, nch, k, evf && nit >= nsh);
         }
@@ -446,6 +440,36 @@ moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, in
             c1[rr] = d1[rr];
             c3[rr] = d3[rr];
         }
+    }
+}
+
+/* h as moe_up_kernel: silu(w1 x) * (w3 x) for every routed pair's rows and the shared rows.
+ * early (DSV3_CUDA_MOE_EARLY): the shared tiles depend on nothing that the routing
+ * kernels write (x is the norm's, three launches back, complete once the routing kernel
+ * has passed its own wait and let this one start), so they are computed whole before the
+ * PDL wait, spread over every warp, while the routing runs; the routed tiles after it,
+ * spread again. Else a warp's first tile, when shared, loads its first step before the
+ * wait. (Letting the routing kernel release this one before its wait, so that the shared
+ * tiles overlap the gate product too, measured no better: BF16 batch 1 2.120 ms.) */
+template <int F, int MINB>
+__global__ void __launch_bounds__(MW_THREADS, MINB)
+moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
+                   int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf,
+                   bool early)
+{
+    long tus = (sp.inter + MW_RW - 1) / MW_RW, tu = (inter + MW_RW - 1) / MW_RW;
+    long nsh = (long)n * tus, items = nsh + (long)n * K * tu;
+    long W = (long)gridDim.x * (MW_THREADS / 32), it = (long)blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
+    /* phase 0 (early): the shared tiles; phase 1: what is left, from item `from` */
+    #pragma unroll 1
+    for (int ph = early ? 0 : 1; ph < 2; ph++) {
+        long from = ph == 0 || !early ? it : nsh + it, end = ph == 0 ? nsh : items;
+        bool wait = ph == 1 && !early && it < nsh;
+        if (ph == 1 && !wait) {
+            cu_pdl_wait();
+            cu_pdl_launch();
+        }
+        mw_up_walk<F>(from, end, W, nsh, wait, h, x, n, K, idx, e0, ne, tab, k, inter, sp, evf);
     }
 }
 
@@ -583,7 +607,8 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * resident blocks, when the grid is n times larger: FP8 batch 8 7.95 -> 8.15 ms) */
     int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
     if (v & 1)
-        cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf);
+        cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf,
+                  cu_v.moe_early != 0);
     else
         cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
                   MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, false, evf);

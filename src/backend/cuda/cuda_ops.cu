@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -60,6 +60,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.moe_devsort = cu_env_flag("DSV3_CUDA_MOE_DEVSORT", 1) != 0;
     cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
     cu_v.moe_warp = cu_env_flag("DSV3_CUDA_MOE_WARP", -1);
+    cu_v.moe_early = cu_env_flag("DSV3_CUDA_MOE_EARLY", 1) != 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -1413,7 +1414,7 @@ void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int 
         cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts, or more than 32 (or E) chosen");
     else if (dsc && di && dw && (db || !bias))
         cu_launch(moe_route_kernel, (unsigned)n, 32, smem, di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
-                                                           route_scale);
+                  route_scale);
     cu_end(&io, "moe_route");
 }
 
