@@ -19,6 +19,8 @@
 # under Nsight Compute (one eager decode step each: batch 1, batch 1 at depth 4096, batch 8;
 # then one prefill of 512 tokens; per-kernel time and DRAM bytes) into $OUT/prof.csv and prints
 # scripts/ncu_summary.py's table. GPU_CHECK_PROFILE=decode or =prefill: those steps only.
+# GPU_CHECK_NCU_CACHE=none keeps the caches between kernels (ncu flushes them by default, so
+# each kernel's activations come from DRAM, unlike in a real step).
 # GPU_CHECK_HF=0 skips hf_bench. GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) then also synthesises
 # the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
 # /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it. BENCH_AB="default;PDL=0;..." (passed
@@ -105,6 +107,7 @@ if [ -n "$model_cfg" ]; then
     echo "== ncu profile ($ncu)"
     t0=$EPOCHREALTIME
     BENCH_PROFILE=$prof timeout 300 "$ncu" --profile-from-start off --clock-control none \
+      --cache-control "${GPU_CHECK_NCU_CACHE:-all}" \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
       --csv --page raw --print-units base --log-file "$logdir/prof.csv" "$bin" "$ckpt" "$model_cfg" 2>&1 | tail -n 5
     echo "ncu rc ${PIPESTATUS[0]} in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"

@@ -794,13 +794,15 @@ static void set_variant(const char *name, const char *value)
  * experts) and pairs fastest in its grids (MOE_SWAP); decode attention with 1, 2 and
  * 4 positions per warp step (ATTN2, opt-in 2 and 4) and both split combines
  * (COMBINE2); gemv blocks of 8 warps (GEMV8W); per-head products with 16-byte loads
- * and 16-warp heads_t (HEADS2); all launched with PDL (PDL=0 in the off pass). */
+ * and 16-warp heads_t (HEADS2); all launched with PDL (PDL=0 in the off pass), and
+ * stage 11's weights loaded into registers before the wait (PRELOAD=0 in the off pass). */
 static void test_stage7(void)
 {
     for (int pass = 0; pass < 2; pass++) {
         const char *v = pass ? "0" : NULL;
         printf("-- stage 7 switches %s\n", pass ? "off" : "on");
         set_variant("PDL", v);
+        set_variant("PRELOAD", v); /* stage 11: weights into registers before the wait, heads_t 8 rows ahead */
         set_variant("GEMV2", v);
         set_variant("GEMV8W", v);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
@@ -851,6 +853,7 @@ static void test_stage7(void)
         set_variant("COMBINE2", NULL);
     }
     set_variant("PDL", NULL);
+    set_variant("PRELOAD", NULL);
 }
 
 /* ---- matmul_many: each job against C->matmul */
