@@ -22,6 +22,7 @@
  * all experts (cuda_grouped.cu) and one combine. Otherwise grouped cuBLAS
  * (BF16), or per expert gather -> w1, w3 -> silu * -> w2 -> weighted
  * scatter-add. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -311,7 +312,7 @@ typedef struct {
     int r0, rows;
 } mw_up_item;
 
-__device__ __forceinline__ mw_up_item mw_up_at(long i, long nsh, const float *x, float *h, int n, int K,
+__device__ __forceinline__ mw_up_item mw_up_at(int i, int nsh, const float *x, float *h, int n, int K,
                                                const int *idx, int e0, int ne, const cu_weight *tab, int k,
                                                int inter, const moe_shared_p &sp)
 {
@@ -326,7 +327,7 @@ __device__ __forceinline__ mw_up_item mw_up_at(long i, long nsh, const float *x,
         m.x = x + (size_t)t * k;
         m.out = sp.h + (size_t)t * sp.inter;
     } else {
-        long j = i - nsh, nk = (long)n * K;
+        int j = i - nsh, nk = n * K;
         int p = (int)(j % nk), e = idx[p] - e0;
         m.r0 = (int)(j / nk) * MW_RW;
         if (e < 0 || e >= ne) return m;
@@ -372,10 +373,9 @@ __device__ __forceinline__ void mw_up_load(uint4 *r1, uint4 *r3, float *c1, floa
 
 /* A warp's walk over items it, it + W, ... < end of moe_up_warp_kernel, in steps of one
  * 16-byte chunk per lane and row, loading the next step (or the next item's first)
- * before computing the current. wait: the first item is a shared tile, whose first step
- * loads before the PDL wait that the walk then does. */
+ * before computing the current. */
 template <int F>
-__device__ __forceinline__ void mw_up_walk(long it, long end, long W, long nsh, bool wait, float *h, const float *x,
+__device__ __forceinline__ void mw_up_walk(int it, int end, int W, int nsh, float *h, const float *x,
                                            int n, int K, const int *idx, int e0, int ne, const cu_weight *tab, int k,
                                            int inter, const moe_shared_p &sp, bool evf)
 {
@@ -388,13 +388,9 @@ __device__ __forceinline__ void mw_up_walk(long it, long end, long W, long nsh, 
         cur = mw_up_at(it, nsh, x, h, n, K, idx, e0, ne, tab, k, inter, sp);
         if (cur.w1) mw_up_load<F>(r1, r3, c1, c3, cur, lane, nch, k, evf && it >= nsh);
     }
-    if (wait) {
-        cu_pdl_wait();
-        cu_pdl_launch();
-    }
     float a1[MW_RW] = {}, a3[MW_RW] = {};
     for (int step = 0; it < end;) {
-        long nit = it;
+        int nit = it;
         int nstep = step + 1;
         if (nstep == steps) {
             nit += W;
@@ -448,8 +444,8 @@ __device__ __forceinline__ void mw_up_walk(long it, long end, long W, long nsh, 
  * kernels write (x is the norm's, three launches back, complete once the routing kernel
  * has passed its own wait and let this one start), so they are computed whole before the
  * PDL wait, spread over every warp, while the routing runs; the routed tiles after it,
- * spread again. Else a warp's first tile, when shared, loads its first step before the
- * wait. (Letting the routing kernel release this one before its wait, so that the shared
+ * spread again. Else every tile waits (the stage-10 kernel loaded a shared first tile's
+ * first step before the wait). (Letting the routing kernel release this one before its wait, so that the shared
  * tiles overlap the gate product too, measured no better: BF16 batch 1 2.120 ms.) */
 template <int F, int MINB>
 __global__ void __launch_bounds__(MW_THREADS, MINB)
@@ -457,19 +453,20 @@ moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, in
                    int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf,
                    bool early)
 {
-    long tus = (sp.inter + MW_RW - 1) / MW_RW, tu = (inter + MW_RW - 1) / MW_RW;
-    long nsh = (long)n * tus, items = nsh + (long)n * K * tu;
-    long W = (long)gridDim.x * (MW_THREADS / 32), it = (long)blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
-    /* phase 0 (early): the shared tiles; phase 1: what is left, from item `from` */
+    /* item counts are ints (moe_warp checks): 64-bit ones cost registers, and the FP8
+     * kernel spills at its 128 */
+    int tus = (sp.inter + MW_RW - 1) / MW_RW, tu = (inter + MW_RW - 1) / MW_RW;
+    int nsh = n * tus, items = nsh + n * K * tu;
+    int W = gridDim.x * (MW_THREADS / 32), it = blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
+    /* phase 0 (early): the shared tiles; phase 1: the rest (every item when not early) */
     #pragma unroll 1
     for (int ph = early ? 0 : 1; ph < 2; ph++) {
-        long from = ph == 0 || !early ? it : nsh + it, end = ph == 0 ? nsh : items;
-        bool wait = ph == 1 && !early && it < nsh;
-        if (ph == 1 && !wait) {
+        if (ph == 1) {
             cu_pdl_wait();
             cu_pdl_launch();
         }
-        mw_up_walk<F>(from, end, W, nsh, wait, h, x, n, K, idx, e0, ne, tab, k, inter, sp, evf);
+        mw_up_walk<F>(ph == 0 || !early ? it : nsh + it, ph == 0 ? nsh : items, W, nsh, h, x, n, K, idx, e0, ne, tab, k,
+                      inter, sp, evf);
     }
 }
 
@@ -604,8 +601,11 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
     unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
     /* DSV3_CUDA_MOE_WARP bits: 1 moe_up by warps, 2 moe_down one item ahead, 4 two ahead;
      * unset: 1 | 4 at one token, 1 | 2 at more (two ahead costs registers, and with them
-     * resident blocks, when the grid is n times larger: FP8 batch 8 7.95 -> 8.15 ms) */
+     * resident blocks, when the grid is n times larger: FP8 batch 8 7.95 -> 8.15 ms). moe_up
+     * keeps 4 blocks per SM: the FP8 kernel spills 20 bytes at that, but 3 blocks with the
+     * registers to spare measured slower (stage 11: FP8 batch 1 1.885 -> 1.91 ms) */
     int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
+    if (up_items + (long)gu * wpb > INT_MAX) v &= ~1; /* its item counts are ints */
     if (v & 1)
         cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf,
                   cu_v.moe_early != 0);
