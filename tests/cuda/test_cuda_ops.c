@@ -1073,7 +1073,7 @@ static void test_stage8(void)
     set_variant("MOE_DEVSORT", NULL);
     for (int pass = 0; pass < 2; pass++) { /* one launch (GATE, default) and matmul + moe_route */
         printf("-- stage 8 gate %s\n", pass ? "two launches" : "fused");
-        set_variant("GATE", pass ? "0" : NULL);
+        set_variant("GATE", pass ? "0" : "1");
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             test_gate((ds_wfmt)f, 1, 64, 2048, 6, false, 1, 1);    /* 16B */
             test_gate((ds_wfmt)f, 3, 256, 7168, 8, true, 8, 4);   /* V3 */

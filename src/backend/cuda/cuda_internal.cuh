@@ -203,7 +203,7 @@ __device__ __forceinline__ float cu_block_sum(float v, float *part)
 /* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
  * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
  * K <= 32 experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
- * shared scratch. sc is read once (bypassing L1: other blocks may have written it) into
+ * shared scratch; bias (E floats or NULL) may be global or shared memory. sc is read once (bypassing L1: other blocks may have written it) into
  * biased, and the chosen probabilities are read back once at the end, one lane each:
  * every dependent global round trip is a few hundred cycles of a latency-bound launch.
  * Softmax / sigmoid with warp reductions, group scores one lane per group, then K
@@ -312,11 +312,11 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
  * (mla_prologue: kv_norm, k_pe and q_pe rotations in one launch; 0: three), norm4
  * DSV3_CUDA_NORM4 (rmsnorm_rows with the row in registers, float4 loads), attn_direct
  * DSV3_CUDA_ATTN_DIRECT (attn_hg_kernel writes the output of a token whose positions all
- * lie in the first split; the combine skips it): on unless 0. comb3 DSV3_CUDA_COMBINE3
- * (the last split block of a (token, head) merges the splits, no combine launch), gate
- * DSV3_CUDA_GATE (gate product and routing in one launch) and attn_pf DSV3_CUDA_ATTN_PF
- * (attn_hg_kernel starts its cache rows towards L2 before the wait): off unless 1, each
- * measured slower. */
+ * lie in the first split; the combine skips it), gate DSV3_CUDA_GATE (gate product and
+ * routing in one launch; on since stage 11): on unless 0. comb3 DSV3_CUDA_COMBINE3 (the
+ * last split block of a (token, head) merges the splits, no combine launch) and attn_pf
+ * DSV3_CUDA_ATTN_PF (attn_hg_kernel starts its cache rows towards L2 before the wait):
+ * off unless 1, each measured slower. */
 struct cu_variants {
     int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
     int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 0, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -41,7 +41,9 @@ extern "C" void cuda_reload_variants(void)
     cu_v.heads2 = cu_env_flag("DSV3_CUDA_HEADS2", 1) != 0;
     cu_v.comb3 = cu_env_flag("DSV3_CUDA_COMBINE3", 0) != 0;
     cu_v.moe_shared = cu_env_flag("DSV3_CUDA_MOE_SHARED", 1) != 0;
-    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 0) != 0;
+    /* on since stage 11 (the routing warp reads its scores once): FP8 batch 1 1.913 / 1.919
+     * -> 1.893 / 1.886 ms; it was 0.02-0.04 ms slower with the earlier routing */
+    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 1) != 0;
     cu_v.many = cu_env_flag("DSV3_CUDA_MANY", 1) != 0;
     cu_v.heads_pf = cu_env_flag("DSV3_CUDA_HEADS_PF", 1) != 0;
     cu_v.attn_hg = cu_env_flag("DSV3_CUDA_ATTN_HG", 1) != 0;
@@ -287,38 +289,71 @@ static void cu_rope_copy(float *dst, int ds, const int *di, const float *src, in
  * and rotated k_pe into their cache rows; blocks (t, 1..) rotate q_pe, MLA_PRO_THREADS
  * pairs each. Was three launches (rmsnorm_rows, rope_copy twice). */
 #define MLA_PRO_THREADS 256
+#define MLA_PRO_PER 4 /* latent values per thread held in registers (R <= 1024) */
 __global__ void __launch_bounds__(MLA_PRO_THREADS)
 mla_prologue_kernel(float *kv, float *pe, const int *__restrict__ row, const float *__restrict__ kvx,
                     const float *__restrict__ nw, float eps, float *qp, const float *__restrict__ q, int H, int qk,
                     int nope, int R, int half, const int *__restrict__ pos, const float *__restrict__ c,
                     const float *__restrict__ sn)
 {
-    cu_pdl_wait();
-    cu_pdl_launch();
+    /* pos and the tables are the pass's inputs and nw a weight, never a kernel's output:
+     * read before the wait (stage 11), with the latent row held in registers across the
+     * block sum when it fits (MLA_PRO_PER per thread) */
     __shared__ float part[32];
     int t = blockIdx.x, p = pos[t];
     const float *cv = c + (size_t)p * half, *sv = sn + (size_t)p * half;
     if (blockIdx.y > 0) {
         int g = (blockIdx.y - 1) * MLA_PRO_THREADS + threadIdx.x, h = g / half, i = g % half;
+        float cs = h < H ? cv[i] : 0.0f, ss = h < H ? sv[i] : 0.0f;
+        cu_pdl_wait();
+        cu_pdl_launch();
         if (h >= H) return;
         const float *a = q + ((size_t)t * H + h) * qk + nope + 2 * i;
         float *d = qp + ((size_t)t * H + h) * 2 * half + 2 * i;
         float x0 = a[0], x1 = a[1];
-        d[0] = x0 * cv[i] - x1 * sv[i];
-        d[1] = x0 * sv[i] + x1 * cv[i];
+        d[0] = x0 * cs - x1 * ss;
+        d[1] = x0 * ss + x1 * cs;
         return;
     }
+    bool held = R <= MLA_PRO_PER * MLA_PRO_THREADS;
+    float wv[MLA_PRO_PER], xv[MLA_PRO_PER];
+    #pragma unroll
+    for (int u = 0; u < MLA_PRO_PER; u++) {
+        int j = threadIdx.x + u * MLA_PRO_THREADS;
+        wv[u] = held && j < R ? nw[j] : 0.0f;
+    }
+    float cs = threadIdx.x < half ? cv[threadIdx.x] : 0.0f, ss0 = threadIdx.x < half ? sv[threadIdx.x] : 0.0f;
+    cu_pdl_wait();
+    cu_pdl_launch();
     const float *xi = kvx + (size_t)t * (R + 2 * half);
     size_t r = (size_t)row[t];
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float x0 = xi[R + 2 * i], x1 = xi[R + 2 * i + 1];
-        pe[r * 2 * half + 2 * i] = x0 * cv[i] - x1 * sv[i];
-        pe[r * 2 * half + 2 * i + 1] = x0 * sv[i] + x1 * cv[i];
+        float ci = i == threadIdx.x ? cs : cv[i], si = i == threadIdx.x ? ss0 : sv[i];
+        pe[r * 2 * half + 2 * i] = x0 * ci - x1 * si;
+        pe[r * 2 * half + 2 * i + 1] = x0 * si + x1 * ci;
     }
     float ss = 0;
-    for (int j = threadIdx.x; j < R; j += blockDim.x) ss += xi[j] * xi[j];
+    if (held) {
+        #pragma unroll
+        for (int u = 0; u < MLA_PRO_PER; u++) {
+            int j = threadIdx.x + u * MLA_PRO_THREADS;
+            xv[u] = j < R ? xi[j] : 0.0f;
+            ss += xv[u] * xv[u];
+        }
+    } else {
+        for (int j = threadIdx.x; j < R; j += blockDim.x) ss += xi[j] * xi[j];
+    }
     float rs = rsqrtf(cu_block_sum(ss, part) / R + eps);
-    for (int j = threadIdx.x; j < R; j += blockDim.x) kv[r * R + j] = xi[j] * rs * nw[j];
+    if (held) {
+        #pragma unroll
+        for (int u = 0; u < MLA_PRO_PER; u++) {
+            int j = threadIdx.x + u * MLA_PRO_THREADS;
+            if (j < R) kv[r * R + j] = xv[u] * rs * wv[u];
+        }
+    } else {
+        for (int j = threadIdx.x; j < R; j += blockDim.x) kv[r * R + j] = xi[j] * rs * nw[j];
+    }
 }
 
 static void cu_mla_prologue(float *kv, float *pe, const int *row, const float *kvx, const float *norm_w, float eps,
