@@ -1064,6 +1064,22 @@ static void test_stage8(void)
     test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
     g_moe_shared = 0;
     set_variant("MOE_EARLY", NULL);
+    printf("-- stage 11 FP8 moe_up at one token on the tensor cores (MOE_MMA)\n");
+    set_variant("MOE_MMA", "1");
+    for (int early = 0; early < 2; early++) {
+        set_variant("MOE_EARLY", early ? NULL : "0");
+        for (int mode = 0; mode <= 2; mode++) { /* no, 2 x inter, 2 x inter + 4 shared rows */
+            g_moe_shared = mode;
+            test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 256, 96);
+            test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 1024, 208);
+            test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 384, 100); /* a part-filled 8-row tile */
+            test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 200, 72);  /* dim % 128 != 0: moe_up_warp */
+            test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 256, 96);   /* 3 tokens: moe_up_warp */
+        }
+        g_moe_shared = 0;
+    }
+    set_variant("MOE_EARLY", NULL);
+    set_variant("MOE_MMA", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);

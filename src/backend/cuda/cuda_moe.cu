@@ -312,6 +312,7 @@ typedef struct {
     int r0, rows;
 } mw_up_item;
 
+template <int RW = MW_RW>
 __device__ __forceinline__ mw_up_item mw_up_at(int i, int nsh, const float *x, float *h, int n, int K,
                                                const int *idx, int e0, int ne, const cu_weight *tab, int k,
                                                int inter, const moe_shared_p &sp)
@@ -320,7 +321,7 @@ __device__ __forceinline__ mw_up_item mw_up_at(int i, int nsh, const float *x, f
     const cu_weight *w1, *w3;
     if (i < nsh) {
         int t = (int)(i % n);
-        m.r0 = (int)(i / n) * MW_RW;
+        m.r0 = (int)(i / n) * RW;
         m.rows = sp.inter;
         w1 = &sp.w1;
         w3 = &sp.w3;
@@ -329,7 +330,7 @@ __device__ __forceinline__ mw_up_item mw_up_at(int i, int nsh, const float *x, f
     } else {
         int j = i - nsh, nk = n * K;
         int p = (int)(j % nk), e = idx[p] - e0;
-        m.r0 = (int)(j / nk) * MW_RW;
+        m.r0 = (int)(j / nk) * RW;
         if (e < 0 || e >= ne) return m;
         m.rows = inter;
         w1 = &tab[e];
@@ -470,6 +471,167 @@ moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, in
     }
 }
 
+/* ---- stage 11 (DSV3_CUDA_MOE_MMA): moe_up for FP8 experts at one token on the tensor
+ * cores. moe_up_warp_kernel<FP8> is bound by instruction issue, not bytes (ncu: 0.64 warps
+ * issued per cycle, DRAM at 22%): per code it widens e4m3 to f32 (integer ops, an f16
+ * multiply, an f16 -> f32 convert) and does one FFMA. Here each code only becomes an f16
+ * (value * 2^-8: sign, then the 7 low bits shifted to bits 7..13, subnormals included),
+ * and mma.m16n8k16 does the products: A = 8 rows of w1 over 8 rows of w3, B = x as f16
+ * high and low parts (x * 2^xe, so that the low part keeps ~22 bits in all), every column
+ * the same x. The k order inside an mma is free, so each lane keeps its 16-byte loads:
+ * lane (g = lane / 4, c = lane % 4) loads 16 codes of w1 and of w3 row r0 + g at k0 + 16c
+ * (k0 = 128 s + 64 u, u < 2: one 128-code scale block per step), and sub-step j uses its
+ * codes 4j .. 4j + 3 in A's slots 2c, 2c + 1, 2c + 8, 2c + 9, with B's x at the same k.
+ * D's column 0 (lanes c == 0) holds row g's w1 . x (d0) and w3 . x (d2) for the step,
+ * scaled by the rows' block scales into the sums. Items as moe_up_warp_kernel's, tiles of
+ * 8 rows; x's halves in shared memory (k * 4 bytes). */
+#define MM_RW 8
+
+/* Codes 2h, 2h + 1 of the word p as an f16x2 of their values times 2^-8. */
+__device__ __forceinline__ uint32_t mm_e4m3x2(uint32_t p, int h)
+{
+    uint32_t w = __byte_perm(p, 0, h ? 0x3424 : 0x1404);
+    return (w & 0x80008000u) | ((w >> 1) & 0x3f803f80u);
+}
+
+__device__ __forceinline__ void mm_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* A lane's step s of item m: two 16-byte chunks of each of its rows, and the rows' scales. */
+__device__ __forceinline__ void mm_load(uint4 *r1, uint4 *r3, float *c1, float *c3, const mw_up_item &m, int s, int k,
+                                        int lane, bool evf)
+{
+    int row = min(m.r0 + lane / 4, m.rows - 1), kb = k / DS_BLOCK;
+    #pragma unroll
+    for (int u = 0; u < 2; u++) {
+        size_t off = (size_t)row * k + (size_t)s * DS_BLOCK + 64 * u + 16 * (lane % 4);
+        const uint4 *a1 = (const uint4 *)(m.w1 + off), *a3 = (const uint4 *)(m.w3 + off);
+        r1[u] = evf ? __ldcs(a1) : *a1;
+        r3[u] = evf ? __ldcs(a3) : *a3;
+    }
+    *c1 = m.s1[(size_t)(row / DS_BLOCK) * kb + s];
+    *c3 = m.s3[(size_t)(row / DS_BLOCK) * kb + s];
+}
+
+/* Items it, it + W, ... < end, as mw_up_walk; xh, xl: x's f16 halves (pairs), xs: 2^-xe * 2^8. */
+__device__ __forceinline__ void mm_walk(int it, int end, int W, int nsh, float *h, const float *x, int K,
+                                        const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
+                                        const moe_shared_p &sp, bool evf, const uint32_t *xh, const uint32_t *xl,
+                                        float xs)
+{
+    int lane = threadIdx.x % 32, c = lane % 4, steps = k / DS_BLOCK;
+    uint4 r1[2], r3[2], n1[2], n3[2];
+    float c1 = 0, c3 = 0, e1 = 0, e3 = 0, a1 = 0, a3 = 0;
+    mw_up_item cur = {}, nxt;
+    if (it < end) {
+        cur = mw_up_at<MM_RW>(it, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
+        if (cur.w1) mm_load(r1, r3, &c1, &c3, cur, 0, k, lane, evf && it >= nsh);
+    }
+    for (int step = 0; it < end;) {
+        int nit = it, nstep = step + 1;
+        if (nstep == steps) {
+            nit += W;
+            nstep = 0;
+        }
+        nxt = cur;
+        if (nit < end) {
+            if (nstep == 0) nxt = mw_up_at<MM_RW>(nit, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
+            if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, nstep, k, lane, evf && nit >= nsh);
+        }
+        if (cur.w1) {
+            float d[4] = {0, 0, 0, 0};
+            #pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int kp = (step * DS_BLOCK + 64 * u + 16 * c) / 2; /* x pair index of the chunk */
+                uint32_t w1v[4] = {r1[u].x, r1[u].y, r1[u].z, r1[u].w}, w3v[4] = {r3[u].x, r3[u].y, r3[u].z, r3[u].w};
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint2 bh = *(const uint2 *)(xh + kp + 2 * j), bl = *(const uint2 *)(xl + kp + 2 * j);
+                    uint32_t A0 = mm_e4m3x2(w1v[j], 0), A1 = mm_e4m3x2(w3v[j], 0);
+                    uint32_t A2 = mm_e4m3x2(w1v[j], 1), A3 = mm_e4m3x2(w3v[j], 1);
+                    mm_f16(d, A0, A1, A2, A3, bh.x, bh.y);
+                    mm_f16(d, A0, A1, A2, A3, bl.x, bl.y);
+                }
+            }
+            a1 += d[0] * c1;
+            a3 += d[2] * c3;
+        }
+        if (step == steps - 1) {
+            int r = cur.r0 + lane / 4;
+            if (c == 0 && cur.w1 && r < cur.rows) {
+                float g1 = a1 * xs, g3 = a3 * xs;
+                cur.out[r] = g1 / (1.0f + expf(-g1)) * g3;
+            }
+            a1 = a3 = 0;
+        }
+        it = nit;
+        step = nstep;
+        cur = nxt;
+        c1 = e1;
+        c3 = e3;
+        #pragma unroll
+        for (int u = 0; u < 2; u++) {
+            r1[u] = n1[u];
+            r3[u] = n3[u];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(MW_THREADS)
+moe_up_mma_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const int *__restrict__ idx, int e0,
+                  int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf, bool early)
+{
+    extern __shared__ uint32_t xsm[]; /* [k / 2] f16x2 highs, then [k / 2] lows */
+    __shared__ float red[MW_THREADS / 32];
+    uint32_t *xh = xsm, *xl = xsm + k / 2;
+    /* x (the norm's output, three launches back: complete, see moe_up_warp_kernel) as
+     * f16 halves of x * 2^xe, max |x| * 2^xe <= 2^14 */
+    float mx = 0;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(x[i]));
+    mx = cu_warp_max(mx);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = 0;
+    #pragma unroll
+    for (int w = 0; w < MW_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
+    int xe = 0;
+    if (mx > 0) {
+        frexpf(mx, &xe); /* mx < 2^xe */
+        xe = 14 - xe;
+    }
+    float up = ldexpf(1.0f, xe);
+    for (int i = threadIdx.x; i < k / 2; i += blockDim.x) {
+        float2 v = *(const float2 *)(x + 2 * i);
+        v.x *= up;
+        v.y *= up;
+        __half2 hi = __floats2half2_rn(v.x, v.y);
+        float2 hf = __half22float2(hi);
+        __half2 lo = __floats2half2_rn(v.x - hf.x, v.y - hf.y);
+        xh[i] = *reinterpret_cast<uint32_t *>(&hi);
+        xl[i] = *reinterpret_cast<uint32_t *>(&lo);
+    }
+    __syncthreads();
+    float xs = ldexpf(1.0f, 8 - xe);
+    int tus = (sp.inter + MM_RW - 1) / MM_RW, tu = (inter + MM_RW - 1) / MM_RW;
+    int nsh = tus, items = nsh + K * tu;
+    int W = gridDim.x * (MW_THREADS / 32), it = blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
+    #pragma unroll 1
+    for (int ph = early ? 0 : 1; ph < 2; ph++) {
+        if (ph == 1) {
+            cu_pdl_wait();
+            cu_pdl_launch();
+        }
+        mm_walk(ph == 0 || !early ? it : nsh + it, ph == 0 ? nsh : items, W, nsh, h, x, K, idx, e0, ne, tab, k, inter,
+                sp, evf, xh, xl, xs);
+    }
+}
+
 /* down with the old grid (a block per 4 rows of dim and token), but each thread loads
  * its next (expert, chunk) item before computing the current one, and the shared
  * expert's chunks come first, so that a thread's first load goes out before the wait. */
@@ -577,13 +739,13 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
 
 /* Blocks of a grid that fits on the device at once (per kernel, asked once), at most need. */
 template <typename KF>
-static unsigned mw_grid(KF kernel, int *cached, long need)
+static unsigned mw_grid(KF kernel, int *cached, long need, size_t smem = 0)
 {
     if (!*cached) {
         int dev = 0, sms = 0, per = 0;
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MW_THREADS, 0);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, kernel, MW_THREADS, smem);
         *cached = sms > 0 && per > 0 ? sms * per : 132;
     }
     return (unsigned)(need < *cached ? (need > 0 ? need : 1) : *cached);
@@ -606,7 +768,15 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * registers to spare measured slower (stage 11: FP8 batch 1 1.885 -> 1.91 ms) */
     int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
     if (up_items + (long)gu * wpb > INT_MAX) v &= ~1; /* its item counts are ints */
-    if (v & 1)
+    /* DSV3_CUDA_MOE_MMA: FP8 experts at one token on the tensor cores (moe_up_mma_kernel) */
+    if (F == DS_W_FP8 && cu_v.moe_mma && n == 1 && (v & 1) && dim % DS_BLOCK == 0) {
+        static int gm_max;
+        size_t smem = sizeof(uint32_t) * (size_t)dim;
+        long items = cu_blocks((size_t)sp.inter, MM_RW) + (long)K * cu_blocks((size_t)inter, MM_RW);
+        unsigned gm = mw_grid(moe_up_mma_kernel, &gm_max, (items + wpb - 1) / wpb, smem);
+        cu_launch(moe_up_mma_kernel, dim3(gm), MW_THREADS, smem, h, x, K, idx, e0, ne, tab, dim, inter, sp, evf,
+                  cu_v.moe_early != 0);
+    } else if (v & 1)
         cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf,
                   cu_v.moe_early != 0);
     else
