@@ -519,6 +519,64 @@ __device__ __forceinline__ void mm_load(uint4 *r1, uint4 *r3, float *c1, float *
     *c3 = m.s3[(size_t)(row / DS_BLOCK) * kb + s];
 }
 
+/* Scale block s of a tile (r1, r3: mm_load's chunks, c1, c3: the rows' scales) into the
+ * lane's sums: column 0 of D is w1 . x (d0) and w3 . x (d2) for row g; every column
+ * holds the same x. */
+__device__ __forceinline__ void mm_step(float *a1, float *a3, const uint4 *r1, const uint4 *r3, float c1, float c3,
+                                        const uint32_t *xh, const uint32_t *xl, int s, int c)
+{
+    float d[4] = {0, 0, 0, 0};
+    #pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int kp = (s * DS_BLOCK + 64 * u + 16 * c) / 2; /* x pair index of the chunk */
+        uint32_t w1v[4] = {r1[u].x, r1[u].y, r1[u].z, r1[u].w}, w3v[4] = {r3[u].x, r3[u].y, r3[u].z, r3[u].w};
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint2 bh = *(const uint2 *)(xh + kp + 2 * j), bl = *(const uint2 *)(xl + kp + 2 * j);
+            uint32_t A0 = mm_e4m3x2(w1v[j], 0), A1 = mm_e4m3x2(w3v[j], 0);
+            uint32_t A2 = mm_e4m3x2(w1v[j], 1), A3 = mm_e4m3x2(w3v[j], 1);
+            mm_f16(d, A0, A1, A2, A3, bh.x, bh.y);
+            mm_f16(d, A0, A1, A2, A3, bl.x, bl.y);
+        }
+    }
+    *a1 += d[0] * c1;
+    *a3 += d[2] * c3;
+}
+
+/* x (k floats; the norm's output, complete when the kernel starts, see
+ * moe_up_warp_kernel) into xh, xl as f16 halves of x * 2^xe, max |x| 2^xe < 2^14; returns
+ * 2^(8 - xe), the factor back to w . x from a sum of (w 2^-8)(x 2^xe). Every thread of
+ * the block calls it (block barriers); red: MW_THREADS / 32 floats of shared memory. */
+__device__ __forceinline__ float mm_convert_x(const float *x, int k, uint32_t *xh, uint32_t *xl, float *red)
+{
+    float mx = 0;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(x[i]));
+    mx = cu_warp_max(mx);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    mx = 0;
+    #pragma unroll
+    for (int w = 0; w < MW_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
+    int xe = 0;
+    if (mx > 0) {
+        frexpf(mx, &xe); /* mx < 2^xe */
+        xe = 14 - xe;
+    }
+    float up = ldexpf(1.0f, xe);
+    for (int i = threadIdx.x; i < k / 2; i += blockDim.x) {
+        float2 v = *(const float2 *)(x + 2 * i);
+        v.x *= up;
+        v.y *= up;
+        __half2 hi = __floats2half2_rn(v.x, v.y);
+        float2 hf = __half22float2(hi);
+        __half2 lo = __floats2half2_rn(v.x - hf.x, v.y - hf.y);
+        xh[i] = *reinterpret_cast<uint32_t *>(&hi);
+        xl[i] = *reinterpret_cast<uint32_t *>(&lo);
+    }
+    __syncthreads();
+    return ldexpf(1.0f, 8 - xe);
+}
+
 /* Items it, it + W, ... < end, as mw_up_walk; xh, xl: x's f16 halves (pairs), xs: 2^-xe * 2^8. */
 __device__ __forceinline__ void mm_walk(int it, int end, int W, int nsh, float *h, const float *x, int K,
                                         const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
@@ -544,24 +602,7 @@ __device__ __forceinline__ void mm_walk(int it, int end, int W, int nsh, float *
             if (nstep == 0) nxt = mw_up_at<MM_RW>(nit, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
             if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, nstep, k, lane, evf && nit >= nsh);
         }
-        if (cur.w1) {
-            float d[4] = {0, 0, 0, 0};
-            #pragma unroll
-            for (int u = 0; u < 2; u++) {
-                int kp = (step * DS_BLOCK + 64 * u + 16 * c) / 2; /* x pair index of the chunk */
-                uint32_t w1v[4] = {r1[u].x, r1[u].y, r1[u].z, r1[u].w}, w3v[4] = {r3[u].x, r3[u].y, r3[u].z, r3[u].w};
-                #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    uint2 bh = *(const uint2 *)(xh + kp + 2 * j), bl = *(const uint2 *)(xl + kp + 2 * j);
-                    uint32_t A0 = mm_e4m3x2(w1v[j], 0), A1 = mm_e4m3x2(w3v[j], 0);
-                    uint32_t A2 = mm_e4m3x2(w1v[j], 1), A3 = mm_e4m3x2(w3v[j], 1);
-                    mm_f16(d, A0, A1, A2, A3, bh.x, bh.y);
-                    mm_f16(d, A0, A1, A2, A3, bl.x, bl.y);
-                }
-            }
-            a1 += d[0] * c1;
-            a3 += d[2] * c3;
-        }
+        if (cur.w1) mm_step(&a1, &a3, r1, r3, c1, c3, xh, xl, step, c);
         if (step == steps - 1) {
             int r = cur.r0 + lane / 4;
             if (c == 0 && cur.w1 && r < cur.rows) {
@@ -590,34 +631,7 @@ moe_up_mma_kernel(float *__restrict__ h, const float *__restrict__ x, int K, con
     extern __shared__ uint32_t xsm[]; /* [k / 2] f16x2 highs, then [k / 2] lows */
     __shared__ float red[MW_THREADS / 32];
     uint32_t *xh = xsm, *xl = xsm + k / 2;
-    /* x (the norm's output, three launches back: complete, see moe_up_warp_kernel) as
-     * f16 halves of x * 2^xe, max |x| * 2^xe <= 2^14 */
-    float mx = 0;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) mx = fmaxf(mx, fabsf(x[i]));
-    mx = cu_warp_max(mx);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
-    __syncthreads();
-    mx = 0;
-    #pragma unroll
-    for (int w = 0; w < MW_THREADS / 32; w++) mx = fmaxf(mx, red[w]);
-    int xe = 0;
-    if (mx > 0) {
-        frexpf(mx, &xe); /* mx < 2^xe */
-        xe = 14 - xe;
-    }
-    float up = ldexpf(1.0f, xe);
-    for (int i = threadIdx.x; i < k / 2; i += blockDim.x) {
-        float2 v = *(const float2 *)(x + 2 * i);
-        v.x *= up;
-        v.y *= up;
-        __half2 hi = __floats2half2_rn(v.x, v.y);
-        float2 hf = __half22float2(hi);
-        __half2 lo = __floats2half2_rn(v.x - hf.x, v.y - hf.y);
-        xh[i] = *reinterpret_cast<uint32_t *>(&hi);
-        xl[i] = *reinterpret_cast<uint32_t *>(&lo);
-    }
-    __syncthreads();
-    float xs = ldexpf(1.0f, 8 - xe);
+    float xs = mm_convert_x(x, k, xh, xl, red);
     int tus = (sp.inter + MM_RW - 1) / MM_RW, tu = (inter + MM_RW - 1) / MM_RW;
     int nsh = tus, items = nsh + K * tu;
     int W = gridDim.x * (MW_THREADS / 32), it = blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
@@ -629,6 +643,91 @@ moe_up_mma_kernel(float *__restrict__ h, const float *__restrict__ x, int K, con
         }
         mm_walk(ph == 0 || !early ? it : nsh + it, ph == 0 ? nsh : items, W, nsh, h, x, K, idx, e0, ne, tab, k, inter,
                 sp, evf, xh, xl, xs);
+    }
+}
+
+/* The same products with a block of 4 warps per 8-row tile (DSV3_CUDA_MOE_MMA=2, written
+ * after moe_up_mma_kernel measured slower; compile-checked, not yet run on a GPU): warp w
+ * takes scale blocks [w S/4, (w + 1) S/4) of the S = k / 128 (k % 512 == 0), so a tile is
+ * 4 dependent steps per warp instead of 16, every resident block has a tile, and the
+ * four warps' sums meet in shared memory. The first step's weights are requested before
+ * x is converted. Items are block-wide: it, it + gridDim.x, ... < end. */
+__device__ __forceinline__ void mm4_walk(int it, int end, int nsh, bool convert, float *h, const float *x, int K,
+                                         const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
+                                         const moe_shared_p &sp, bool evf, uint32_t *xh, uint32_t *xl, float *red,
+                                         float (*part)[MM_RW][2], float *xs)
+{
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4, g = lane / 4;
+    int per = k / DS_BLOCK / 4, s0 = warp * per;
+    uint4 r1[2], r3[2], n1[2], n3[2];
+    float c1 = 0, c3 = 0, e1 = 0, e3 = 0, a1 = 0, a3 = 0;
+    mw_up_item cur = {}, nxt;
+    if (it < end) {
+        cur = mw_up_at<MM_RW>(it, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
+        if (cur.w1) mm_load(r1, r3, &c1, &c3, cur, s0, k, lane, evf && it >= nsh);
+    }
+    if (convert) {
+        float v = mm_convert_x(x, k, xh, xl, red);
+        if (threadIdx.x == 0) *xs = v;
+        __syncthreads();
+    }
+    for (int step = 0; it < end;) {
+        int nit = it, nstep = step + 1;
+        if (nstep == per) {
+            nit += gridDim.x;
+            nstep = 0;
+        }
+        nxt = cur;
+        if (nit < end) {
+            if (nstep == 0) nxt = mw_up_at<MM_RW>(nit, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
+            if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, s0 + nstep, k, lane, evf && nit >= nsh);
+        }
+        if (cur.w1) mm_step(&a1, &a3, r1, r3, c1, c3, xh, xl, s0 + step, c);
+        if (step == per - 1) { /* the tile's four quarters of k: block-uniform, every warp here */
+            if (c == 0) {
+                part[warp][g][0] = a1;
+                part[warp][g][1] = a3;
+            }
+            __syncthreads();
+            int r = cur.r0 + g;
+            if (warp == 0 && c == 0 && cur.w1 && r < cur.rows) {
+                float g1 = (part[0][g][0] + part[1][g][0] + part[2][g][0] + part[3][g][0]) * *xs;
+                float g3 = (part[0][g][1] + part[1][g][1] + part[2][g][1] + part[3][g][1]) * *xs;
+                cur.out[r] = g1 / (1.0f + expf(-g1)) * g3;
+            }
+            __syncthreads();
+            a1 = a3 = 0;
+        }
+        it = nit;
+        step = nstep;
+        cur = nxt;
+        c1 = e1;
+        c3 = e3;
+        #pragma unroll
+        for (int u = 0; u < 2; u++) {
+            r1[u] = n1[u];
+            r3[u] = n3[u];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(MW_THREADS)
+moe_up_mma4_kernel(float *__restrict__ h, const float *__restrict__ x, int K, const int *__restrict__ idx, int e0,
+                   int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf, bool early)
+{
+    static_assert(MW_THREADS == 128, "four warps per tile");
+    extern __shared__ uint32_t xsm[]; /* [k / 2] f16x2 highs, then [k / 2] lows */
+    __shared__ float red[MW_THREADS / 32], part[4][MM_RW][2], xs;
+    uint32_t *xh = xsm, *xl = xsm + k / 2;
+    int nsh = (sp.inter + MM_RW - 1) / MM_RW, items = nsh + K * ((inter + MM_RW - 1) / MM_RW);
+    #pragma unroll 1
+    for (int ph = early ? 0 : 1; ph < 2; ph++) {
+        if (ph == 1) {
+            cu_pdl_wait();
+            cu_pdl_launch();
+        }
+        mm4_walk(ph == 0 || !early ? (int)blockIdx.x : nsh + (int)blockIdx.x, ph == 0 ? nsh : items, nsh,
+                 ph == 0 || !early, h, x, K, idx, e0, ne, tab, k, inter, sp, evf, xh, xl, red, part, &xs);
     }
 }
 
@@ -768,8 +867,16 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * registers to spare measured slower (stage 11: FP8 batch 1 1.885 -> 1.91 ms) */
     int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
     if (up_items + (long)gu * wpb > INT_MAX) v &= ~1; /* its item counts are ints */
-    /* DSV3_CUDA_MOE_MMA: FP8 experts at one token on the tensor cores (moe_up_mma_kernel) */
-    if (F == DS_W_FP8 && cu_v.moe_mma && n == 1 && (v & 1) && dim % DS_BLOCK == 0) {
+    /* DSV3_CUDA_MOE_MMA: FP8 experts at one token on the tensor cores, 1 moe_up_mma_kernel,
+     * 2 moe_up_mma4_kernel (k % 512 == 0, else 1) */
+    if (F == DS_W_FP8 && cu_v.moe_mma == 2 && n == 1 && (v & 1) && dim % (4 * DS_BLOCK) == 0) {
+        static int g4_max;
+        size_t smem = sizeof(uint32_t) * (size_t)dim;
+        long items = cu_blocks((size_t)sp.inter, MM_RW) + (long)K * cu_blocks((size_t)inter, MM_RW);
+        unsigned g4 = mw_grid(moe_up_mma4_kernel, &g4_max, items, smem);
+        cu_launch(moe_up_mma4_kernel, dim3(g4), MW_THREADS, smem, h, x, K, idx, e0, ne, tab, dim, inter, sp, evf,
+                  cu_v.moe_early != 0);
+    } else if (F == DS_W_FP8 && cu_v.moe_mma && n == 1 && (v & 1) && dim % DS_BLOCK == 0) {
         static int gm_max;
         size_t smem = sizeof(uint32_t) * (size_t)dim;
         long items = cu_blocks((size_t)sp.inter, MM_RW) + (long)K * cu_blocks((size_t)inter, MM_RW);
