@@ -577,37 +577,65 @@ __device__ __forceinline__ float mm_convert_x(const float *x, int k, uint32_t *x
     return ldexpf(1.0f, 8 - xe);
 }
 
-/* Items it, it + W, ... < end, as mw_up_walk; xh, xl: x's f16 halves (pairs), xs: 2^-xe * 2^8. */
-__device__ __forceinline__ void mm_walk(int it, int end, int W, int nsh, float *h, const float *x, int K,
-                                        const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
-                                        const moe_shared_p &sp, bool evf, const uint32_t *xh, const uint32_t *xl,
-                                        float xs)
+/* Items it, it + stride, ... < end of the tensor-core moe_up kernels, as mw_up_walk, one
+ * scale block per step. Q false (moe_up_mma_kernel): a warp takes a whole tile, its lanes
+ * c == 0 write the rows; stride is the grid's warps. Q true (moe_up_mma4_kernel,
+ * DSV3_CUDA_MOE_MMA=2, written after moe_up_mma_kernel measured slower; compile-checked,
+ * not yet run on a GPU): the block's 4 warps take one tile, warp w the scale blocks
+ * [w S/4, (w + 1) S/4) of the S = k / 128 (k % 512 == 0), so that a tile is 4 dependent
+ * steps per warp instead of 16 and every resident block has one; their sums meet in
+ * part; stride is the grid's blocks. convert: x goes into xh, xl (and its factor into
+ * *xs) after the first step's weights are requested; every thread of the block calls. */
+template <bool Q>
+__device__ __forceinline__ void mm_walk(int it, int end, int stride, int nsh, bool convert, float *h, const float *x,
+                                        int K, const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
+                                        const moe_shared_p &sp, bool evf, uint32_t *xh, uint32_t *xl, float *red,
+                                        float (*part)[MM_RW][2], float *xs)
 {
-    int lane = threadIdx.x % 32, c = lane % 4, steps = k / DS_BLOCK;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4, g = lane / 4;
+    int per = Q ? k / DS_BLOCK / 4 : k / DS_BLOCK, s0 = Q ? warp * per : 0;
     uint4 r1[2], r3[2], n1[2], n3[2];
     float c1 = 0, c3 = 0, e1 = 0, e3 = 0, a1 = 0, a3 = 0;
     mw_up_item cur = {}, nxt;
     if (it < end) {
         cur = mw_up_at<MM_RW>(it, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
-        if (cur.w1) mm_load(r1, r3, &c1, &c3, cur, 0, k, lane, evf && it >= nsh);
+        if (cur.w1) mm_load(r1, r3, &c1, &c3, cur, s0, k, lane, evf && it >= nsh);
+    }
+    if (convert) {
+        float v = mm_convert_x(x, k, xh, xl, red);
+        if (threadIdx.x == 0) *xs = v;
+        __syncthreads();
     }
     for (int step = 0; it < end;) {
         int nit = it, nstep = step + 1;
-        if (nstep == steps) {
-            nit += W;
+        if (nstep == per) {
+            nit += stride;
             nstep = 0;
         }
         nxt = cur;
         if (nit < end) {
             if (nstep == 0) nxt = mw_up_at<MM_RW>(nit, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
-            if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, nstep, k, lane, evf && nit >= nsh);
+            if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, s0 + nstep, k, lane, evf && nit >= nsh);
         }
-        if (cur.w1) mm_step(&a1, &a3, r1, r3, c1, c3, xh, xl, step, c);
-        if (step == steps - 1) {
-            int r = cur.r0 + lane / 4;
-            if (c == 0 && cur.w1 && r < cur.rows) {
-                float g1 = a1 * xs, g3 = a3 * xs;
+        if (cur.w1) mm_step(&a1, &a3, r1, r3, c1, c3, xh, xl, s0 + step, c);
+        if (step == per - 1) {
+            int r = cur.r0 + g;
+            if (!Q && c == 0 && cur.w1 && r < cur.rows) {
+                float g1 = a1 * *xs, g3 = a3 * *xs;
                 cur.out[r] = g1 / (1.0f + expf(-g1)) * g3;
+            }
+            if (Q) { /* the tile's four quarters of k: block-uniform, every warp here */
+                if (c == 0) {
+                    part[warp][g][0] = a1;
+                    part[warp][g][1] = a3;
+                }
+                __syncthreads();
+                if (warp == 0 && c == 0 && cur.w1 && r < cur.rows) {
+                    float g1 = (part[0][g][0] + part[1][g][0] + part[2][g][0] + part[3][g][0]) * *xs;
+                    float g3 = (part[0][g][1] + part[1][g][1] + part[2][g][1] + part[3][g][1]) * *xs;
+                    cur.out[r] = g1 / (1.0f + expf(-g1)) * g3;
+                }
+                __syncthreads();
             }
             a1 = a3 = 0;
         }
@@ -629,11 +657,8 @@ moe_up_mma_kernel(float *__restrict__ h, const float *__restrict__ x, int K, con
                   int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf, bool early)
 {
     extern __shared__ uint32_t xsm[]; /* [k / 2] f16x2 highs, then [k / 2] lows */
-    __shared__ float red[MW_THREADS / 32];
-    uint32_t *xh = xsm, *xl = xsm + k / 2;
-    float xs = mm_convert_x(x, k, xh, xl, red);
-    int tus = (sp.inter + MM_RW - 1) / MM_RW, tu = (inter + MM_RW - 1) / MM_RW;
-    int nsh = tus, items = nsh + K * tu;
+    __shared__ float red[MW_THREADS / 32], xs;
+    int nsh = (sp.inter + MM_RW - 1) / MM_RW, items = nsh + K * ((inter + MM_RW - 1) / MM_RW);
     int W = gridDim.x * (MW_THREADS / 32), it = blockIdx.x * (MW_THREADS / 32) + threadIdx.x / 32;
     #pragma unroll 1
     for (int ph = early ? 0 : 1; ph < 2; ph++) {
@@ -641,73 +666,8 @@ moe_up_mma_kernel(float *__restrict__ h, const float *__restrict__ x, int K, con
             cu_pdl_wait();
             cu_pdl_launch();
         }
-        mm_walk(ph == 0 || !early ? it : nsh + it, ph == 0 ? nsh : items, W, nsh, h, x, K, idx, e0, ne, tab, k, inter,
-                sp, evf, xh, xl, xs);
-    }
-}
-
-/* The same products with a block of 4 warps per 8-row tile (DSV3_CUDA_MOE_MMA=2, written
- * after moe_up_mma_kernel measured slower; compile-checked, not yet run on a GPU): warp w
- * takes scale blocks [w S/4, (w + 1) S/4) of the S = k / 128 (k % 512 == 0), so a tile is
- * 4 dependent steps per warp instead of 16, every resident block has a tile, and the
- * four warps' sums meet in shared memory. The first step's weights are requested before
- * x is converted. Items are block-wide: it, it + gridDim.x, ... < end. */
-__device__ __forceinline__ void mm4_walk(int it, int end, int nsh, bool convert, float *h, const float *x, int K,
-                                         const int *idx, int e0, int ne, const cu_weight *tab, int k, int inter,
-                                         const moe_shared_p &sp, bool evf, uint32_t *xh, uint32_t *xl, float *red,
-                                         float (*part)[MM_RW][2], float *xs)
-{
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % 4, g = lane / 4;
-    int per = k / DS_BLOCK / 4, s0 = warp * per;
-    uint4 r1[2], r3[2], n1[2], n3[2];
-    float c1 = 0, c3 = 0, e1 = 0, e3 = 0, a1 = 0, a3 = 0;
-    mw_up_item cur = {}, nxt;
-    if (it < end) {
-        cur = mw_up_at<MM_RW>(it, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
-        if (cur.w1) mm_load(r1, r3, &c1, &c3, cur, s0, k, lane, evf && it >= nsh);
-    }
-    if (convert) {
-        float v = mm_convert_x(x, k, xh, xl, red);
-        if (threadIdx.x == 0) *xs = v;
-        __syncthreads();
-    }
-    for (int step = 0; it < end;) {
-        int nit = it, nstep = step + 1;
-        if (nstep == per) {
-            nit += gridDim.x;
-            nstep = 0;
-        }
-        nxt = cur;
-        if (nit < end) {
-            if (nstep == 0) nxt = mw_up_at<MM_RW>(nit, nsh, x, h, 1, K, idx, e0, ne, tab, k, inter, sp);
-            if (nxt.w1) mm_load(n1, n3, &e1, &e3, nxt, s0 + nstep, k, lane, evf && nit >= nsh);
-        }
-        if (cur.w1) mm_step(&a1, &a3, r1, r3, c1, c3, xh, xl, s0 + step, c);
-        if (step == per - 1) { /* the tile's four quarters of k: block-uniform, every warp here */
-            if (c == 0) {
-                part[warp][g][0] = a1;
-                part[warp][g][1] = a3;
-            }
-            __syncthreads();
-            int r = cur.r0 + g;
-            if (warp == 0 && c == 0 && cur.w1 && r < cur.rows) {
-                float g1 = (part[0][g][0] + part[1][g][0] + part[2][g][0] + part[3][g][0]) * *xs;
-                float g3 = (part[0][g][1] + part[1][g][1] + part[2][g][1] + part[3][g][1]) * *xs;
-                cur.out[r] = g1 / (1.0f + expf(-g1)) * g3;
-            }
-            __syncthreads();
-            a1 = a3 = 0;
-        }
-        it = nit;
-        step = nstep;
-        cur = nxt;
-        c1 = e1;
-        c3 = e3;
-        #pragma unroll
-        for (int u = 0; u < 2; u++) {
-            r1[u] = n1[u];
-            r3[u] = n3[u];
-        }
+        mm_walk<false>(ph == 0 || !early ? it : nsh + it, ph == 0 ? nsh : items, W, nsh, ph == 0 || !early, h, x, K,
+                       idx, e0, ne, tab, k, inter, sp, evf, xsm, xsm + k / 2, red, nullptr, &xs);
     }
 }
 
@@ -726,8 +686,8 @@ moe_up_mma4_kernel(float *__restrict__ h, const float *__restrict__ x, int K, co
             cu_pdl_wait();
             cu_pdl_launch();
         }
-        mm4_walk(ph == 0 || !early ? (int)blockIdx.x : nsh + (int)blockIdx.x, ph == 0 ? nsh : items, nsh,
-                 ph == 0 || !early, h, x, K, idx, e0, ne, tab, k, inter, sp, evf, xh, xl, red, part, &xs);
+        mm_walk<true>(ph == 0 || !early ? (int)blockIdx.x : nsh + (int)blockIdx.x, ph == 0 ? nsh : items, gridDim.x,
+                      nsh, ph == 0 || !early, h, x, K, idx, e0, ne, tab, k, inter, sp, evf, xh, xl, red, part, &xs);
     }
 }
 
