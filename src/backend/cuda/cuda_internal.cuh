@@ -203,9 +203,10 @@ __device__ __forceinline__ float cu_block_sum(float v, float *part)
 /* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
  * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
  * K <= 32 experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
- * shared scratch; bias (E floats or NULL) may be global or shared memory. sc is read once (bypassing L1: other blocks may have written it) into
- * biased, and the chosen probabilities are read back once at the end, one lane each:
- * every dependent global round trip is a few hundred cycles of a latency-bound launch.
+ * shared scratch; bias (E floats or NULL) may be global or shared memory. sc is read
+ * once (bypassing L1: other blocks may have written it) into biased, and the chosen
+ * probabilities are read back once at the end, one lane each: every dependent global
+ * round trip is a few hundred cycles of a latency-bound launch.
  * Softmax / sigmoid with warp reductions, group scores one lane per group, then K
  * rounds of a warp argmax over the experts not taken (ties to the lowest index, as the
  * reference's first strict maximum). */

@@ -850,7 +850,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
     }
     __syncthreads();
     bool part = p.splits > 1 && !direct;
-    if (threadIdx.x < nh) { /* head g's warp factors, once (in wm), and 1 / sum (in wl) */
+    if (threadIdx.x < nh) { /* head g's warp factors, once, into wm (over the sum unless partial) */
         int g = threadIdx.x;
         float mx = -INFINITY, sum = 0, f[ATTN_WARPS];
         #pragma unroll
