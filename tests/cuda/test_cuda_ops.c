@@ -1064,26 +1064,6 @@ static void test_stage8(void)
     test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
     g_moe_shared = 0;
     set_variant("MOE_EARLY", NULL);
-    for (int mma = 1; mma <= 2; mma++) {
-        /* 1: moe_up_mma_kernel (dim % 128 == 0); 2: moe_up_mma4_kernel (dim % 512 == 0, else 1) */
-        printf("-- stage 11 FP8 moe_up at one token on the tensor cores (MOE_MMA=%d)\n", mma);
-        set_variant("MOE_MMA", mma == 1 ? "1" : "2");
-        for (int early = 0; early < 2; early++) {
-            set_variant("MOE_EARLY", early ? NULL : "0");
-            for (int mode = 0; mode <= 2; mode++) { /* no, 2 x inter, 2 x inter + 4 shared rows */
-                g_moe_shared = mode;
-                test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 512, 96);
-                test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 1024, 208);
-                test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 1536, 100); /* a part-filled 8-row tile */
-                test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 384, 72);   /* dim % 512 != 0 */
-                test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 200, 72);   /* dim % 128 != 0: moe_up_warp */
-                test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 512, 96);    /* 3 tokens: moe_up_warp */
-            }
-            g_moe_shared = 0;
-        }
-    }
-    set_variant("MOE_EARLY", NULL);
-    set_variant("MOE_MMA", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);

@@ -344,10 +344,6 @@ struct cu_variants {
                   * their first pass of weights into registers before the PDL wait (was: towards
                   * L2 only); bit 2 heads_t_kernel's warps keep 8 rows' loads in flight (up to 4
                   * tokens); default 3. BF16 batch 1 2.138 -> 2.089 ms, FP8 1.950 -> 1.912 */
-    int moe_mma; /* DSV3_CUDA_MOE_MMA (stage 11): FP8 experts' moe_up at one token on the tensor cores
-                  * (moe_up_mma_kernel, cuda_moe.cu); off unless 1: correct (tests, golden) but
-                  * measured slower, FP8 batch 1 1.834 / 1.839 -> 2.059 / 2.058 ms. 2: its
-                  * successor moe_up_mma4_kernel (4 warps per tile), compile-checked only */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3, 0};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -64,7 +64,6 @@ extern "C" void cuda_reload_variants(void)
     cu_v.moe_warp = cu_env_flag("DSV3_CUDA_MOE_WARP", -1);
     cu_v.moe_early = cu_env_flag("DSV3_CUDA_MOE_EARLY", 1) != 0;
     cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
-    cu_v.moe_mma = cu_env_flag("DSV3_CUDA_MOE_MMA", 0);
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
