@@ -59,6 +59,9 @@ typedef struct {
      * pos0 + i for every i (a prefill), so a backend may use dense products. */
     bool contiguous;
     int seq0, pos0;
+    /* Every pos[t] is below pos_bound, a bound the host knows (0: none known). A
+     * recorded step keeps its bound for every replay (forward.c's graph classes). */
+    int pos_bound;
 } ds_attn_args;
 
 /* One product of a batch of matmuls: y[n][rows] = x[n][w->cols] @ W[row0:row0+rows]^T. */
@@ -186,6 +189,13 @@ typedef struct ds_ops {
     void (*mla_prologue)(float *kv, float *pe, const int *row, const float *kvx, const float *norm_w, float eps,
                          float *qp, const float *q, int n, int H, int qk, int nope, int R, int rope, const int *pos,
                          const float *cos_tab, const float *sin_tab);
+    /* Absorb attention whole (NULL, or false returned with nothing queued: the model runs
+     * matmul_heads_t, attention and matmul_heads): for tokens t < a->n_tokens, heads h,
+     *   q_c = q[t][h*qk .. + nope) @ wkv_b[h*(nope+vdim) .. + nope)        (kv_rank)
+     *   o_c = attention(q_c, a->q_pe, a->kv_cache, a->pe_cache) as ops->attention
+     *   a->out[t][h*vdim + j] = o_c . wkv_b[h*(nope+vdim) + nope + j], j < vdim.
+     * a->q_c is not read; a->pos_bound lets a backend take only short contexts. */
+    bool (*mla_attend)(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

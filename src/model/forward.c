@@ -21,6 +21,7 @@ typedef struct {
     const int *seq, *pos, *row;
     bool contiguous; /* token i is sequence seq0 at position pos0 + i */
     int seq0, pos0;
+    int pos_bound; /* every pos[i] is below it (ds_attn_args.pos_bound) */
 } batch;
 
 /* A pass's scratch: every element is written before it is read. */
@@ -154,7 +155,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     ds_attn_args a = {
         .n_tokens = n, .seq = b->seq, .pos = b->pos, .n_heads = H, .nope = nope, .rope = rope,
         .vdim = vd, .kv_rank = R, .softmax_scale = m->softmax_scale, .ctx = kv->ctx, .out = o,
-        .contiguous = b->contiguous, .seq0 = b->seq0, .pos0 = b->pos0,
+        .contiguous = b->contiguous, .seq0 = b->seq0, .pos0 = b->pos0, .pos_bound = b->pos_bound,
     };
     if (kv->attn == DS_ATTN_ABSORB) {
         float *kc = kv->kv[li], *pc = kv->pe[li];
@@ -176,15 +177,19 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
             ops->copy_rows(kc, R, b->row, lat, R, NULL, n, R);
             ops->copy_rows(pc, rope, b->row, kvx + R, kva, NULL, n, rope);
         }
-        absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL, pro);
-        a.q_c = qc;
         a.q_pe = qp;
         a.kv_cache = kc;
         a.pe_cache = pc;
-        ops->attention(&a, DS_ATTN_ABSORB);
+        ds_attn_args whole = a; /* the backend's one-op form, when it takes the problem */
+        whole.out = ov;
+        if (!pro || !ops->mla_attend || !ops->mla_attend(&whole, &l->wkv_b, q, qk)) {
+            absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL, pro);
+            a.q_c = qc;
+            ops->attention(&a, DS_ATTN_ABSORB);
+            absorb_out(m, l, n, o, ov, t1, t2);
+        }
         ops->free(qc);
         ops->free(qp);
-        absorb_out(m, l, n, o, ov, t1, t2);
     } else {
         /* naive: k = [k_nope, k_pe], v from wkv_b(kv_norm(latent)); cache full K and V */
         float *kvb = scratch(m, (size_t)n * H * (nope + vd));
@@ -380,7 +385,7 @@ static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, con
  * contig (may be NULL): the tokens are one sequence's consecutive positions,
  * with the sequence and first position (a hint for attention). */
 static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, const int32_t *ids_d, float *lg,
-                               const int *contig)
+                               const int *contig, int pos_bound)
 {
     const ds_config *c = &m->cfg;
     int dim = c->dim;
@@ -391,7 +396,7 @@ static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, co
         goto done;
     }
     batch b = {n, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, contig != NULL, contig ? contig[0] : 0,
-               contig ? contig[1] : 0};
+               contig ? contig[1] : 0, pos_bound};
     if ((s = embed(m, h, n, ids_d))) goto done;
     /* rr (optional): each residual add fused with the norm that reads its sum */
     void (*rr)(float *, int, const int *, float *, int, const float *, const float *, int, int, float) =
@@ -441,12 +446,15 @@ done:
  * every later one uploads its token arrays to the recording's fixed buffer and
  * replays it. Returns false when the step must run eagerly instead (no graph
  * support, the recording failed, DSV3_GRAPH=0). */
-static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, float *logits, ds_status *s)
+static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, float *logits,
+                          ds_status *s)
 {
     const ds_ops *ops = m->ops;
     const char *env = getenv("DSV3_GRAPH");
     if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || (env && !strcmp(env, "0"))) return false;
-    ds_graph_slot *d = &kv->dec[n];
+    /* class 0 (short contexts) only where a backend op can use the bound */
+    int cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
+    ds_graph_slot *d = &kv->dec[cls][n];
     if (d->failed || (!d->graph && d->runs++ < 1)) return false;
     size_t nl = (size_t)n * m->vocab_local;
     if (!d->ids) d->ids = ops->alloc(sizeof(int32_t) * 5 * (size_t)n);
@@ -455,7 +463,8 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
     ops->upload(d->ids, ids, sizeof(int32_t) * 5 * (size_t)n);
     if (!d->graph) {
         ops->graph_begin();
-        *s = forward_queue(m, kv, n, n, d->ids, d->logits, NULL); /* positions vary between replays */
+        /* positions vary between replays, within the class's bound */
+        *s = forward_queue(m, kv, n, n, d->ids, d->logits, NULL, cls ? 0 : DS_GRAPH_SHORT);
         d->graph = ops->graph_end();
         if (!d->graph) { /* nothing ran (an op had to wait): this n runs eagerly from now on */
             d->failed = true;
@@ -481,14 +490,16 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
     int32_t *ids = malloc(sizeof(int32_t) * 5 * (size_t)n), *ids_d = NULL;
     float *part = NULL, *lg = NULL;
     if (!ids) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+    int pos_max = 0;
     for (int i = 0, j = 0; i < n; i++) {
+        pos_max = pos[i] > pos_max ? pos[i] : pos_max;
         ids[i] = tok[i];
         ids[n + i] = seq[i];
         ids[2 * n + i] = pos[i];
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
         if (want[i]) ids[4 * n + j++] = i;
     }
-    if (n_out == n && forward_graph(m, kv, n, ids, logits, &s)) goto done;
+    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, logits, &s)) goto done;
     size_t nl = (size_t)n_out * m->vocab_local;
     if (!(ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n)) || (n_out && !(lg = scratch(m, nl))) ||
         (n_out && m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
@@ -499,7 +510,7 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
     int contig[2] = {seq[0], pos[0]};
     bool one_run = true;
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
-    if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL))) goto done;
+    if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL, pos_max + 1))) goto done;
     if (n_out) {
         m->ops->download(m->world_size > 1 ? part : logits, lg, sizeof(float) * nl);
         if (m->world_size > 1) s = gather_logits(m, part, n_out, logits);

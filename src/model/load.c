@@ -525,11 +525,13 @@ oom:
 void kvcache_free(ds_kvcache *kv)
 {
     if (!kv) return;
-    for (int n = 0; n <= DS_GRAPH_NMAX; n++) {
-        if (kv->dec[n].graph) kv->ops->graph_free(kv->dec[n].graph);
-        kv->ops->free(kv->dec[n].ids);
-        kv->ops->free(kv->dec[n].logits);
-    }
+    for (int c = 0; c < 2; c++)
+        for (int n = 0; n <= DS_GRAPH_NMAX; n++) {
+            ds_graph_slot *d = &kv->dec[c][n];
+            if (d->graph) kv->ops->graph_free(d->graph);
+            kv->ops->free(d->ids);
+            kv->ops->free(d->logits);
+        }
     float **bufs[4] = {kv->kv, kv->pe, kv->k, kv->v};
     for (int j = 0; j < 4; j++) {
         for (int i = 0; bufs[j] && i < kv->n_layers; i++) kv->ops->free(bufs[j][i]);

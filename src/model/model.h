@@ -54,6 +54,10 @@ typedef struct {
 } ds_model;
 
 #define DS_GRAPH_NMAX 8
+/* Decode steps whose positions are all below DS_GRAPH_SHORT are recorded apart from the
+ * others (when the backend has ops->mla_attend), so that their recording may take the
+ * short-context form of attention (ds_attn_args.pos_bound). */
+#define DS_GRAPH_SHORT 1024
 
 /* A recorded decode step, and its token arrays and logits at the fixed
  * addresses the recording uses. */
@@ -73,8 +77,9 @@ typedef struct {
     int n_layers;
     const ds_ops *ops;
     /* Decode steps of n <= DS_GRAPH_NMAX tokens recorded as backend graphs
-     * (ops->graph_*; forward.c), indexed by n. */
-    ds_graph_slot dec[DS_GRAPH_NMAX + 1];
+     * (ops->graph_*; forward.c), indexed by class (0: positions below DS_GRAPH_SHORT,
+     * 1: any) and n. */
+    ds_graph_slot dec[2][DS_GRAPH_NMAX + 1];
 } ds_kvcache;
 
 /* Loads the weights for this rank from dir: model{rank}-mp{ws}.safetensors as

@@ -1212,6 +1212,87 @@ static void test_attn_hg(void)
     set_variant("NORM4", NULL);
 }
 
+/* mla_attend (stage 12: absorb attention in one launch) against the CPU's three steps:
+ * matmul_heads_t, attention, matmul_heads. n tokens of two sequences at pos[t]. */
+static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n, const int *seq,
+                            const int *pos)
+{
+    char label[160];
+    int qk = nope + rope, pmax = 0;
+    for (int t = 0; t < n; t++) pmax = pos[t] > pmax ? pos[t] : pmax;
+    snprintf(label, sizeof label, "mla_attend %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d", fmt_name(fmt), H, nope,
+             vd, R, rope, n, pos[0]);
+    ds_weight w = make_weight(fmt, H * (nope + vd), R);
+    size_t th = (size_t)n * H, rows = (size_t)2 * ctx;
+    float *q = hrand(th * qk, 1.0f), *qp = hrand(th * rope, 1.0f), *kv = hrand(rows * R, 1.0f);
+    float *pe = hrand(rows * rope, 1.0f), *qc = malloc(sizeof(float) * th * R), *o = malloc(sizeof(float) * th * R);
+    float *ref = malloc(sizeof(float) * th * vd);
+    ds_attn_args a = {.n_tokens = n, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope, .vdim = vd,
+                      .kv_rank = R, .softmax_scale = 0.05f, .ctx = ctx, .q_c = qc, .q_pe = qp, .kv_cache = kv,
+                      .pe_cache = pe, .out = o, .pos_bound = pmax + 1};
+    C->matmul_heads_t(qc, R, q, qk, n, H, &w, 0, nope + vd, nope);
+    C->attention(&a, DS_ATTN_ABSORB);
+    C->matmul_heads(ref, vd, o, R, n, H, &w, nope, nope + vd, vd);
+    float *gq = gcopy(q, th * qk), *gqp = gcopy(qp, th * rope), *gkv = gcopy(kv, rows * R);
+    float *gpe = gcopy(pe, rows * rope), *gout = gbuf(th * vd);
+    a.q_c = NULL, a.q_pe = gqp, a.kv_cache = gkv, a.pe_cache = gpe, a.out = gout;
+    bool took = G->mla_attend(&a, &w, gq, qk);
+    CHECK_MSG(took, "%s: not taken", label);
+    if (took) {
+        compare(label, gout, ref, th * vd, 2e-5);
+        check_guard(label, gout, th * vd);
+    }
+    G->free(gq), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
+    free(q), free(qp), free(kv), free(pe), free(qc), free(o), free(ref);
+    free_weight(&w);
+}
+
+static void test_stage12(void)
+{
+    printf("-- stage 12 absorb attention in one launch (mla_attend)\n");
+    set_variant("ATTEND_N", "8"); /* one token by default */
+    static const struct { int H, nope, vd, R, rope; } sh[] = {
+        {16, 128, 128, 512, 64}, /* 16B */
+        {8, 32, 32, 128, 32},    /* the golden tiny model */
+        {5, 24, 40, 256, 6},     /* odd slices: 3 and 5 rows per block, rope under a warp */
+        {3, 7, 9, 128, 64},      /* fewer rows than blocks */
+    };
+    int seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
+    int at[4][1] = {{0}, {1}, {77}, {1023}}, pos8[8] = {0, 1, 1023, 500, 9, 63, 64, 130};
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++)
+        for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
+            for (int k = 0; k < 4; k++)
+                test_mla_attend((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 1030, 1, seq1, at[k]);
+            test_mla_attend((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 1030, 8, seq8, pos8);
+        }
+    test_mla_attend(DS_W_FP8, 128, 128, 128, 512, 64, 300, 1, seq1, at[2]); /* V3's heads */
+    /* not taken (nothing queued, the model falls back): past DSV3_CUDA_ATTEND, more tokens
+     * than DSV3_CUDA_ATTEND_N, a rank the kernel has no form for, switched off */
+    ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512), w2 = make_weight(DS_W_BF16, 4 * 64, 320);
+    int pos9[9] = {0}, seq9[9] = {0};
+    float *buf = gbuf(9 * 16 * 576);
+    ds_attn_args a = {.n_tokens = 1, .seq = seq1, .pos = at[0], .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
+                      .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 2000, .q_pe = buf, .kv_cache = buf,
+                      .pe_cache = buf, .out = buf, .pos_bound = 1025};
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took pos_bound 1025");
+    a.pos_bound = 0;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took an unknown pos_bound");
+    a.pos_bound = 10, a.n_tokens = 9, a.seq = seq9, a.pos = pos9;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 9 tokens");
+    a.n_tokens = 1, a.seq = seq1, a.pos = at[0], a.n_heads = 4, a.nope = 32, a.vdim = 32, a.kv_rank = 320;
+    CHECK_MSG(!G->mla_attend(&a, &w2, buf, 96), "mla_attend took rank 320");
+    a.n_heads = 16, a.nope = 128, a.vdim = 128, a.kv_rank = 512;
+    set_variant("ATTEND", "0");
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a step with DSV3_CUDA_ATTEND=0");
+    set_variant("ATTEND", NULL);
+    set_variant("ATTEND_N", NULL);
+    a.n_tokens = 2, a.seq = seq9, a.pos = pos9;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 2 tokens by default");
+    G->free(buf);
+    free_weight(&w);
+    free_weight(&w2);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -1294,6 +1375,7 @@ int main(void)
         test_heads((ds_wfmt)f, 3, 128, 128, 256, 40); /* prefill: batched GEMM for BF16 */
     }
     test_moved();
+    test_stage12();
     test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16); /* n <= 8: grouped kernels, routing read on the device */
     test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
     test_moe(DS_W_F32, 3, false, 1, DS_GEMM_BF16);

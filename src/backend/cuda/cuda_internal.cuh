@@ -344,6 +344,10 @@ struct cu_variants {
                   * their first pass of weights into registers before the PDL wait (was: towards
                   * L2 only); bit 2 heads_t_kernel's warps keep 8 rows' loads in flight (up to 4
                   * tokens); default 3. BF16 batch 1 2.138 -> 2.089 ms, FP8 1.950 -> 1.912 */
+    int attend; /* DSV3_CUDA_ATTEND (stage 12): mla_attend takes steps whose pos_bound is at most
+                 * this (0: never) */
+    int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
+                   * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -364,6 +368,27 @@ static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, 
     c.stream = cu_s;
     c.attrs = at;
     c.numAttrs = cu_pdl() ? 1 : 0;
+    cudaLaunchKernelEx(&c, kernel, ((P)args)...);
+}
+
+/* cu_launch for a kernel of thread block clusters of cx blocks along x (sm_90). */
+template <typename... P, typename... A>
+static inline void cu_launch_cluster(void (*kernel)(P...), dim3 g, dim3 b, unsigned cx, size_t smem, A... args)
+{
+    cudaLaunchAttribute at[2];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = cx;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t c = {};
+    c.gridDim = g;
+    c.blockDim = b;
+    c.dynamicSmemBytes = smem;
+    c.stream = cu_s;
+    c.attrs = at;
+    c.numAttrs = cu_pdl() ? 2 : 1;
     cudaLaunchKernelEx(&c, kernel, ((P)args)...);
 }
 
@@ -434,6 +459,7 @@ bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k
 /* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);
+bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 /* Fills the graph entries of the ops table (cuda_mem.cu). */
 void cu_graph_ops(ds_ops *ops);
 /* Frees the MoE layers' expert tables (cuda_forget_weights). */

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 3, 1024, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -63,6 +63,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
     cu_v.moe_warp = cu_env_flag("DSV3_CUDA_MOE_WARP", -1);
     cu_v.moe_early = cu_env_flag("DSV3_CUDA_MOE_EARLY", 1) != 0;
+    cu_v.attend = cu_env_flag("DSV3_CUDA_ATTEND", 1024);
+    cu_v.attend_n = cu_env_flag("DSV3_CUDA_ATTEND_N", 1);
     cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
 }
 
@@ -1502,6 +1504,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.rmsnorm_rows = cu_rmsnorm_rows;
         g_ops.rope_copy = cu_rope_copy;
         g_ops.mla_prologue = cu_mla_prologue;
+        g_ops.mla_attend = cu_mla_attend;
         cu_graph_ops(&g_ops);
         cuda_reload_variants();
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;

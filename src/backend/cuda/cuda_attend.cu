@@ -1,0 +1,335 @@
+/* cuda_attend.cu - absorb attention whole in one launch (ds_ops.mla_attend, stage 12).
+ *
+ * At decode, absorb attention was four launches per layer: heads_t (q_c = q_nope W_k),
+ * attn_hg, the split combine, and heads_vec (out = o_c W_v^T). Each waits for the one
+ * before, and at short depth each is a few dependent L2 round trips. Here a thread
+ * block cluster of AT_C blocks takes one (token, head). Block r of the cluster:
+ *   1. multiplies its slice of the head's nope rows of wkv_b by q_nope, a partial q_c
+ *      (R floats), and shares it in shared memory;
+ *   2. sums the cluster's partials into the whole q_c (read from the other blocks'
+ *      shared memory), then walks positions r, r + AT_C, ... <= pos[t] with an online
+ *      softmax, one position per warp at a time, and shares its partial (max, sum,
+ *      unnormalised o_c);
+ *   3. merges the cluster's partials into o_c;
+ *   4. multiplies o_c by its slice of the head's vdim rows of wkv_b.
+ * Every sum runs in a fixed order, so every block of a cluster holds the same q_c and
+ * o_c and the result does not depend on timing. The weights of steps 1 and 4 come into
+ * registers before the PDL wait. Each head reads the whole cache, so this is for short
+ * contexts: the launcher takes a problem only when a->pos_bound says so. */
+#include <cooperative_groups.h>
+#include <math.h>
+
+#include "backend/cuda/cuda_internal.cuh"
+
+namespace cg = cooperative_groups;
+
+#define AT_C 8 /* blocks per (token, head) */
+#define AT_WARPS 8
+#define AT_THREADS (AT_WARPS * 32)
+#define AT_RMAX 512  /* kv_rank: 128, 256 or 512 (PER = R / 32 latent values per lane) */
+#define AT_ROPE 64   /* rope part at most (two values per lane) */
+#define AT_PRE 4     /* 16-byte weight chunks per thread in registers before the wait, per step */
+
+typedef struct {
+    const float *q;            /* [n][H][qk]: q_nope is each head's first nope */
+    const float *qp;           /* [n][H][rope], rotated */
+    const float *kv, *pe;      /* caches [seq][ctx][R], [seq][ctx][rope] */
+    const int *seq, *pos;
+    const void *w;             /* wkv_b: H * (nope + vd) rows of R columns */
+    const float *ws;           /* its FP8 block scales, else NULL */
+    float *out;                /* [n][H][vd] */
+    int H, qk, nope, rope, vd, R, ctx;
+    float scale;
+} at_p;
+
+struct at_smem {
+    float xq[AT_RMAX];                 /* step 1: this block's partial q_c (read by the cluster) */
+    float bo[AT_RMAX];                 /* step 2: this block's unnormalised o_c (read by the cluster) */
+    float bm, bl;                      /* step 2: its max and sum */
+    float qc[AT_RMAX];                 /* q_c, then o_c */
+    float qpe[AT_ROPE];
+    float wm[AT_WARPS], wl[AT_WARPS];  /* step 2: per-warp max and sum (then merge factors) */
+    float red[AT_WARPS * AT_RMAX];     /* step 1: partials per row group; step 2: per-warp o_c */
+};
+
+/* The FP8 scale of weight row wr at column c (1 for other formats). */
+template <int F>
+__device__ __forceinline__ float at_scale(const at_p &p, int wr, int c)
+{
+    if (F != DS_W_FP8) return 1.0f;
+    int kb = (p.R + DS_BLOCK - 1) / DS_BLOCK;
+    return p.ws[(size_t)(wr / DS_BLOCK) * kb + c / DS_BLOCK];
+}
+
+template <int F>
+__device__ __forceinline__ uint4 at_chunk(const at_p &p, int wr, int c)
+{
+    return *(const uint4 *)((const uint8_t *)p.w + ((size_t)wr * p.R + c) * cu_wsize<F>::v);
+}
+
+/* oc . weight row wr, summed over the warp: lane's chunks lane + 32 u (u < u4), from
+ * registers (w, sc: U4 chunks and their scales) or, with w NULL, from memory. */
+template <int F, int U4>
+__device__ __forceinline__ float at_row(const float *oc, const uint4 *w, const float *sc, const at_p &p, int wr,
+                                       int lane, int u4)
+{
+    constexpr int E = 16 / cu_wsize<F>::v;
+    float a = 0;
+    #pragma unroll
+    for (int u = 0; u < U4; u++) {
+        int c = (lane + 32 * u) * E;
+        if (u >= u4 || c >= p.R) continue;
+        float wv[E], part = 0;
+        if (w) cu_wload16<F>(&w[u], 0, wv);
+        else cu_wload16<F>(p.w, (size_t)wr * p.R + c, wv);
+        #pragma unroll
+        for (int e = 0; e < E; e++) part += oc[c + e] * wv[e];
+        a += part * (w ? sc[u] : at_scale<F>(p, wr, c));
+    }
+    return cu_warp_sum(a);
+}
+
+__device__ __forceinline__ void at_cluster_arrive(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void at_cluster_wait(void)
+{
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* Two blocks per SM (registers capped at 128; the FP8 form spills 48 bytes): with one,
+ * fewer clusters of 8 fit on the GPU at once than the 16 of a 16-head layer, and FP8
+ * batch 1 took 1.725 ms against 1.599. */
+template <int F, int PER>
+__global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
+{
+    constexpr int E = 16 / cu_wsize<F>::v; /* columns per 16-byte chunk */
+    __shared__ at_smem sm;
+    cg::cluster_group cluster = cg::this_cluster();
+    const int R = PER * 32, nch = R / E, G = AT_THREADS / nch; /* chunks per row, row groups */
+    int r = (int)cluster.block_rank(), h = blockIdx.x / AT_C, t = blockIdx.y;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, hrow = h * (p.nope + p.vd);
+
+    /* step 1's rows: d0 + g + G k (thread tid: chunk c1 = tid % nch, group g = tid / nch) */
+    int ns = (p.nope + AT_C - 1) / AT_C, d0 = r * ns, d1 = min(p.nope, d0 + ns);
+    int c1 = tid % nch, g = tid / nch;
+    /* step 4's rows: v0 + warp + AT_WARPS k, chunks lane + 32 u */
+    int vs = (p.vd + AT_C - 1) / AT_C, v0 = r * vs, v1 = min(p.vd, v0 + vs);
+    constexpr int U4 = (AT_RMAX / E + 31) / 32; /* step 4: chunks per lane and row, at most */
+    static_assert(AT_PRE % U4 == 0, "step 4 preloads whole rows");
+    const int u4 = (nch + 31) / 32;
+    uint4 w1[AT_PRE] = {}, w4[AT_PRE] = {};
+    float s1[AT_PRE], s4[AT_PRE];
+    #pragma unroll
+    for (int k = 0; k < AT_PRE; k++) {
+        int d = d0 + g + G * k;
+        s1[k] = 0;
+        if (d < d1) {
+            w1[k] = at_chunk<F>(p, hrow + d, c1 * E);
+            s1[k] = at_scale<F>(p, hrow + d, c1 * E);
+        }
+        int i = warp + AT_WARPS * (k / U4), u = k % U4, j = v0 + i, c = (lane + 32 * u) * E;
+        s4[k] = 0;
+        if (u < u4 && j < v1 && c < R) {
+            w4[k] = at_chunk<F>(p, hrow + p.nope + j, c);
+            s4[k] = at_scale<F>(p, hrow + p.nope + j, c);
+        }
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+
+    /* ---- 1. partial q_c over this block's nope rows */
+    const float *qn = p.q + ((size_t)t * p.H + h) * p.qk;
+    float acc[E];
+    #pragma unroll
+    for (int e = 0; e < E; e++) acc[e] = 0;
+    #pragma unroll
+    for (int k = 0; k < AT_PRE; k++) {
+        int d = d0 + g + G * k;
+        if (d >= d1) break;
+        float wv[E], f = qn[d] * s1[k];
+        cu_wload16<F>(&w1[k], 0, wv);
+        #pragma unroll
+        for (int e = 0; e < E; e++) acc[e] += f * wv[e];
+    }
+    for (int d = d0 + g + G * AT_PRE; d < d1; d += G) {
+        float wv[E], f = qn[d] * at_scale<F>(p, hrow + d, c1 * E);
+        cu_wload16<F>(p.w, (size_t)(hrow + d) * R + c1 * E, wv);
+        #pragma unroll
+        for (int e = 0; e < E; e++) acc[e] += f * wv[e];
+    }
+    #pragma unroll
+    for (int e = 0; e < E; e++) sm.red[g * R + c1 * E + e] = acc[e];
+    if (tid < p.rope) sm.qpe[tid] = p.qp[((size_t)t * p.H + h) * p.rope + tid];
+    __syncthreads();
+    for (int i = tid; i < R; i += AT_THREADS) {
+        float v = 0;
+        for (int gi = 0; gi < G; gi++) v += sm.red[gi * R + i];
+        sm.xq[i] = v;
+    }
+    cluster.sync();
+
+    /* ---- 2. the whole q_c, then this block's positions */
+    for (int i = tid; i < R; i += AT_THREADS) {
+        float v = 0;
+        #pragma unroll
+        for (int b = 0; b < AT_C; b++) v += cluster.map_shared_rank(sm.xq, b)[i];
+        sm.qc[i] = v;
+    }
+    __syncthreads();
+    int len = p.pos[t] + 1;
+    const float *kv = p.kv + (size_t)p.seq[t] * p.ctx * R, *pe = p.pe + (size_t)p.seq[t] * p.ctx * p.rope;
+    bool e0 = lane < p.rope, e1 = lane + 32 < p.rope;
+    float q[PER], qe0 = e0 ? sm.qpe[lane] : 0.0f, qe1 = e1 ? sm.qpe[lane + 32] : 0.0f;
+    #pragma unroll
+    for (int u = 0; u < PER; u++) q[u] = sm.qc[lane + 32 * u];
+    float m = -INFINITY, l = 0, o[PER], cur[PER], nxt[PER], ce0 = 0, ce1 = 0, ne0 = 0, ne1 = 0;
+    #pragma unroll
+    for (int u = 0; u < PER; u++) o[u] = cur[u] = nxt[u] = 0;
+    const int step = AT_C * AT_WARPS;
+    int j = r + AT_C * warp;
+    if (j < len) { /* one row ahead of the one in use */
+        #pragma unroll
+        for (int u = 0; u < PER; u++) cur[u] = kv[(size_t)j * R + lane + 32 * u];
+        if (e0) ce0 = pe[(size_t)j * p.rope + lane];
+        if (e1) ce1 = pe[(size_t)j * p.rope + lane + 32];
+    }
+    for (; j < len; j += step) {
+        int jn = j + step;
+        if (jn < len) {
+            #pragma unroll
+            for (int u = 0; u < PER; u++) nxt[u] = kv[(size_t)jn * R + lane + 32 * u];
+            if (e0) ne0 = pe[(size_t)jn * p.rope + lane];
+            if (e1) ne1 = pe[(size_t)jn * p.rope + lane + 32];
+        }
+        float a = qe0 * ce0 + qe1 * ce1;
+        #pragma unroll
+        for (int u = 0; u < PER; u++) a += q[u] * cur[u];
+        float sc = cu_warp_sum(a) * p.scale, mn = fmaxf(m, sc), corr = expf(m - mn), ex = expf(sc - mn);
+        l = l * corr + ex;
+        #pragma unroll
+        for (int u = 0; u < PER; u++) {
+            o[u] = o[u] * corr + ex * cur[u];
+            cur[u] = nxt[u];
+        }
+        m = mn;
+        ce0 = ne0;
+        ce1 = ne1;
+    }
+    #pragma unroll
+    for (int u = 0; u < PER; u++) sm.red[warp * R + lane + 32 * u] = o[u];
+    if (lane == 0) {
+        sm.wm[warp] = m;
+        sm.wl[warp] = l;
+    }
+    __syncthreads();
+    if (warp == 0) { /* the block's max and sum; the warps' factors into wm */
+        float wmv = lane < AT_WARPS ? sm.wm[lane] : -INFINITY, mx = cu_warp_max(wmv);
+        float f = mx == -INFINITY || lane >= AT_WARPS ? 0.0f : expf(wmv - mx);
+        float sum = cu_warp_sum(lane < AT_WARPS ? sm.wl[lane] * f : 0.0f);
+        __syncwarp();
+        if (lane < AT_WARPS) sm.wm[lane] = f;
+        if (lane == 0) {
+            sm.bm = mx;
+            sm.bl = sum;
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < R; i += AT_THREADS) {
+        float v = 0;
+        #pragma unroll
+        for (int w = 0; w < AT_WARPS; w++)
+            if (sm.wm[w] != 0.0f) v += sm.red[w * R + i] * sm.wm[w];
+        sm.bo[i] = v;
+    }
+    cluster.sync();
+
+    /* ---- 3. o_c from the cluster's partials (position 0 is block 0's: the max is finite) */
+    float f[AT_C], mx = -INFINITY, sum = 0;
+    #pragma unroll
+    for (int b = 0; b < AT_C; b++) mx = fmaxf(mx, *cluster.map_shared_rank(&sm.bm, b));
+    #pragma unroll
+    for (int b = 0; b < AT_C; b++) {
+        float bm = *cluster.map_shared_rank(&sm.bm, b);
+        f[b] = bm == -INFINITY ? 0.0f : expf(bm - mx);
+        sum += *cluster.map_shared_rank(&sm.bl, b) * f[b];
+    }
+    for (int i = tid; i < R; i += AT_THREADS) {
+        float v = 0;
+        #pragma unroll
+        for (int b = 0; b < AT_C; b++)
+            if (f[b] != 0.0f) v += cluster.map_shared_rank(sm.bo, b)[i] * f[b];
+        sm.qc[i] = v / sum;
+    }
+    at_cluster_arrive(); /* this block's reads of the others are done */
+    __syncthreads();
+
+    /* ---- 4. this block's rows of the output: the preloaded ones, then the rest */
+    float *out = p.out + ((size_t)t * p.H + h) * p.vd;
+    #pragma unroll
+    for (int i = 0; i < AT_PRE / U4; i++) {
+        int jr = v0 + warp + AT_WARPS * i;
+        if (jr >= v1) break;
+        float a = at_row<F, U4>(sm.qc, &w4[i * U4], &s4[i * U4], p, hrow + p.nope + jr, lane, u4);
+        if (lane == 0) out[jr] = a;
+    }
+    for (int jr = v0 + warp + AT_WARPS * (AT_PRE / U4); jr < v1; jr += AT_WARPS) {
+        float a = at_row<F, U4>(sm.qc, NULL, NULL, p, hrow + p.nope + jr, lane, u4);
+        if (lane == 0) out[jr] = a;
+    }
+    at_cluster_wait(); /* no block leaves while another may read its shared memory */
+}
+
+template <int F>
+static void launch_attend(dim3 grid, const at_p &p)
+{
+    if (p.R == 128) cu_launch_cluster(mla_attend_kernel<F, 4>, grid, AT_THREADS, AT_C, 0, p);
+    else if (p.R == 256) cu_launch_cluster(mla_attend_kernel<F, 8>, grid, AT_THREADS, AT_C, 0, p);
+    else cu_launch_cluster(mla_attend_kernel<F, 16>, grid, AT_THREADS, AT_C, 0, p);
+}
+
+bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
+    /* the shapes the kernel takes, at short contexts only (DSV3_CUDA_ATTEND: the largest
+     * pos_bound taken, 0 never) and for few tokens (DSV3_CUDA_ATTEND_N: the most) */
+    if (cu_v.attend <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_v.attend || n <= 0 || n > cu_v.attend_n ||
+        n > 65535 || H <= 0 || H > 65535 / AT_C || !(R == 128 || R == 256 || R == 512) || rp < 0 || rp > AT_ROPE ||
+        nope <= 0 || vd <= 0 || qk < nope || wkv_b->cols != R || wkv_b->rows < H * (nope + vd) ||
+        !(wkv_b->fmt == DS_W_FP8 || wkv_b->fmt == DS_W_BF16 || wkv_b->fmt == DS_W_F32))
+        return false;
+    int nseq = 1; /* sizes the staging of host caches (tests) */
+    if (!cu_device_readable(a->seq))
+        for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
+    size_t th = (size_t)n * H, rows = (size_t)nseq * a->ctx;
+    cu_io io = {};
+    cu_weight dw;
+    at_p p = {};
+    p.q = (const float *)cu_in(&io, q, sizeof(float) * th * qk);
+    p.qp = (const float *)cu_in(&io, a->q_pe, sizeof(float) * th * rp);
+    p.kv = (const float *)cu_in(&io, a->kv_cache, sizeof(float) * rows * R);
+    p.pe = (const float *)cu_in(&io, a->pe_cache, sizeof(float) * rows * rp);
+    p.seq = (const int *)cu_in(&io, a->seq, sizeof(int) * (size_t)n);
+    p.pos = (const int *)cu_in(&io, a->pos, sizeof(int) * (size_t)n);
+    p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * vd, false);
+    p.H = H;
+    p.qk = qk;
+    p.nope = nope;
+    p.rope = rp;
+    p.vd = vd;
+    p.R = R;
+    p.ctx = a->ctx;
+    p.scale = a->softmax_scale;
+    if (p.q && (p.qp || rp == 0) && p.kv && (p.pe || rp == 0) && p.seq && p.pos && p.out && cu_weight_get(wkv_b, &dw)) {
+        p.w = dw.data;
+        p.ws = dw.scale;
+        dim3 grid((unsigned)(H * AT_C), (unsigned)n);
+        if (wkv_b->fmt == DS_W_FP8) launch_attend<DS_W_FP8>(grid, p);
+        else if (wkv_b->fmt == DS_W_BF16) launch_attend<DS_W_BF16>(grid, p);
+        else launch_attend<DS_W_F32>(grid, p);
+    }
+    cu_end(&io, "mla_attend");
+    return true;
+}
