@@ -1247,8 +1247,49 @@ static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rop
     free_weight(&w);
 }
 
+/* Products of 2..8 tokens (stage 12: on the tensor cores, gemv_mma_kernel) against the
+ * CPU, each token's row on its own: tokens of magnitudes 1e-6 .. 1e5 (f16 parts of x are
+ * scaled per token and step), rows not a multiple of the 16-row tile, an offset row0. */
+static void test_gemv_mma(ds_wfmt fmt, int rows, int k, int n, int row0, int nrows)
+{
+    char label[160];
+    ds_weight w = make_weight(fmt, rows, k);
+    size_t ny = (size_t)n * nrows;
+    float *x = hrand((size_t)n * k, 1.0f), *ref = malloc(sizeof(float) * ny);
+    for (int i = 0; i < n; i++) {
+        float amp = powf(10.0f, (float)(i % 12) - 6.0f);
+        for (int c = 0; c < k; c++) x[(size_t)i * k + c] *= amp * (c % 97 == 0 ? 30.0f : 1.0f);
+    }
+    C->matmul(ref, x, n, &w, row0, nrows, DS_GEMM_BF16, false);
+    float *gx = gcopy(x, (size_t)n * k), *gy = gbuf(ny);
+    G->matmul(gy, gx, n, &w, row0, nrows, DS_GEMM_BF16, false);
+    G->sync();
+    for (int i = 0; i < n; i++) {
+        snprintf(label, sizeof label, "matmul %s %dx%d n=%d rows %d+%d, token %d (x ~1e%d)", fmt_name(fmt), rows, k,
+                 n, row0, nrows, i, i % 12 - 6);
+        compare(label, gy + (size_t)i * nrows, ref + (size_t)i * nrows, (size_t)nrows, 1e-5);
+    }
+    check_guard(label, gy, ny);
+    G->free(gx);
+    G->free(gy);
+    free(x);
+    free(ref);
+    free_weight(&w);
+}
+
 static void test_stage12(void)
 {
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- stage 12 products of 2..8 tokens, %s\n", pass ? "CUDA cores (GEMV_MMA=0)" : "tensor cores");
+        set_variant("GEMV_MMA", pass ? "0" : NULL);
+        for (int f = DS_W_BF16; f <= DS_W_FP8; f++)
+            for (int n = 2; n <= 8; n += 3) {
+                test_gemv_mma((ds_wfmt)f, 300, 2048, n, 0, 300);
+                test_gemv_mma((ds_wfmt)f, 200, 640, n, 128, 37);
+                test_gemv_mma((ds_wfmt)f, 64, 10944, n, 0, 64); /* the dense layer's w2 */
+            }
+    }
+    set_variant("GEMV_MMA", NULL);
     printf("-- stage 12 absorb attention in one launch (mla_attend)\n");
     set_variant("ATTEND_N", "8"); /* one token by default */
     static const struct { int H, nope, vd, R, rope; } sh[] = {

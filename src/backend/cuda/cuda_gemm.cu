@@ -284,6 +284,213 @@ __global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, i
                                               t.rows[j], b - t.b0[j], pf);
 }
 
+/* ---- 2..8 tokens on the tensor cores (stage 12, DSV3_CUDA_GEMV_MMA): at 8 tokens the
+ * gemvs above do 8 FMAs per weight and their activation reads outgrow the weights' (FP8
+ * wq + wkv_a ran at 346 GB/s, the BF16 head at 1060). Here mma.m16n8k16 takes 16 weight
+ * rows (A) against the 8 token columns (B): a block of GM_WARPS warps takes a 16-row tile,
+ * its warps interleaving steps of k. In a step, lane (g = lane / 4, c = lane % 4) loads
+ * 16 bytes of rows g and g + 8 at k0 + c E (E values per 16 bytes), the same four k
+ * values of each row feed A's slots 2c, 2c + 1, 2c + 8, 2c + 9 of one mma (k order inside
+ * an mma is free), and B's token-g column takes x[g] at those k.
+ * FP8: codes to f16 by the hardware pair conversion (exact); x as f16 high + low parts
+ * of x 2^e, e per (token, step) from the step's largest |x| (so nothing overflows f16),
+ * 22 bits in all; each step's sum is scaled by the rows' block scales and 2^-e.
+ * BF16: x as three bf16 parts (24 bits). Sums of a step go to float32 registers. */
+#define GM_WARPS 4
+#define GM_AHEAD 2 /* steps loaded ahead of the one in use, per warp */
+
+template <bool BF>
+__device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1)
+{
+    if (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t gm_f16x2(float a, float b)
+{
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+__device__ __forceinline__ uint32_t gm_bf16x2(float a, float b)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* Codes 2h, 2h + 1 of the word p as an f16x2 (exact). */
+__device__ __forceinline__ uint32_t gm_e4m3x2(uint32_t p, int h)
+{
+    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(p >> (16 * h)), __NV_E4M3);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+/* One step's products of a lane: wa, wb its 16 bytes of rows g and g + 8, xv its token's
+ * E values of x at the same k; d the step's sums (rows g, g + 8; tokens 2c, 2c + 1). */
+template <int F>
+__device__ __forceinline__ void gm_step(float *d, uint4 wa, uint4 wb, const float *xv, float *inv)
+{
+    uint32_t ua[4] = {wa.x, wa.y, wa.z, wa.w}, ub[4] = {wb.x, wb.y, wb.z, wb.w};
+    if (F == DS_W_FP8) {
+        float m = 0;
+        #pragma unroll
+        for (int e = 0; e < 16; e++) m = fmaxf(m, fabsf(xv[e]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        /* 2^sh with m 2^sh in [2^14, 2^15): f16 holds it, and its low part keeps 11 more bits */
+        int ex = m > 0 ? (int)((__float_as_uint(m) >> 23) & 0xff) - 127 : 0, sh = min(max(14 - ex, -100), 100);
+        float sc = __uint_as_float((uint32_t)(127 + sh) << 23);
+        *inv = __uint_as_float((uint32_t)(127 - sh) << 23);
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v[4], lo[4];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                v[e] = xv[4 * j + e] * sc;
+                lo[e] = v[e] - __half2float(__float2half_rn(v[e]));
+            }
+            uint32_t a0 = gm_e4m3x2(ua[j], 0), a2 = gm_e4m3x2(ua[j], 1);
+            uint32_t a1 = gm_e4m3x2(ub[j], 0), a3 = gm_e4m3x2(ub[j], 1);
+            gm_mma<false>(d, a0, a1, a2, a3, gm_f16x2(v[0], v[1]), gm_f16x2(v[2], v[3]));
+            gm_mma<false>(d, a0, a1, a2, a3, gm_f16x2(lo[0], lo[1]), gm_f16x2(lo[2], lo[3]));
+        }
+    } else {
+        *inv = 1.0f;
+        #pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float hi[4], mid[4], lo[4];
+            #pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = xv[4 * j + e];
+                hi[e] = __bfloat162float(__float2bfloat16_rn(x));
+                mid[e] = __bfloat162float(__float2bfloat16_rn(x - hi[e]));
+                lo[e] = x - hi[e] - mid[e];
+            }
+            uint32_t a0 = ua[2 * j], a2 = ua[2 * j + 1], a1 = ub[2 * j], a3 = ub[2 * j + 1];
+            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(hi[0], hi[1]), gm_bf16x2(hi[2], hi[3]));
+            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(mid[0], mid[1]), gm_bf16x2(mid[2], mid[3]));
+            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(lo[0], lo[1]), gm_bf16x2(lo[2], lo[3]));
+        }
+    }
+}
+
+/* Rows tile * 16 .. + 16 of one product for n <= 8 tokens (k % (4 E) == 0, 16-byte
+ * aligned rows and x). */
+template <int F>
+__device__ __forceinline__ void gm_tile(float *__restrict__ y, const float *__restrict__ x, int n,
+                                        const void *__restrict__ w, const float *__restrict__ ws, int k, int row0,
+                                        int rows, int tile)
+{
+    constexpr int E = 16 / cu_wsize<F>::v, SK = 4 * E;
+    __shared__ float red[GM_WARPS][16][8];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4, r0 = tile * 16;
+    int ra = row0 + min(r0 + g, rows - 1), rb = row0 + min(r0 + g + 8, rows - 1), steps = k / SK;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    const uint8_t *pa = (const uint8_t *)w + ((size_t)ra * k + c * E) * cu_wsize<F>::v;
+    const uint8_t *pb = (const uint8_t *)w + ((size_t)rb * k + c * E) * cu_wsize<F>::v;
+    const size_t sb = (size_t)SK * cu_wsize<F>::v; /* bytes per step */
+    /* the first steps' weights before the PDL wait: they depend on no kernel */
+    uint4 qa[GM_AHEAD + 1], qb[GM_AHEAD + 1];
+    #pragma unroll
+    for (int i = 0; i < GM_AHEAD; i++) {
+        int s = warp + i * GM_WARPS;
+        qa[i] = qb[i] = make_uint4(0, 0, 0, 0);
+        if (s < steps) {
+            qa[i] = *(const uint4 *)(pa + s * sb);
+            qb[i] = *(const uint4 *)(pb + s * sb);
+        }
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+    const float *xg = x + (size_t)min(g, n - 1) * k + c * E;
+    float tot[4] = {0, 0, 0, 0};
+    for (int s = warp; s < steps; s += GM_WARPS) {
+        int sn = s + GM_AHEAD * GM_WARPS;
+        qa[GM_AHEAD] = qb[GM_AHEAD] = make_uint4(0, 0, 0, 0);
+        if (sn < steps) {
+            qa[GM_AHEAD] = *(const uint4 *)(pa + sn * sb);
+            qb[GM_AHEAD] = *(const uint4 *)(pb + sn * sb);
+        }
+        float xv[E];
+        #pragma unroll
+        for (int e = 0; e < E; e += 4) {
+            float4 v = g < n ? *(const float4 *)(xg + (size_t)s * SK + e) : make_float4(0, 0, 0, 0);
+            xv[e] = v.x, xv[e + 1] = v.y, xv[e + 2] = v.z, xv[e + 3] = v.w;
+        }
+        float d[4] = {0, 0, 0, 0}, inv;
+        gm_step<F>(d, qa[0], qb[0], xv, &inv);
+        if (F == DS_W_FP8) { /* the rows' block scales; tokens 2c, 2c + 1's 2^-e */
+            float i0 = __shfl_sync(0xffffffffu, inv, 8 * c), i1 = __shfl_sync(0xffffffffu, inv, 8 * c + 4);
+            float fa = ws[(size_t)(ra / DS_BLOCK) * kb + s * SK / DS_BLOCK];
+            float fb = ws[(size_t)(rb / DS_BLOCK) * kb + s * SK / DS_BLOCK];
+            tot[0] += d[0] * fa * i0;
+            tot[1] += d[1] * fa * i1;
+            tot[2] += d[2] * fb * i0;
+            tot[3] += d[3] * fb * i1;
+        } else {
+            #pragma unroll
+            for (int i = 0; i < 4; i++) tot[i] += d[i];
+        }
+        #pragma unroll
+        for (int i = 0; i < GM_AHEAD; i++) {
+            qa[i] = qa[i + 1];
+            qb[i] = qb[i + 1];
+        }
+    }
+    red[warp][g][2 * c] = tot[0];
+    red[warp][g][2 * c + 1] = tot[1];
+    red[warp][g + 8][2 * c] = tot[2];
+    red[warp][g + 8][2 * c + 1] = tot[3];
+    __syncthreads();
+    for (int o = threadIdx.x; o < 16 * 8; o += blockDim.x) {
+        int rr = o / 8, t = o % 8;
+        if (t >= n || r0 + rr >= rows) continue;
+        float v = 0;
+        #pragma unroll
+        for (int wi = 0; wi < GM_WARPS; wi++) v += red[wi][rr][t];
+        y[(size_t)t * rows + r0 + rr] = v;
+    }
+}
+
+/* The products of t in one launch, a 16-row tile per block (b0: tiles). */
+template <int F>
+__global__ void __launch_bounds__(GM_WARPS * 32) gemv_mma_kernel(const gemv_jobs t, int n)
+{
+    int j = 0, b = (int)blockIdx.x;
+    while (j + 1 < t.nj && b >= t.b0[j + 1]) j++;
+    gm_tile<F>(t.y[j], (const float *)t.x[j], n, t.w[j], t.ws[j], t.k[j], t.row0[j], t.rows[j], b - t.b0[j]);
+}
+
+/* True when gemv_mma_kernel takes the jobs of t (filled up to b0) at n tokens: FP8 or BF16
+ * weights, 2..8 tokens, k a multiple of a step, 16-byte aligned rows and activations. */
+static bool gemv_mma_ok(int fmt, const gemv_jobs *t, int n)
+{
+    if (!cu_v.gemv_mma || n < 2 || n > 8 || (fmt != DS_W_FP8 && fmt != DS_W_BF16)) return false;
+    int sk = fmt == DS_W_FP8 ? 64 : 32, sz = fmt == DS_W_FP8 ? 1 : 2;
+    for (int j = 0; j < t->nj; j++)
+        if (t->k[j] % sk || (size_t)t->k[j] * sz % 16 || (uintptr_t)t->x[j] % 16 || (uintptr_t)t->w[j] % 16)
+            return false;
+    return true;
+}
+
+static void launch_gemv_mma(int fmt, gemv_jobs *t, int n)
+{
+    t->b0[0] = 0;
+    for (int j = 0; j < t->nj; j++) t->b0[j + 1] = t->b0[j] + (int)cu_blocks((size_t)t->rows[j], 16);
+    dim3 grid((unsigned)t->b0[t->nj]);
+    if (fmt == DS_W_FP8) cu_launch(gemv_mma_kernel<DS_W_FP8>, grid, GM_WARPS * 32, 0, *t, n);
+    else cu_launch(gemv_mma_kernel<DS_W_BF16>, grid, GM_WARPS * 32, 0, *t, n);
+}
+
 /* ---- tiled: the same product for n > 8, 64 x 64 outputs per block of 256 threads */
 
 template <int F, bool QA>
@@ -444,6 +651,21 @@ template <int F, bool QA>
 static void launch_product(float *y, const void *x, const float *xs, int n, const cu_weight *w, int k, int row0,
                            int rows)
 {
+    if (!QA && n >= 2 && n <= 8) { /* the tensor cores when they take it */
+        gemv_jobs t = {};
+        t.y[0] = y;
+        t.x[0] = x;
+        t.w[0] = w->data;
+        t.ws[0] = w->scale;
+        t.k[0] = k;
+        t.row0[0] = row0;
+        t.rows[0] = rows;
+        t.nj = 1;
+        if (gemv_mma_ok(F, &t, n)) {
+            launch_gemv_mma(F, &t, n);
+            return;
+        }
+    }
     if (n == 1) {
         launch_gemv<F, QA, 1>(y, x, xs, n, w, k, row0, rows);
     } else if (n == 2) {
@@ -578,6 +800,10 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
 template <int F>
 static void launch_many_fmt(gemv_jobs *t, int n)
 {
+    if (gemv_mma_ok(F, t, n)) {
+        launch_gemv_mma(F, t, n);
+        return;
+    }
     if (n == 1) launch_gemv_many<F, 1>(t, n);
     else if (n == 2) launch_gemv_many<F, 2>(t, n);
     else if (n <= 4) launch_gemv_many<F, 4>(t, n);

@@ -349,6 +349,8 @@ struct cu_variants {
                    * ahead; unset (-1): 1 | 4 at one token, 1 | 2 at more; 0: the stage-9 kernels */
     int hg_depth; /* DSV3_CUDA_HG_DEPTH: cache rows attn_hg_kernel's warps load ahead of the one used
                    * (2 since stage 10, then HG_CHUNK defaults to 64; 1: 32) */
+    int gemv_mma; /* DSV3_CUDA_GEMV_MMA (stage 12): products of 2..8 tokens with FP8 / BF16 weights
+                   * on the tensor cores (gemv_mma_kernel) */
     int moe_early; /* DSV3_CUDA_MOE_EARLY (stage 11): moe_up_warp_kernel computes the shared experts'
                     * tiles whole before its PDL wait, while the routing runs (on unless 0: BF16
                     * batch 1 2.173 -> 2.122 ms) */
