@@ -368,42 +368,39 @@ static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
 /* The integer value of environment variable name, def when unset or empty. */
 int cu_env_flag(const char *name, int def);
 
-/* kernel<<<g, b, smem, cu_s>>>(args...) with the PDL attribute when cu_pdl(). */
-template <typename... P, typename... A>
-static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, A... args)
-{
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t c = {};
-    c.gridDim = g;
-    c.blockDim = b;
-    c.dynamicSmemBytes = smem;
-    c.stream = cu_s;
-    c.attrs = at;
-    c.numAttrs = cu_pdl() ? 1 : 0;
-    cudaLaunchKernelEx(&c, kernel, ((P)args)...);
-}
-
-/* cu_launch for a kernel of thread block clusters of cx blocks along x (sm_90). */
+/* kernel<<<g, b, smem, cu_s>>>(args...) with the PDL attribute when cu_pdl(), in thread
+ * block clusters of cx blocks along x when cx > 1 (sm_90). */
 template <typename... P, typename... A>
 static inline void cu_launch_cluster(void (*kernel)(P...), dim3 g, dim3 b, unsigned cx, size_t smem, A... args)
 {
     cudaLaunchAttribute at[2];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = cx;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
+    unsigned na = 0;
+    if (cx > 1) {
+        at[na].id = cudaLaunchAttributeClusterDimension;
+        at[na].val.clusterDim.x = cx;
+        at[na].val.clusterDim.y = 1;
+        at[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (cu_pdl()) {
+        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cudaLaunchConfig_t c = {};
     c.gridDim = g;
     c.blockDim = b;
     c.dynamicSmemBytes = smem;
     c.stream = cu_s;
     c.attrs = at;
-    c.numAttrs = cu_pdl() ? 2 : 1;
+    c.numAttrs = na;
     cudaLaunchKernelEx(&c, kernel, ((P)args)...);
+}
+
+template <typename... P, typename... A>
+static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, A... args)
+{
+    cu_launch_cluster(kernel, g, b, 1, smem, args...);
 }
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
