@@ -132,15 +132,20 @@ static void free_weight(ds_weight *w)
 
 /* ---- products */
 
+/* The size of test_matmul's activations (1: up to ~64); the FP8 tensor-core path
+ * scales them into f16's range per 64-column chunk, so very large and very small
+ * ones are tried too. */
+static float g_xsize = 1.0f;
+
 static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nrows, ds_gemm_impl gemm, bool ue8m0,
                         bool host_io)
 {
     char label[128];
-    snprintf(label, sizeof label, "matmul %s%s%s %dx%d n=%d rows %d+%d%s", fmt_name(fmt),
+    snprintf(label, sizeof label, "matmul %s%s%s %dx%d n=%d rows %d+%d%s%s", fmt_name(fmt),
              gemm == DS_GEMM_FP8 ? " fp8gemm" : "", ue8m0 ? "/ue8m0" : "", rows, cols, n, row0, nrows,
-             host_io ? " (host io)" : "");
+             host_io ? " (host io)" : "", g_xsize > 1 ? " x large" : g_xsize < 1 ? " x small" : "");
     ds_weight w = make_weight(fmt, rows, cols);
-    float *x = hrand((size_t)n * cols, 1.0f);
+    float *x = hrand((size_t)n * cols, g_xsize);
     for (int i = 0; i < n; i++) /* rows of different magnitude, for the activation scales */
         for (int k = 0; k < cols; k++) x[(size_t)i * cols + k] *= (float)(1 << (i % 7)) * (k < 128 ? 0.01f : 1.0f);
     float *ref = malloc(sizeof(float) * (size_t)n * nrows);
@@ -761,6 +766,11 @@ static void test_prefill_products(void)
     test_matmul(DS_W_FP8, 600, 400, 17, 160, 333, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 257, 384, 130, 64, 193, DS_GEMM_BF16, false, true);
     test_matmul(DS_W_FP8, 257, 384, 130, 3, 250, DS_GEMM_BF16, false, false); /* row0 % 32 != 0: fallback */
+    g_xsize = 3e5f; /* f16 overflows without the per-chunk scales */
+    test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
+    g_xsize = 1e-6f; /* below f16's normal range without them */
+    test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
+    g_xsize = 1.0f;
 }
 
 /* The grouped decode MoE kernels at 1, 2, 3 and 8 tokens, BF16 / FP8 / F32, without and

@@ -299,39 +299,10 @@ __global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, i
 #define GM_WARPS 4
 #define GM_AHEAD 2 /* steps loaded ahead of the one in use, per warp */
 
-template <bool BF>
-__device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1)
-{
-    if (BF)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t gm_f16x2(float a, float b)
-{
-    __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<uint32_t *>(&h);
-}
-
 __device__ __forceinline__ uint32_t gm_bf16x2(float a, float b)
 {
     __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<uint32_t *>(&h);
-}
-
-/* Codes 2h, 2h + 1 of the word p as an f16x2 (exact). */
-__device__ __forceinline__ uint32_t gm_e4m3x2(uint32_t p, int h)
-{
-    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(p >> (16 * h)), __NV_E4M3);
-    return *reinterpret_cast<uint32_t *>(&r);
 }
 
 /* One step's products of a lane: wa, wb its 16 bytes of rows g and g + 8, xv its token's
@@ -358,10 +329,10 @@ __device__ __forceinline__ void gm_step(float *d, uint4 wa, uint4 wb, const floa
                 v[e] = xv[4 * j + e] * sc;
                 lo[e] = v[e] - __half2float(__float2half_rn(v[e]));
             }
-            uint32_t a0 = gm_e4m3x2(ua[j], 0), a2 = gm_e4m3x2(ua[j], 1);
-            uint32_t a1 = gm_e4m3x2(ub[j], 0), a3 = gm_e4m3x2(ub[j], 1);
-            gm_mma<false>(d, a0, a1, a2, a3, gm_f16x2(v[0], v[1]), gm_f16x2(v[2], v[3]));
-            gm_mma<false>(d, a0, a1, a2, a3, gm_f16x2(lo[0], lo[1]), gm_f16x2(lo[2], lo[3]));
+            uint32_t a0 = cu_e4m3x2(ua[j], 0), a2 = cu_e4m3x2(ua[j], 1);
+            uint32_t a1 = cu_e4m3x2(ub[j], 0), a3 = cu_e4m3x2(ub[j], 1);
+            cu_mma<false>(d, a0, a1, a2, a3, cu_f16x2(v[0], v[1]), cu_f16x2(v[2], v[3]));
+            cu_mma<false>(d, a0, a1, a2, a3, cu_f16x2(lo[0], lo[1]), cu_f16x2(lo[2], lo[3]));
         }
     } else {
         *inv = 1.0f;
@@ -376,9 +347,9 @@ __device__ __forceinline__ void gm_step(float *d, uint4 wa, uint4 wb, const floa
                 lo[e] = x - hi[e] - mid[e];
             }
             uint32_t a0 = ua[2 * j], a2 = ua[2 * j + 1], a1 = ub[2 * j], a3 = ub[2 * j + 1];
-            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(hi[0], hi[1]), gm_bf16x2(hi[2], hi[3]));
-            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(mid[0], mid[1]), gm_bf16x2(mid[2], mid[3]));
-            gm_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(lo[0], lo[1]), gm_bf16x2(lo[2], lo[3]));
+            cu_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(hi[0], hi[1]), gm_bf16x2(hi[2], hi[3]));
+            cu_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(mid[0], mid[1]), gm_bf16x2(mid[2], mid[3]));
+            cu_mma<true>(d, a0, a1, a2, a3, gm_bf16x2(lo[0], lo[1]), gm_bf16x2(lo[2], lo[3]));
         }
     }
 }

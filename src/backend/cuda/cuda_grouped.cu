@@ -3,23 +3,22 @@
  * the tokens gathered in expert order) and FP8 weights with block scales.
  *
  * Tiles: GG_BM = 64 tokens of one expert x BN weight rows per block of 8 warps
- * (2 x 4 warps, bf16 WMMA 16x16x16 with float32 accumulation). A tile list
- * (expert, first token, end token) made on the host from the routing counts
+ * (2 x 4 warps, float32 sums on the tensor cores). A tile list (expert, first
+ * token, end token), made on the device or the host from the routing counts,
  * tells each block its expert, so one launch covers every expert whatever its
  * token count; 16-row fragments wholly past an expert's last token skip their
  * products.
  *   up:   B rows 0 .. BN/2-1 are rows r0.. of w1, the rest the same rows of w3;
- *         the epilogue writes h = silu(w1 x) * (w3 x) as bf16 (hi + lo halves).
+ *         the epilogue writes h = silu(w1 x) * (w3 x) in the A form of down.
  *   down: B rows are BN rows of w2; the epilogue writes float32 y rows.
- * Activations: bf16 hi + lo halves (x = hi + lo to ~16 bits, two products per
- * fragment; the default), or bf16 once with DSV3_CUDA_GEMM=bf16.
- *   BF16 weights: ga_kernel, BN = 256 (warp: 32 tokens x 64 rows), cp.async
- *     with GA_ST stages of GA_BK = 32.
- *   FP8 weights: gg_kernel, BN = 128 (warp: 32 x 32), GG_BK = 64 with the next
- *     step's loads held in registers; e4m3 values are exact in bf16, and each
- *     warp's 32 columns lie in one 128-row scale block, so its partial sums
- *     over each 128-k block are scaled by that block's scale (as the
- *     reference's fp8_gemm does). cu_dense_fp8_tc uses the down form for an
+ * Activations are split into high + low parts (two products per fragment; the
+ * default), or rounded once with DSV3_CUDA_GEMM=bf16.
+ *   BF16 weights: ga_kernel, BN = 256 (warp: 32 tokens x 64 rows), bf16 WMMA,
+ *     cp.async with GA_ST stages of GA_BK = 32; x as bf16 hi + lo (~16 bits).
+ *   FP8 weights: gf_kernel, BN = 128 (warp: 32 x 32), f16 mma.m16n8k16,
+ *     cp.async of the e4m3 bytes; x as f16 hi + lo of x 2^s (~22 bits), s per
+ *     64-column chunk; block scales on each chunk's partial sums (as the
+ *     reference's fp8_gemm does). cu_dense_fp8_tc uses its down form for an
  *     ordinary FP8 matmul (one "expert", every token).
  * Needs K % 16 == 0 for both products and 16-byte aligned weights. */
 #include <cuda_bf16.h>
@@ -32,20 +31,7 @@
 using namespace nvcuda;
 
 #define GG_BM 64
-#define GG_BN 128
-#define GG_BK 64
-#define GG_LD (GG_BK + 8) /* shared row stride in bf16: 144 bytes, 16-byte aligned rows */
-#define GG_CLD (GG_BN + 4)
 #define GG_THREADS 256
-
-struct gg_smem_pipe { /* bf16 bits; a[1] (the lo halves) only in split mode */
-    uint16_t a[2][2][GG_BM][GG_LD]; /* [stage][hi, lo] */
-    uint16_t b[2][GG_BN][GG_LD];
-};
-union gg_smem {
-    gg_smem_pipe p;
-    float c[GG_BM][GG_CLD];
-};
 
 __device__ __forceinline__ uint32_t gg_pack(float lo, float hi)
 {
@@ -72,70 +58,6 @@ __global__ void gg_gather_kernel(__nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *
         uint2 l = {gg_pack(v.x - fa.x, v.y - fa.y), gg_pack(v.z - fb.x, v.w - fb.y)};
         *(uint2 *)(xl + r * k + c) = l;
     }
-}
-
-/* One thread's share of a stage (GG_BK = 64): A: 64 rows x 8 chunks of 8 bf16
- * = 512 chunks, two per thread (and two of lo); B: 128 rows x 64 k, BF16: 1024
- * chunks of 8, four per thread (row tid / 2, 32 consecutive k); FP8: the same
- * 32 k from two 16-byte loads, dequantised into four chunks of 8 bf16. */
-struct gg_regs {
-    uint4 a[2][2]; /* [hi, lo][chunk] */
-    uint4 b[4];
-};
-
-template <int F, bool UP, bool SPLIT>
-__device__ __forceinline__ void gg_load(gg_regs &g, const __nv_bfloat16 *__restrict__ xh,
-                                        const __nv_bfloat16 *__restrict__ xl, int t0, int t1, const cu_weight &wa,
-                                        const cu_weight &wb, int r0, int rows, int k, int k0, int row0)
-{
-    int tid = threadIdx.x;
-    #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
-        bool in = t < t1 && kk < k;
-        g.a[0][j] = in ? *(const uint4 *)(xh + (size_t)t * k + kk) : make_uint4(0, 0, 0, 0);
-        if (SPLIT) g.a[1][j] = in ? *(const uint4 *)(xl + (size_t)t * k + kk) : make_uint4(0, 0, 0, 0);
-    }
-    int n = tid / 2, c = (tid % 2) * 32, kk = k0 + c;
-    const cu_weight &w = UP && n >= GG_BN / 2 ? wb : wa;
-    int r = UP ? r0 + n % (GG_BN / 2) : r0 + n;
-    bool in = r < rows;
-    r += row0;
-    if (F == DS_W_BF16) {
-        const uint4 *p = (const uint4 *)((const __nv_bfloat16 *)w.data + (size_t)r * k + kk);
-        #pragma unroll
-        for (int j = 0; j < 4; j++) g.b[j] = in && kk + 8 * j < k ? p[j] : make_uint4(0, 0, 0, 0);
-    } else {
-        const uint4 *p = (const uint4 *)((const uint8_t *)w.data + (size_t)r * k + kk);
-        const float s = 1.0f; /* e4m3 values are exact in bf16; the block scales are applied to partial sums */
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint4 u = in && kk + 16 * h < k ? p[h] : make_uint4(0, 0, 0, 0);
-            uint32_t v[4] = {u.x, u.y, u.z, u.w}, o[8];
-            #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                o[2 * e] = gg_pack(cu_e4m3_bits(v[e]) * s, cu_e4m3_bits(v[e] >> 8) * s);
-                o[2 * e + 1] = gg_pack(cu_e4m3_bits(v[e] >> 16) * s, cu_e4m3_bits(v[e] >> 24) * s);
-            }
-            g.b[2 * h] = make_uint4(o[0], o[1], o[2], o[3]);
-            g.b[2 * h + 1] = make_uint4(o[4], o[5], o[6], o[7]);
-        }
-    }
-}
-
-template <bool SPLIT>
-__device__ __forceinline__ void gg_store(const gg_regs &g, gg_smem_pipe &s, int buf)
-{
-    int tid = threadIdx.x;
-    #pragma unroll
-    for (int j = 0; j < 2; j++) {
-        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
-        *(uint4 *)&s.a[buf][0][m][c] = g.a[0][j];
-        if (SPLIT) *(uint4 *)&s.a[buf][1][m][c] = g.a[1][j];
-    }
-    int n = tid / 2, c = (tid % 2) * 32;
-    #pragma unroll
-    for (int j = 0; j < 4; j++) *(uint4 *)&s.b[buf][n][c + 8 * j] = g.b[j];
 }
 
 /* The block's outputs from the float32 tile c (GG_BM x BN, row stride CLD): UP:
@@ -280,127 +202,341 @@ ga_kernel(float *__restrict__ oy, __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 
     gg_epilogue<UP, SPLIT, GA_BN, GA_CLD>(sm.c, oy, oh, ol, t0, t1, r0, rows);
 }
 
-/* tiles[blockIdx.y] = (expert e, first token, end token); blockIdx.x: GG_BN rows
- * (UP: GG_BN / 2 rows of w1 and the same of w3). A: xh (+ xl) bf16 (total, k).
- * UP writes h = silu(w1 x) * (w3 x) as bf16 into oh (and the remainder into ol
- * in split mode), (total, rows); else float32 y (total, rows) into oy. */
+/* ---- gf_kernel (stage 13): mma.m16n8k16 with raw fragments, cp.async of GF_BK
+ * columns per stage.
+ * FP8 weights: the e4m3 codes go into shared memory as bytes and become f16
+ * pairs by the hardware conversion (exact) as each fragment is read; the
+ * activations are f16 high (+ low) parts of x 2^s, one power of two s per
+ * (token, 64-column chunk) bringing the chunk's largest |x| under 2^15, so
+ * nothing overflows f16 and hi + lo keep ~22 bits. Each k step is one chunk:
+ * its partial sums are scaled by the chunk's 2^-s and the weight block's scale
+ * and added to the float32 sums (the reference's fp8_gemm scales per-block
+ * partial sums the same way). Before (gg_kernel): bf16 WMMA, e4m3 widened in
+ * registers one code at a time, x as bf16 hi + lo.
+ * BF16 weights: bf16 operands, x as bf16 hi (+ lo) of x 2^s (the same chunks;
+ * the scale is exact and keeps one code path).
+ * Fragments: lane (g = lane / 4, q = lane % 4) takes elements 4q .. 4q + 3 of
+ * each 16-k slice of a weight row (FP8: one ldmatrix of b16 pairs of codes;
+ * BF16: one 8-byte read) as the mma's k slots 2q, 2q + 1, 2q + 8, 2q + 9, and
+ * the same four activation columns with one 8-byte read per row (k order
+ * inside an mma is free). */
+#define GF_BN 128
+#define GF_BK 64
+#define GF_ALD (GF_BK + 16) /* f16: 160-byte rows, the 8-byte reads of a half warp hit distinct banks */
+/* weight row bytes in shared memory: FP8 80 (conflict-free ldmatrix), BF16 160 (as A) */
+#define GF_BLD(F) ((F) == DS_W_FP8 ? GF_BK + 16 : 2 * GF_ALD)
+/* stages: 3 for FP8 (90 KB, two blocks per SM); BF16 stages are 40 KB */
+#define GF_ST(F) ((F) == DS_W_FP8 ? 3 : GF_ST_BF16)
+#ifndef GF_ST_BF16
+#define GF_ST_BF16 2
+#endif
+#define GF_CLD (GF_BN + 4)
+
+template <int F>
+struct gf_stage {
+    uint16_t a[2][GG_BM][GF_ALD]; /* f16 (FP8) or bf16 (BF16) bits: hi, lo (split mode) */
+    uint8_t b[GF_BN][GF_BLD(F)];
+};
+template <int F>
+union gf_smem {
+    gf_stage<F> s[GF_ST(F)];
+    float c[GG_BM][GF_CLD];
+};
+
+/* 2^(15 - e) for the e with amax < 2^e (1 for 0 and non-finite amax), *inv = its
+ * inverse; e is held at -100 or more so both stay normal floats. */
+__device__ __forceinline__ float gf_scale(float amax, float *inv)
+{
+    uint32_t b = __float_as_uint(amax) >> 23;
+    if (!(amax > 0.0f) || b >= 255) {
+        *inv = 1.0f;
+        return 1.0f;
+    }
+    int e = max((int)b - 126, -100);
+    *inv = __uint_as_float((uint32_t)(127 + e - 15) << 23);
+    return __uint_as_float((uint32_t)(127 + 15 - e) << 23);
+}
+
+/* h[i], h[i + 1] = f16 (bf16 when BF) of a, b; l the remainders (when l is not NULL) */
+template <bool BF>
+__device__ __forceinline__ void gf_put(uint16_t *__restrict__ h, uint16_t *__restrict__ l, size_t i, float a, float b)
+{
+    float2 f;
+    if (BF) {
+        __nv_bfloat162 hi = __floats2bfloat162_rn(a, b);
+        *(__nv_bfloat162 *)(h + i) = hi;
+        f = __bfloat1622float2(hi);
+        if (l) *(__nv_bfloat162 *)(l + i) = __floats2bfloat162_rn(a - f.x, b - f.y);
+    } else {
+        __half2 hi = __floats2half2_rn(a, b);
+        *(__half2 *)(h + i) = hi;
+        f = __half22float2(hi);
+        if (l) *(__half2 *)(l + i) = __floats2half2_rn(a - f.x, b - f.y);
+    }
+}
+
+/* x (n, k) float32 rows list[i] (row i without a list) -> xh (+ xl) f16 (bf16 when
+ * BF) of x 2^s and xs (n, ceil(k / 64)) = 2^-s per 64-column chunk; one warp per chunk. */
+template <bool BF>
+__global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
+                                 const float *__restrict__ x, const int *__restrict__ list, int total, int k,
+                                 const int *__restrict__ total_d)
+{
+    if (total_d) total = *total_d; /* the grid covers the bound, the device holds the count */
+    int kc = (k + GF_BK - 1) / GF_BK, lane = threadIdx.x % 32;
+    size_t w = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (w >= (size_t)total * kc) return; /* the whole warp */
+    size_t r = w / kc;
+    int c = (int)(w % kc) * GF_BK + 2 * lane;
+    float2 v = c < k ? *(const float2 *)(x + (size_t)(list ? list[r] : (int)r) * k + c) : make_float2(0, 0);
+    float m = fmaxf(fabsf(v.x), fabsf(v.y));
+    #pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+    float inv, s = gf_scale(m, &inv);
+    if (c < k) gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
+    if (lane == 0) xs[w] = inv;
+}
+
+template <int F, bool UP, bool SPLIT>
+__device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
+                                         int t0, int t1, const cu_weight &wa, const cu_weight &wb, int r0, int rows,
+                                         int k, int k0, int row0)
+{
+    int tid = threadIdx.x;
+    #pragma unroll
+    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
+        bool in = t < t1 && kk < k;
+        size_t off = in ? (size_t)t * k + kk : 0;
+        ga_cp16(&st.a[0][m][c], xh + off, in);
+        if (SPLIT) ga_cp16(&st.a[1][m][c], xl + off, in);
+    }
+    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16; /* element bytes, 16-byte chunks per row */
+    #pragma unroll
+    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
+        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
+        bool in = r < rows && kk < k;
+        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
+        ga_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
+    }
+}
+
+/* tiles[blockIdx.y] = (expert e, first token, end token); blockIdx.x: GF_BN rows
+ * (UP: GF_BN / 2 rows of w1 and the same rows of w3). A: xh (+ xl) (total, k)
+ * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
+ * oh (+ ol) f16 (total, rows) and os (total, ceil(rows / 64)), one chunk per
+ * block; else float32 y (total, rows) into oy. Warps: 2 x 4, each 32 tokens x 32
+ * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32). */
 template <int F, bool UP, bool SPLIT>
 __global__ void __launch_bounds__(GG_THREADS, 2)
-gg_kernel(float *__restrict__ oy, __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 *__restrict__ ol,
-          const __nv_bfloat16 *__restrict__ xh, const __nv_bfloat16 *__restrict__ xl, const int4 *__restrict__ tiles,
-          const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab, int k, int rows, int row0)
+gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
+          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
+          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+          int k, int rows, int row0)
 {
-    extern __shared__ __align__(128) unsigned char gg_raw[];
-    gg_smem &sm = *(gg_smem *)gg_raw;
+    extern __shared__ __align__(128) unsigned char gf_raw[];
+    gf_smem<F> &sm = *(gf_smem<F> *)gf_raw;
+    const bool BF = F == DS_W_BF16;
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return; /* an empty tile past the device-grouped count */
-    int r0 = blockIdx.x * (UP ? GG_BN / 2 : GG_BN);
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
-    int warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-    #pragma unroll
-    for (int i = 0; i < 2; i++)
-        #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    /* FP8: this warp's 32 columns lie in one 128-row block of one weight (UP: wn < 2
-     * w1, else w3; r0 is a multiple of 64): partial sums over each 128-k block are
-     * scaled by that block's scale, as the reference's fp8_gemm does */
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> part[2][2];
-    const float *srow = NULL;
-    if (F == DS_W_FP8) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4, g = lane / 4, q = lane % 4;
+    const float *srow = NULL; /* FP8 only */
+    if (!BF) {
         const cu_weight &w = UP && wn >= 2 ? wb : wa;
         int r = UP ? r0 + (wn % 2) * 32 : r0 + wn * 32;
         r = row0 + min(r, rows - 1);
         srow = w.scale + (size_t)(r / DS_BLOCK) * ((k + DS_BLOCK - 1) / DS_BLOCK);
-        #pragma unroll
-        for (int i = 0; i < 2; i++)
-            #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::fill_fragment(part[i][j], 0.0f);
     }
+    int kc = (k + GF_BK - 1) / GF_BK;
     bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1}; /* see ga_kernel */
-    gg_regs g;
-    gg_load<F, UP, SPLIT>(g, xh, xl, t0, t1, wa, wb, r0, rows, k, 0, row0);
-    gg_store<SPLIT>(g, sm.p, 0);
-    __syncthreads();
-    int nk = (k + GG_BK - 1) / GG_BK;
-    for (int ks = 0; ks < nk; ks++) {
-        int buf = ks & 1;
-        if (ks + 1 < nk) gg_load<F, UP, SPLIT>(g, xh, xl, t0, t1, wa, wb, r0, rows, k, (ks + 1) * GG_BK, row0);
-        #pragma unroll
-        for (int kk = 0; kk < GG_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[2];
-            #pragma unroll
-            for (int j = 0; j < 2; j++)
-                wmma::load_matrix_sync(fb[j], (const __nv_bfloat16 *)&sm.p.b[buf][wn * 32 + j * 16][kk], GG_LD);
-            #pragma unroll
-            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
-                #pragma unroll
-                for (int i = 0; i < 2; i++)
-                    if (live[i]) wmma::load_matrix_sync(fa[i], (const __nv_bfloat16 *)&sm.p.a[buf][hl][wm * 32 + i * 16][kk], GG_LD);
-                #pragma unroll
-                for (int i = 0; i < 2; i++)
-                    #pragma unroll
-                    for (int j = 0; j < 2; j++) {
-                        if (!live[i]) continue;
-                        if (F == DS_W_FP8) wmma::mma_sync(part[i][j], fa[i], fb[j], part[i][j]);
-                        else wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
-                    }
-            }
-        }
-        if (F == DS_W_FP8 && (((ks + 1) * GG_BK) % DS_BLOCK == 0 || ks + 1 == nk)) {
-            float sc = srow[ks * GG_BK / DS_BLOCK];
-            #pragma unroll
-            for (int i = 0; i < 2; i++)
-                #pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    #pragma unroll
-                    for (int q = 0; q < acc[i][j].num_elements; q++) acc[i][j].x[q] += sc * part[i][j].x[q];
-                    wmma::fill_fragment(part[i][j], 0.0f);
-                }
-        }
-        if (ks + 1 < nk) gg_store<SPLIT>(g, sm.p, buf ^ 1);
-        __syncthreads();
-    }
+    const float *xsr[2][2]; /* this lane's token rows: wm * 32 + 16 i + g + 8 h */
     #pragma unroll
     for (int i = 0; i < 2; i++)
         #pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * 32 + j * 16], acc[i][j], GG_CLD, wmma::mem_row_major);
+        for (int h = 0; h < 2; h++) {
+            int t = t0 + wm * 32 + 16 * i + g + 8 * h;
+            xsr[i][h] = t < t1 ? xs + (size_t)t * kc : NULL;
+        }
+    float acc[2][4][4], part[2][4][4];
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++)
+            #pragma unroll
+            for (int c = 0; c < 4; c++) acc[i][j][c] = part[i][j][c] = 0.0f;
+    #pragma unroll
+    for (int st = 0; st < GF_ST(F) - 1; st++) {
+        if (st < kc) gf_issue<F, UP, SPLIT>(sm.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, st * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int ks = 0; ks < kc; ks++) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GF_ST(F) - 2));
+        __syncthreads();
+        int nx = ks + GF_ST(F) - 1;
+        if (nx < kc) gf_issue<F, UP, SPLIT>(sm.s[nx % GF_ST(F)], xh, xl, t0, t1, wa, wb, r0, rows, k, nx * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+        float fx[2][2], sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) fx[i][h] = xsr[i][h] ? xsr[i][h][ks] * sw : 0.0f;
+        const gf_stage<F> &st = sm.s[ks % GF_ST(F)];
+        #pragma unroll
+        for (int kk = 0; kk < GF_BK; kk += 16) {
+            uint32_t b[4][2];
+            if (BF) {
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    uint2 v = *(const uint2 *)&st.b[wn * 32 + 8 * j + g][2 * (kk + 4 * q)];
+                    b[j][0] = v.x, b[j][1] = v.y;
+                }
+            } else {
+                uint32_t bq[4];
+                unsigned ba = (unsigned)__cvta_generic_to_shared(&st.b[wn * 32 + lane][kk]);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                             : "=r"(bq[0]), "=r"(bq[1]), "=r"(bq[2]), "=r"(bq[3])
+                             : "r"(ba));
+                #pragma unroll
+                for (int j = 0; j < 4; j++) b[j][0] = cu_e4m3x2(bq[j], 0), b[j][1] = cu_e4m3x2(bq[j], 1);
+            }
+            #pragma unroll
+            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
+                #pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    if (!live[i]) continue;
+                    int m = wm * 32 + 16 * i + g;
+                    uint2 v0 = *(const uint2 *)&st.a[hl][m][kk + 4 * q];
+                    uint2 v1 = *(const uint2 *)&st.a[hl][m + 8][kk + 4 * q];
+                    #pragma unroll
+                    for (int j = 0; j < 4; j++) cu_mma<BF>(part[i][j], v0.x, v1.x, v0.y, v1.y, b[j][0], b[j][1]);
+                }
+        }
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int j = 0; j < 4; j++) {
+                acc[i][j][0] += fx[i][0] * part[i][j][0];
+                acc[i][j][1] += fx[i][0] * part[i][j][1];
+                acc[i][j][2] += fx[i][1] * part[i][j][2];
+                acc[i][j][3] += fx[i][1] * part[i][j][3];
+                #pragma unroll
+                for (int c = 0; c < 4; c++) part[i][j][c] = 0.0f;
+            }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
-    gg_epilogue<UP, SPLIT, GG_BN, GG_CLD>(sm.c, oy, oh, ol, t0, t1, r0, rows);
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = wm * 32 + 16 * i + g, n = wn * 32 + 8 * j + 2 * q;
+            sm.c[m][n] = acc[i][j][0];
+            sm.c[m][n + 1] = acc[i][j][1];
+            sm.c[m + 8][n] = acc[i][j][2];
+            sm.c[m + 8][n + 1] = acc[i][j][3];
+        }
+    __syncthreads();
+    if (!UP) {
+        gg_epilogue<false, SPLIT, GF_BN, GF_CLD>(sm.c, oy, NULL, NULL, t0, t1, r0, rows);
+        return;
+    }
+    /* h for this block's 64 columns (one chunk) of each token: a warp per token */
+    int hc = (rows + GF_BK - 1) / GF_BK;
+    for (int m = warp; m < GG_BM && t0 + m < t1; m += GG_THREADS / 32) {
+        size_t t = (size_t)t0 + m;
+        float v[2], mx = 0.0f;
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int j = lane + 32 * h;
+            float a = sm.c[m][j];
+            v[h] = r0 + j < rows ? a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j] : 0.0f;
+            mx = fmaxf(mx, fabsf(v[h]));
+        }
+        #pragma unroll
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+        float inv, s = gf_scale(mx, &inv);
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = r0 + lane + 32 * h;
+            if (r >= rows) continue;
+            float hv = v[h] * s, hr;
+            uint16_t hb;
+            if (BF) {
+                __nv_bfloat16 x = __float2bfloat16_rn(hv);
+                hb = __bfloat16_as_ushort(x), hr = hv - __bfloat162float(x);
+            } else {
+                __half x = __float2half_rn(hv);
+                hb = __half_as_ushort(x), hr = hv - __half2float(x);
+            }
+            oh[t * rows + r] = hb;
+            if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
+        }
+        if (lane == 0) os[t * hc + r0 / GF_BK] = inv;
+    }
 }
 
 template <int F, bool SPLIT>
-static bool gg_launch(float *ys, __nv_bfloat16 *xh, __nv_bfloat16 *xl, __nv_bfloat16 *hh, __nv_bfloat16 *hl,
+static bool gf_ready(void)
+{
+    static bool attr;
+    int smem = (int)sizeof(gf_smem<F>);
+    if (!attr)
+        attr = cu_check(cudaFuncSetAttribute(gf_kernel<F, true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        "grouped products: shared memory") &&
+               cu_check(cudaFuncSetAttribute(gf_kernel<F, false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        "grouped products: shared memory");
+    return attr;
+}
+
+/* The experts on gf_kernel: x gathered, then up and down. */
+template <int F, bool SPLIT>
+static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
+                       const cu_weight *tab, int ne, int dim, int inter)
+{
+    int halves = SPLIT ? 2 : 1, xc = (dim + GF_BK - 1) / GF_BK, hc = (inter + GF_BK - 1) / GF_BK;
+    size_t nx = (size_t)nk * dim, nh = (size_t)nk * inter;
+    uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
+    uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
+    float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
+    bool ok = xb && hb && sc && gf_ready<F, SPLIT>();
+    if (ok) {
+        size_t smem = sizeof(gf_smem<F>);
+        uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
+        float *xs = sc, *hs = sc + (size_t)nk * xc;
+        gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
+        gf_kernel<F, true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim,
+                                                                inter, 0);
+        gf_kernel<F, false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL,
+                                                                 inter, dim, 0);
+        ok = cu_check(cudaGetLastError(), "grouped experts: launch");
+    }
+    cu_free(xb);
+    cu_free(hb);
+    cu_free(sc);
+    return ok;
+}
+
+template <bool SPLIT>
+static bool ga_launch(float *ys, __nv_bfloat16 *xh, __nv_bfloat16 *xl, __nv_bfloat16 *hh, __nv_bfloat16 *hl,
                       const int4 *dt, int nt, const cu_weight *tab, int ne, int dim, int inter)
 {
     static bool attr;
-    size_t smem = F == DS_W_BF16 ? sizeof(ga_smem) : sizeof(gg_smem);
-    if (!attr) {
-        if (F == DS_W_BF16)
-            attr = cu_check(cudaFuncSetAttribute(ga_kernel<true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                            "grouped experts: shared memory") &&
-                   cu_check(cudaFuncSetAttribute(ga_kernel<false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                            "grouped experts: shared memory");
-        else
-            attr = cu_check(cudaFuncSetAttribute(gg_kernel<F, true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                            "grouped experts: shared memory") &&
-                   cu_check(cudaFuncSetAttribute(gg_kernel<F, false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                            "grouped experts: shared memory");
-        if (!attr) return false;
-    }
-    dim3 gu(cu_blocks((size_t)inter, GG_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GG_BN), (unsigned)nt);
-    if (F == DS_W_BF16) {
-        gu.x = cu_blocks((size_t)inter, GA_BN / 2);
-        gd.x = cu_blocks((size_t)dim, GA_BN);
-        ga_kernel<true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hh, hl, xh, xl, dt, tab, tab + ne, dim, inter, 0);
-        ga_kernel<false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, hh, hl, dt, tab + 2 * ne, NULL, inter, dim, 0);
-    } else {
-        gg_kernel<F, true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hh, hl, xh, xl, dt, tab, tab + ne, dim, inter, 0);
-        gg_kernel<F, false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, hh, hl, dt, tab + 2 * ne, NULL, inter, dim, 0);
-    }
+    size_t smem = sizeof(ga_smem);
+    if (!attr)
+        attr = cu_check(cudaFuncSetAttribute(ga_kernel<true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                        "grouped experts: shared memory") &&
+               cu_check(cudaFuncSetAttribute(ga_kernel<false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                        "grouped experts: shared memory");
+    if (!attr) return false;
+    dim3 gu(cu_blocks((size_t)inter, GA_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GA_BN), (unsigned)nt);
+    ga_kernel<true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hh, hl, xh, xl, dt, tab, tab + ne, dim, inter, 0);
+    ga_kernel<false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, hh, hl, dt, tab + 2 * ne, NULL, inter, dim, 0);
     return cu_check(cudaGetLastError(), "grouped experts: launch");
 }
 
@@ -420,6 +556,12 @@ bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const in
                             int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter)
 {
     bool split = cu_gemm_split();
+    if (fmt == DS_W_FP8)
+        return split ? gf_experts<DS_W_FP8, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
+                     : gf_experts<DS_W_FP8, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
+    if (cu_v.grouped_mma)
+        return split ? gf_experts<DS_W_BF16, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
+                     : gf_experts<DS_W_BF16, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
     int halves = split ? 2 : 1;
     size_t nx = (size_t)nk * dim, nh = (size_t)nk * inter;
     __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nx * halves);
@@ -428,12 +570,8 @@ bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const in
     if (ok) {
         __nv_bfloat16 *xl = split ? xb + nx : NULL, *hl = split ? hb + nh : NULL;
         gg_gather_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>(xb, xl, x, list, nk, dim, total);
-        if (fmt == DS_W_FP8)
-            ok = split ? gg_launch<DS_W_FP8, true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
-                       : gg_launch<DS_W_FP8, false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
-        else
-            ok = split ? gg_launch<DS_W_BF16, true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
-                       : gg_launch<DS_W_BF16, false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
+        ok = split ? ga_launch<true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
+                   : ga_launch<false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
     }
     cu_free(xb);
     cu_free(hb);
@@ -463,51 +601,46 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
 }
 
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T for an FP8 weight on the
- * tensor cores (the down kernel with one "expert" and every token): e4m3
- * values exact in bf16, block scales on the partial sums of each 128-k block,
- * activations bf16 (hi + lo in split mode). Needs k % 16 == 0. */
+ * tensor cores: gf_kernel's down form with one "expert" and every token (exact
+ * e4m3, activations as f16 parts of x 2^s, block scales on the partial sums of
+ * each chunk). Needs k % 16 == 0 and row0 % 32 == 0. */
+template <bool SPLIT>
+static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, const cu_weight *tab, int k, int row0,
+                     int rows)
+{
+    int kc = (k + GF_BK - 1) / GF_BK;
+    size_t nx = (size_t)n * k;
+    uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
+    float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
+    bool ok = xb && xs && gf_ready<DS_W_FP8, SPLIT>();
+    if (ok) {
+        uint16_t *xl = SPLIT ? xb + nx : NULL;
+        gf_gather_kernel<false><<<cu_blocks((size_t)n * kc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
+        gf_kernel<DS_W_FP8, false, SPLIT><<<grid, GG_THREADS, sizeof(gf_smem<DS_W_FP8>), cu_s>>>(y, NULL, NULL, NULL, xb, xl, xs, dt, tab,
+                                                                             NULL, k, rows, row0);
+        ok = cu_check(cudaGetLastError(), "fp8 product: launch");
+    }
+    cu_free(xb);
+    cu_free(xs);
+    return ok;
+}
+
 bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows)
 {
-    bool split = cu_gemm_split();
-    int nt = (n + GG_BM - 1) / GG_BM, halves = split ? 2 : 1;
-    size_t nx = (size_t)n * k;
+    int nt = (n + GG_BM - 1) / GG_BM;
     int4 *ht = (int4 *)malloc(sizeof(int4) * (size_t)nt + sizeof(cu_weight));
     int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)nt + sizeof(cu_weight));
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nx * halves);
-    bool ok = ht && dt && xb;
+    bool ok = ht && dt;
     if (ok) {
         for (int i = 0; i < nt; i++) ht[i] = make_int4(0, i * GG_BM, (i + 1) * GG_BM < n ? (i + 1) * GG_BM : n, 0);
         memcpy(ht + nt, dw, sizeof(cu_weight));
         cu_upload(dt, ht, sizeof(int4) * (size_t)nt + sizeof(cu_weight));
         const cu_weight *tab = (const cu_weight *)(dt + nt);
-        __nv_bfloat16 *xl = split ? xb + nx : NULL;
-        gg_gather_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>(xb, xl, x, NULL, n, k);
-        static bool attr[2];
-        size_t smem = sizeof(gg_smem);
-        dim3 grid(cu_blocks((size_t)rows, GG_BN), (unsigned)nt);
-        if (split) {
-            if (!attr[1])
-                attr[1] = cu_check(cudaFuncSetAttribute(gg_kernel<DS_W_FP8, false, true>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                                   "fp8 product: shared memory");
-            if (attr[1])
-                gg_kernel<DS_W_FP8, false, true><<<grid, GG_THREADS, smem, cu_s>>>(y, NULL, NULL, xb, xl, dt, tab, NULL,
-                                                                                 k, rows, row0);
-            ok = attr[1];
-        } else {
-            if (!attr[0])
-                attr[0] = cu_check(cudaFuncSetAttribute(gg_kernel<DS_W_FP8, false, false>,
-                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                                   "fp8 product: shared memory");
-            if (attr[0])
-                gg_kernel<DS_W_FP8, false, false><<<grid, GG_THREADS, smem, cu_s>>>(y, NULL, NULL, xb, xl, dt, tab, NULL,
-                                                                                  k, rows, row0);
-            ok = attr[0];
-        }
-        ok = ok && cu_check(cudaGetLastError(), "fp8 product: launch");
+        ok = cu_gemm_split() ? gf_dense<true>(y, x, n, dt, nt, tab, k, row0, rows)
+                             : gf_dense<false>(y, x, n, dt, nt, tab, k, row0, rows);
     }
     free(ht);
     cu_free(dt);
-    cu_free(xb);
     return ok;
 }

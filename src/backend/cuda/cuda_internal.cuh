@@ -112,6 +112,37 @@ __device__ __forceinline__ void cu_e4m3x4(uint32_t p, float *out)
 #endif
 }
 
+/* Codes 2h, 2h + 1 of the word p as an f16x2 (exact; sm_89 and later). */
+__device__ __forceinline__ uint32_t cu_e4m3x2(uint32_t p, int h)
+{
+    __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(p >> (16 * h)), __NV_E4M3);
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+__device__ __forceinline__ uint32_t cu_f16x2(float a, float b)
+{
+    __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<uint32_t *>(&h);
+}
+
+/* d += A (16 x 16, row major: a0..a3) . B (16 x 8, column major: b0, b1) on the
+ * tensor cores, bf16 (BF) or f16 operands, float32 sums (mma.m16n8k16). */
+template <bool BF>
+__device__ __forceinline__ void cu_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1)
+{
+    if (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 /* Element i of a weight matrix stored as F (ds_wfmt), without its FP8 scale. */
 template <int F>
 __device__ __forceinline__ float cu_wload(const void *w, size_t i)
@@ -362,6 +393,8 @@ struct cu_variants {
                  * this (0: never) */
     int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
                    * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
+    int grouped_mma; /* DSV3_CUDA_GROUPED_MMA (stage 13): prefill's BF16 experts on gf_kernel (raw
+                      * mma fragments, 64-column steps) rather than ga_kernel (WMMA); on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
