@@ -766,6 +766,9 @@ static void test_prefill_products(void)
     test_matmul(DS_W_FP8, 600, 400, 17, 160, 333, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 257, 384, 130, 64, 193, DS_GEMM_BF16, false, true);
     test_matmul(DS_W_FP8, 257, 384, 130, 3, 250, DS_GEMM_BF16, false, false); /* row0 % 32 != 0: fallback */
+    /* few tiles and a long k: k split over blocks (4 x 4 and 5 + 5 + 5 + 2 steps of 64) */
+    test_matmul(DS_W_FP8, 300, 1024, 40, 0, 300, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 300, 1040, 70, 32, 260, DS_GEMM_BF16, false, false);
     g_xsize = 3e5f; /* f16 overflows without the per-chunk scales */
     test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
     g_xsize = 1e-6f; /* below f16's normal range without them */

@@ -328,13 +328,15 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
  * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
  * oh (+ ol) f16 (total, rows) and os (total, ceil(rows / 64)), one chunk per
  * block; else float32 y (total, rows) into oy. Warps: 2 x 4, each 32 tokens x 32
- * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32). */
+ * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32).
+ * Split k (down only): block z takes k steps z * ksteps .. and writes its partial
+ * y at oy + z * ystride. */
 template <int F, bool UP, bool SPLIT>
 __global__ void __launch_bounds__(GG_THREADS, 2)
 gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0)
+          int k, int rows, int row0, int ksteps, size_t ystride)
 {
     extern __shared__ __align__(128) unsigned char gf_raw[];
     gf_smem<F> &sm = *(gf_smem<F> *)gf_raw;
@@ -352,7 +354,8 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         r = row0 + min(r, rows - 1);
         srow = w.scale + (size_t)(r / DS_BLOCK) * ((k + DS_BLOCK - 1) / DS_BLOCK);
     }
-    int kc = (k + GF_BK - 1) / GF_BK;
+    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
     bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1}; /* see ga_kernel */
     const float *xsr[2][2]; /* this lane's token rows: wm * 32 + 16 i + g + 8 h */
     #pragma unroll
@@ -362,30 +365,32 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
             int t = t0 + wm * 32 + 16 * i + g + 8 * h;
             xsr[i][h] = t < t1 ? xs + (size_t)t * kc : NULL;
         }
-    float acc[2][4][4], part[2][4][4];
+    float acc[2][4][4], part[2][4][4]; /* part: each step's sums, set by its first products */
     #pragma unroll
     for (int i = 0; i < 2; i++)
         #pragma unroll
         for (int j = 0; j < 4; j++)
             #pragma unroll
-            for (int c = 0; c < 4; c++) acc[i][j][c] = part[i][j][c] = 0.0f;
+            for (int c = 0; c < 4; c++) acc[i][j][c] = 0.0f;
     #pragma unroll
     for (int st = 0; st < GF_ST(F) - 1; st++) {
-        if (st < kc) gf_issue<F, UP, SPLIT>(sm.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, st * GF_BK, row0);
+        if (st < nks) gf_issue<F, UP, SPLIT>(sm.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + st) * GF_BK, row0);
         asm volatile("cp.async.commit_group;\n" ::);
     }
-    for (int ks = 0; ks < kc; ks++) {
+    for (int it = 0; it < nks; it++) {
+        int ks = ks0 + it;
         asm volatile("cp.async.wait_group %0;\n" ::"n"(GF_ST(F) - 2));
         __syncthreads();
-        int nx = ks + GF_ST(F) - 1;
-        if (nx < kc) gf_issue<F, UP, SPLIT>(sm.s[nx % GF_ST(F)], xh, xl, t0, t1, wa, wb, r0, rows, k, nx * GF_BK, row0);
+        int nx = it + GF_ST(F) - 1;
+        if (nx < nks)
+            gf_issue<F, UP, SPLIT>(sm.s[nx % GF_ST(F)], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
         asm volatile("cp.async.commit_group;\n" ::);
         float fx[2][2], sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
         #pragma unroll
         for (int i = 0; i < 2; i++)
             #pragma unroll
             for (int h = 0; h < 2; h++) fx[i][h] = xsr[i][h] ? xsr[i][h][ks] * sw : 0.0f;
-        const gf_stage<F> &st = sm.s[ks % GF_ST(F)];
+        const gf_stage<F> &st = sm.s[it % GF_ST(F)];
         #pragma unroll
         for (int kk = 0; kk < GF_BK; kk += 16) {
             uint32_t b[4][2];
@@ -413,20 +418,25 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
                     uint2 v0 = *(const uint2 *)&st.a[hl][m][kk + 4 * q];
                     uint2 v1 = *(const uint2 *)&st.a[hl][m + 8][kk + 4 * q];
                     #pragma unroll
-                    for (int j = 0; j < 4; j++) cu_mma<BF>(part[i][j], v0.x, v1.x, v0.y, v1.y, b[j][0], b[j][1]);
+                    for (int j = 0; j < 4; j++) {
+                        if (kk == 0 && hl == 0) /* a step's first products start its partial sums */
+                            cu_mma0<BF>(part[i][j], v0.x, v1.x, v0.y, v1.y, b[j][0], b[j][1]);
+                        else
+                            cu_mma<BF>(part[i][j], v0.x, v1.x, v0.y, v1.y, b[j][0], b[j][1]);
+                    }
                 }
         }
         #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int i = 0; i < 2; i++) {
+            if (!live[i]) continue;
             #pragma unroll
             for (int j = 0; j < 4; j++) {
                 acc[i][j][0] += fx[i][0] * part[i][j][0];
                 acc[i][j][1] += fx[i][0] * part[i][j][1];
                 acc[i][j][2] += fx[i][1] * part[i][j][2];
                 acc[i][j][3] += fx[i][1] * part[i][j][3];
-                #pragma unroll
-                for (int c = 0; c < 4; c++) part[i][j][c] = 0.0f;
             }
+        }
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
@@ -511,9 +521,9 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
         gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
         gf_kernel<F, true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim,
-                                                                inter, 0);
-        gf_kernel<F, false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL,
-                                                                 inter, dim, 0);
+                                                                   inter, 0, xc, 0);
+        gf_kernel<F, false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne,
+                                                                    NULL, inter, dim, 0, hc, 0);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -604,25 +614,57 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
  * tensor cores: gf_kernel's down form with one "expert" and every token (exact
  * e4m3, activations as f16 parts of x 2^s, block scales on the partial sums of
  * each chunk). Needs k % 16 == 0 and row0 % 32 == 0. */
+/* y[i] = sum of the s partial products at p + j * n, j = 0 .. s - 1, in that order */
+__global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p, size_t n, int s)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = p[i];
+    for (int j = 1; j < s; j++) v += p[i + j * n];
+    y[i] = v;
+}
+
+/* Blocks the GPU holds at once (two per SM): a product of fewer tiles splits k so
+ * that every SM has two blocks (each then four k steps at least). A single wave's
+ * time is its blocks' k loop, and one block per SM left each scheduler two warps
+ * (ncu, FP8 wo at prefill 512: 128 blocks, issue slots 39% busy). */
+static int gf_ksplit(int blocks, int kc)
+{
+    static int sms;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
+            sms = 1;
+    }
+    int s = (2 * sms + blocks - 1) / blocks, most = kc / 4;
+    return s < 1 || most < 1 ? 1 : s > most ? most : s;
+}
+
 template <bool SPLIT>
 static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, const cu_weight *tab, int k, int row0,
                      int rows)
 {
     int kc = (k + GF_BK - 1) / GF_BK;
-    size_t nx = (size_t)n * k;
+    dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
+    int ns = gf_ksplit((int)(grid.x * grid.y), kc), per = (kc + ns - 1) / ns;
+    ns = (kc + per - 1) / per; /* no empty split */
+    grid.z = (unsigned)ns;
+    size_t nx = (size_t)n * k, ny = (size_t)n * rows;
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
-    bool ok = xb && xs && gf_ready<DS_W_FP8, SPLIT>();
+    float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
+    bool ok = xb && xs && part && gf_ready<DS_W_FP8, SPLIT>();
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
         gf_gather_kernel<false><<<cu_blocks((size_t)n * kc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
-        gf_kernel<DS_W_FP8, false, SPLIT><<<grid, GG_THREADS, sizeof(gf_smem<DS_W_FP8>), cu_s>>>(y, NULL, NULL, NULL, xb, xl, xs, dt, tab,
-                                                                             NULL, k, rows, row0);
+        gf_kernel<DS_W_FP8, false, SPLIT><<<grid, GG_THREADS, sizeof(gf_smem<DS_W_FP8>), cu_s>>>(
+            part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
     cu_free(xb);
     cu_free(xs);
+    if (part != y) cu_free(part);
     return ok;
 }
 

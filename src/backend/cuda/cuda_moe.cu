@@ -956,25 +956,31 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
 /* ---- prefill's routing grouped per expert on the device (stage 9, DSV3_CUDA_MOE_DEVSORT):
  * what moe_experts_host builds on the host after downloading the routing, without the
  * download (the GPU idled while the host waited for it and built the lists, once per MoE
- * layer). One warp: a histogram of the local experts, their prefix counts, the tiles
- * (expert, first, end) of at most bm sorted rows (then empty ones up to mt), and the
- * stable placement: the pairs in order, 32 at a time, each group of lanes naming the same
- * expert (match_any) ranked by lane. list: [token of sorted row | its weight (float bits) |
- * sorted row of pair p, or -1 when p's expert is another rank's]; *total: sorted rows. */
-__global__ void __launch_bounds__(32) moe_sort_kernel(int *list, int4 *tiles, int *total, const int *__restrict__ idx,
-                                                      const float *__restrict__ wt, int nk, int K, int e0, int ne,
-                                                      int mt, int bm)
+ * layer). One block: a histogram of the local experts, their prefix counts and the tiles
+ * (expert, first, end) of at most bm sorted rows (then empty ones up to mt) by thread 0,
+ * then each pair takes the next row of its expert. The order of an expert's rows varies
+ * from run to run, but no result depends on it: each sorted row's products are its own,
+ * and the combine sums each token's K rows in k order. (Stage 9 placed the pairs stably
+ * with one warp, 32 at a time: 42-55 us per MoE layer at 3072 pairs, a chain through
+ * shared memory.) list: [token of sorted row | its weight (float bits) | sorted row of
+ * pair p, or -1 when p's expert is another rank's]; *total: sorted rows. */
+#define SORT_THREADS 1024
+
+__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 *tiles, int *total,
+                                                                const int *__restrict__ idx,
+                                                                const float *__restrict__ wt, int nk, int K, int e0,
+                                                                int ne, int mt, int bm)
 {
     extern __shared__ int off[]; /* [ne + 1]: counts, then each expert's next sorted row */
-    int lane = threadIdx.x;
-    for (int e = lane; e <= ne; e += 32) off[e] = 0;
-    __syncwarp();
-    for (int p = lane; p < nk; p += 32) {
+    int tid = threadIdx.x;
+    for (int e = tid; e <= ne; e += SORT_THREADS) off[e] = 0;
+    __syncthreads();
+    for (int p = tid; p < nk; p += SORT_THREADS) {
         int e = idx[p] - e0;
         if (e >= 0 && e < ne) atomicAdd(&off[e], 1);
     }
-    __syncwarp();
-    if (lane == 0) {
+    __syncthreads();
+    if (tid == 0) {
         int sum = 0, nt = 0;
         for (int e = 0; e < ne; e++) {
             int c = off[e];
@@ -982,25 +988,19 @@ __global__ void __launch_bounds__(32) moe_sort_kernel(int *list, int4 *tiles, in
             off[e] = sum;
             sum += c;
         }
-        for (; nt < mt; nt++) tiles[nt] = make_int4(0, 0, 0, 0);
         *total = sum;
+        off[ne] = nt;
     }
-    __syncwarp();
-    for (int base = 0; base < nk; base += 32) {
-        int p = base + lane, e = p < nk ? idx[p] - e0 : -1;
-        bool local = p < nk && e >= 0 && e < ne;
-        unsigned peers = __match_any_sync(0xffffffffu, local ? e : -1 - lane);
-        int rank = __popc(peers & ((1u << lane) - 1)), at = local ? off[e] + rank : -1;
-        __syncwarp();
-        if (local && rank == 0) off[e] += __popc(peers);
-        __syncwarp();
-        if (p < nk) {
-            list[2 * nk + p] = at;
-            if (local) {
-                list[at] = p / K;
-                list[nk + at] = __float_as_int(wt[p]);
-            }
+    __syncthreads();
+    for (int t = off[ne] + tid; t < mt; t += SORT_THREADS) tiles[t] = make_int4(0, 0, 0, 0);
+    for (int p = tid; p < nk; p += SORT_THREADS) {
+        int e = idx[p] - e0, at = -1;
+        if (e >= 0 && e < ne) {
+            at = atomicAdd(&off[e], 1);
+            list[at] = p / K;
+            list[nk + at] = __float_as_int(wt[p]);
         }
+        list[2 * nk + p] = at;
     }
 }
 
@@ -1024,7 +1024,8 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
     bool ok = dl && dt && ys;
     if (ok) {
         int *total = dl + 3 * (size_t)nk;
-        moe_sort_kernel<<<1, 32, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0, ne, mt, bm);
+        moe_sort_kernel<<<1, SORT_THREADS, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0,
+                                                                                 ne, mt, bm);
         ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
              cu_grouped_experts_dev(ys, x, dl, dt, mt, total, nk, ne, tab, ew1[0].fmt, dim, inter);
         if (ok)
