@@ -75,8 +75,9 @@ static double rel_err(const float *got, const float *ref, size_t n)
     return r > 0 ? sqrt(e / r) : sqrt(e);
 }
 
-/* Prefill products on the tensor cores split the activations into bf16 hi + lo
- * (~16 bits; the default) or, with DSV3_CUDA_GEMM=bf16, round them to bf16 once.
+/* Prefill products on the tensor cores split the activations into high + low
+ * parts (bf16: ~16 bits; f16 of x scaled per 64-column chunk for FP8 weights: ~22
+ * bits; the default) or, with DSV3_CUDA_GEMM=bf16, round them once.
  * Error bound for the latter: one bf16 rounding of each operand gives
  * ~1e-3..4e-3 (L2, relative). */
 static bool split_mode(void)
@@ -151,7 +152,7 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
     float *ref = malloc(sizeof(float) * (size_t)n * nrows);
     C->matmul(ref, x, n, &w, row0, nrows, gemm, ue8m0);
     /* n >= 16 on the tensor cores: BF16 weights (cuBLAS), FP8 ones outside the FP8 GEMM path
-     * (cu_dense_fp8_tc; exact e4m3, bf16 activations: hi + lo in split mode) */
+     * (cu_dense_fp8_tc; exact e4m3, scaled f16 activations: hi + lo in split mode) */
     bool tc = n >= 16 && !(gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) && (fmt == DS_W_BF16 || fmt == DS_W_FP8);
     double tol = tc ? (split_mode() ? (fmt == DS_W_BF16 ? 1e-5 : SPLIT_TOL) : TC_TOL) : 1e-5;
     size_t ny = (size_t)n * nrows;
@@ -699,8 +700,8 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d shared %d", fmt_name(fmt),
              gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne, inter_s);
     /* n > 8: BF16 experts, and FP8 ones outside the FP8 GEMM path, on the tensor
-     * cores (grouped WMMA kernels when dim, inter % 16 == 0, else grouped cuBLAS
-     * for BF16 and the per-expert loop for FP8), activations bf16 hi + lo, or
+     * cores (grouped mma kernels when dim, inter % 16 == 0, else grouped cuBLAS
+     * for BF16 and the per-expert loop for FP8), activations hi + lo, or
      * bf16 once in DSV3_CUDA_GEMM=bf16 mode */
     double tol = 1e-5;
     if (n > 8 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && gemm == DS_GEMM_BF16)))
@@ -740,7 +741,7 @@ static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl 
 /* The products that take the tensor cores at prefill, in the mode DSV3_CUDA_GEMM selects. */
 static void test_prefill_products(void)
 {
-    printf("-- prefill products, %s activations\n", split_mode() ? "bf16 hi + lo" : "bf16");
+    printf("-- prefill products, %s activations\n", split_mode() ? "hi + lo" : "rounded once");
     test_matmul(DS_W_BF16, 257, 385, 70, 1, 250, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 129, 1000, 33, 0, 129, DS_GEMM_BF16, false, false);

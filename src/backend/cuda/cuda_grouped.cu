@@ -12,194 +12,26 @@
  *         the epilogue writes h = silu(w1 x) * (w3 x) in the A form of down.
  *   down: B rows are BN rows of w2; the epilogue writes float32 y rows.
  * Activations are split into high + low parts (two products per fragment; the
- * default), or rounded once with DSV3_CUDA_GEMM=bf16.
- *   BF16 weights: ga_kernel, BN = 256 (warp: 32 tokens x 64 rows), bf16 WMMA,
- *     cp.async with GA_ST stages of GA_BK = 32; x as bf16 hi + lo (~16 bits).
- *   FP8 weights: gf_kernel, BN = 128 (warp: 32 x 32), f16 mma.m16n8k16,
- *     cp.async of the e4m3 bytes; x as f16 hi + lo of x 2^s (~22 bits), s per
- *     64-column chunk; block scales on each chunk's partial sums (as the
- *     reference's fp8_gemm does). cu_dense_fp8_tc uses its down form for an
- *     ordinary FP8 matmul (one "expert", every token).
+ * default), or rounded once with DSV3_CUDA_GEMM=bf16. gf_kernel below; it
+ * replaced two WMMA kernels in stage 13 (ga_kernel for BF16 weights, gg_kernel
+ * for FP8: prefill 512 of the 16B model 33.3 -> 29.2 and 54.4 -> 36.7 ms on the
+ * H200). cu_dense_fp8_tc uses its down form for an ordinary FP8 matmul (one
+ * "expert", every token).
  * Needs K % 16 == 0 for both products and 16-byte aligned weights. */
 #include <cuda_bf16.h>
-#include <mma.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.cuh"
 
-using namespace nvcuda;
-
 #define GG_BM 64
 #define GG_THREADS 256
 
-__device__ __forceinline__ uint32_t gg_pack(float lo, float hi)
-{
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
-
-/* x (n, k) float32 rows list[i] (row i without a list) -> xh (total, k) bf16 and, when xl is not NULL,
- * xl = bf16(x - xh) (the hi + lo split keeps ~16 bits of x) */
-__global__ void gg_gather_kernel(__nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ xl,
-                                 const float *__restrict__ x, const int *__restrict__ list, int total, int k,
-                                 const int *__restrict__ total_d = NULL)
-{
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, k4 = (size_t)k / 4;
-    if (total_d) total = *total_d; /* the grid covers the bound, the device holds the count */
-    if (i >= (size_t)total * k4) return;
-    size_t r = i / k4, c = (i % k4) * 4;
-    float4 v = *(const float4 *)(x + (size_t)(list ? list[r] : (int)r) * k + c);
-    uint2 o = {gg_pack(v.x, v.y), gg_pack(v.z, v.w)};
-    *(uint2 *)(xh + r * k + c) = o;
-    if (xl) {
-        __nv_bfloat162 a = *(__nv_bfloat162 *)&o.x, b = *(__nv_bfloat162 *)&o.y;
-        float2 fa = __bfloat1622float2(a), fb = __bfloat1622float2(b);
-        uint2 l = {gg_pack(v.x - fa.x, v.y - fa.y), gg_pack(v.z - fb.x, v.w - fb.y)};
-        *(uint2 *)(xl + r * k + c) = l;
-    }
-}
-
-/* The block's outputs from the float32 tile c (GG_BM x BN, row stride CLD): UP:
- * h = silu(c[:, j]) * c[:, BN/2 + j] as bf16 (hi into oh, lo into ol in split
- * mode); else y = c as float32. */
-template <bool UP, bool SPLIT, int BN, int CLD>
-__device__ __forceinline__ void gg_epilogue(const float (*c)[CLD], float *__restrict__ oy,
-                                            __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 *__restrict__ ol, int t0,
-                                            int t1, int r0, int rows)
-{
-    if (UP) {
-        for (int o = threadIdx.x; o < GG_BM * BN / 2; o += GG_THREADS) {
-            int m = o / (BN / 2), j = o % (BN / 2), t = t0 + m, r = r0 + j;
-            if (t >= t1 || r >= rows) continue;
-            float a = c[m][j], v = a / (1.0f + expf(-a)) * c[m][BN / 2 + j];
-            __nv_bfloat16 hi = __float2bfloat16_rn(v);
-            oh[(size_t)t * rows + r] = hi;
-            if (SPLIT) ol[(size_t)t * rows + r] = __float2bfloat16_rn(v - __bfloat162float(hi));
-        }
-    } else {
-        for (int o = threadIdx.x; o < GG_BM * BN; o += GG_THREADS) {
-            int m = o / BN, j = o % BN, t = t0 + m, r = r0 + j;
-            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = c[m][j];
-        }
-    }
-}
-
-/* ---- BF16 weights: tiles of GG_BM tokens x GA_BN = 256 weight rows fed by
- * cp.async, GA_ST stages of GA_BK; each warp 32 tokens x 64 rows (2 x 4
- * fragments: twice the products per fragment load of the 128-row tiles, and
- * half the re-reads of the activations). Stage 6, first version: 128-row tiles,
- * 4 stages (UP 627 us per layer at the 16B config, split mode). */
-
-#define GA_BN 256
-#define GA_BK 32
-#define GA_LD (GA_BK + 8)
-#define GA_ST 3
-#define GA_CLD (GA_BN + 4)
-
-struct ga_stage { /* bf16 bits */
-    uint16_t a[2][GG_BM][GA_LD]; /* hi, lo (split mode) */
-    uint16_t b[GA_BN][GA_LD];
-};
-union ga_smem {
-    ga_stage s[GA_ST];
-    float c[GG_BM][GA_CLD];
-};
-
 /* 16 bytes global -> shared, asynchronously; zeros when !p (g must still be a valid address) */
-__device__ __forceinline__ void ga_cp16(void *sp, const void *g, bool p)
+__device__ __forceinline__ void gf_cp16(void *sp, const void *g, bool p)
 {
     unsigned sa = (unsigned)__cvta_generic_to_shared(sp);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(g), "r"(p ? 16 : 0));
-}
-
-template <bool UP, bool SPLIT>
-__device__ __forceinline__ void ga_issue(ga_stage &st, const __nv_bfloat16 *__restrict__ xh,
-                                         const __nv_bfloat16 *__restrict__ xl, int t0, int t1, const cu_weight &wa,
-                                         const cu_weight &wb, int r0, int rows, int k, int k0, int row0)
-{
-    int tid = threadIdx.x;
-    {
-        int m = tid / 4, c = (tid % 4) * 8, t = t0 + m, kk = k0 + c;
-        bool in = t < t1 && kk < k;
-        size_t off = in ? (size_t)t * k + kk : 0;
-        ga_cp16(&st.a[0][m][c], xh + off, in);
-        if (SPLIT) ga_cp16(&st.a[1][m][c], xl + off, in);
-    }
-    #pragma unroll
-    for (int j = 0; j < GA_BN * 4 / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / 4, c = (q % 4) * 8, kk = k0 + c;
-        const cu_weight &w = UP && n >= GA_BN / 2 ? wb : wa;
-        int r = UP ? r0 + n % (GA_BN / 2) : r0 + n;
-        bool in = r < rows && kk < k;
-        size_t off = in ? (size_t)(row0 + r) * k + kk : 0;
-        ga_cp16(&st.b[n][c], (const __nv_bfloat16 *)w.data + off, in);
-    }
-}
-
-template <bool UP, bool SPLIT>
-__global__ void __launch_bounds__(GG_THREADS, 2)
-ga_kernel(float *__restrict__ oy, __nv_bfloat16 *__restrict__ oh, __nv_bfloat16 *__restrict__ ol,
-          const __nv_bfloat16 *__restrict__ xh, const __nv_bfloat16 *__restrict__ xl, const int4 *__restrict__ tiles,
-          const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab, int k, int rows, int row0)
-{
-    extern __shared__ __align__(128) unsigned char ga_raw[];
-    ga_smem &sm = *(ga_smem *)ga_raw;
-    int4 tl = tiles[blockIdx.y];
-    int e = tl.x, t0 = tl.y, t1 = tl.z;
-    if (t0 >= t1) return; /* an empty tile past the device-grouped count */
-    int r0 = blockIdx.x * (UP ? GA_BN / 2 : GA_BN);
-    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
-    int warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][4];
-    #pragma unroll
-    for (int i = 0; i < 2; i++)
-        #pragma unroll
-        for (int j = 0; j < 4; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    /* fragments whose 16 token rows are all past the tile's end do no products
-     * (an expert's last tile is often part-filled) */
-    bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1};
-    int nk = (k + GA_BK - 1) / GA_BK;
-    #pragma unroll
-    for (int st = 0; st < GA_ST - 1; st++) {
-        if (st < nk) ga_issue<UP, SPLIT>(sm.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, st * GA_BK, row0);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    for (int ks = 0; ks < nk; ks++) {
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(GA_ST - 2));
-        __syncthreads();
-        int nx = ks + GA_ST - 1;
-        if (nx < nk) ga_issue<UP, SPLIT>(sm.s[nx % GA_ST], xh, xl, t0, t1, wa, wb, r0, rows, k, nx * GA_BK, row0);
-        asm volatile("cp.async.commit_group;\n" ::);
-        const ga_stage &st = sm.s[ks % GA_ST];
-        #pragma unroll
-        for (int kk = 0; kk < GA_BK; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb[4];
-            #pragma unroll
-            for (int j = 0; j < 4; j++)
-                wmma::load_matrix_sync(fb[j], (const __nv_bfloat16 *)&st.b[wn * 64 + j * 16][kk], GA_LD);
-            #pragma unroll
-            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++) {
-                #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    if (!live[i]) continue;
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                    wmma::load_matrix_sync(fa, (const __nv_bfloat16 *)&st.a[hl][wm * 32 + i * 16][kk], GA_LD);
-                    #pragma unroll
-                    for (int j = 0; j < 4; j++) wmma::mma_sync(acc[i][j], fa, fb[j], acc[i][j]);
-                }
-            }
-        }
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    #pragma unroll
-    for (int i = 0; i < 2; i++)
-        #pragma unroll
-        for (int j = 0; j < 4; j++)
-            wmma::store_matrix_sync(&sm.c[wm * 32 + i * 16][wn * 64 + j * 16], acc[i][j], GA_CLD, wmma::mem_row_major);
-    __syncthreads();
-    gg_epilogue<UP, SPLIT, GA_BN, GA_CLD>(sm.c, oy, oh, ol, t0, t1, r0, rows);
 }
 
 /* ---- gf_kernel (stage 13): mma.m16n8k16 with raw fragments, cp.async of GF_BK
@@ -308,8 +140,8 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
         int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
         bool in = t < t1 && kk < k;
         size_t off = in ? (size_t)t * k + kk : 0;
-        ga_cp16(&st.a[0][m][c], xh + off, in);
-        if (SPLIT) ga_cp16(&st.a[1][m][c], xl + off, in);
+        gf_cp16(&st.a[0][m][c], xh + off, in);
+        if (SPLIT) gf_cp16(&st.a[1][m][c], xl + off, in);
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16; /* element bytes, 16-byte chunks per row */
     #pragma unroll
@@ -319,7 +151,7 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
         bool in = r < rows && kk < k;
         size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        ga_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
+        gf_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
     }
 }
 
@@ -356,7 +188,7 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     }
     int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
     if (!UP) oy += blockIdx.z * ystride;
-    bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1}; /* see ga_kernel */
+    bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1}; /* fragments wholly past the tile's end do no products */
     const float *xsr[2][2]; /* this lane's token rows: wm * 32 + 16 i + g + 8 h */
     #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -452,7 +284,10 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         }
     __syncthreads();
     if (!UP) {
-        gg_epilogue<false, SPLIT, GF_BN, GF_CLD>(sm.c, oy, NULL, NULL, t0, t1, r0, rows);
+        for (int o = threadIdx.x; o < GG_BM * GF_BN; o += GG_THREADS) {
+            int m = o / GF_BN, j = o % GF_BN, t = t0 + m, r = r0 + j;
+            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = sm.c[m][j];
+        }
         return;
     }
     /* h for this block's 64 columns (one chunk) of each token: a warp per token */
@@ -532,24 +367,6 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     return ok;
 }
 
-template <bool SPLIT>
-static bool ga_launch(float *ys, __nv_bfloat16 *xh, __nv_bfloat16 *xl, __nv_bfloat16 *hh, __nv_bfloat16 *hl,
-                      const int4 *dt, int nt, const cu_weight *tab, int ne, int dim, int inter)
-{
-    static bool attr;
-    size_t smem = sizeof(ga_smem);
-    if (!attr)
-        attr = cu_check(cudaFuncSetAttribute(ga_kernel<true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                        "grouped experts: shared memory") &&
-               cu_check(cudaFuncSetAttribute(ga_kernel<false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                        "grouped experts: shared memory");
-    if (!attr) return false;
-    dim3 gu(cu_blocks((size_t)inter, GA_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GA_BN), (unsigned)nt);
-    ga_kernel<true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hh, hl, xh, xl, dt, tab, tab + ne, dim, inter, 0);
-    ga_kernel<false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, hh, hl, dt, tab + 2 * ne, NULL, inter, dim, 0);
-    return cu_check(cudaGetLastError(), "grouped experts: launch");
-}
-
 bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2)
 {
     ds_wfmt f = ew1[0].fmt;
@@ -569,23 +386,8 @@ bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const in
     if (fmt == DS_W_FP8)
         return split ? gf_experts<DS_W_FP8, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
                      : gf_experts<DS_W_FP8, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
-    if (cu_v.grouped_mma)
-        return split ? gf_experts<DS_W_BF16, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
-                     : gf_experts<DS_W_BF16, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
-    int halves = split ? 2 : 1;
-    size_t nx = (size_t)nk * dim, nh = (size_t)nk * inter;
-    __nv_bfloat16 *xb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nx * halves);
-    __nv_bfloat16 *hb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * nh * halves);
-    bool ok = xb && hb;
-    if (ok) {
-        __nv_bfloat16 *xl = split ? xb + nx : NULL, *hl = split ? hb + nh : NULL;
-        gg_gather_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>(xb, xl, x, list, nk, dim, total);
-        ok = split ? ga_launch<true>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter)
-                   : ga_launch<false>(ys, xb, xl, hb, hl, tiles, mt, tab, ne, dim, inter);
-    }
-    cu_free(xb);
-    cu_free(hb);
-    return ok;
+    return split ? gf_experts<DS_W_BF16, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
+                 : gf_experts<DS_W_BF16, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
 }
 
 bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,

@@ -412,8 +412,6 @@ struct cu_variants {
                  * this (0: never) */
     int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
                    * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
-    int grouped_mma; /* DSV3_CUDA_GROUPED_MMA (stage 13): prefill's BF16 experts on gf_kernel (raw
-                      * mma fragments, 64-column steps) rather than ga_kernel (WMMA); on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
