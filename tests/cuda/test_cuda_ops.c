@@ -1447,6 +1447,12 @@ int main(void)
     if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
     else unsetenv("DSV3_CUDA_GEMM");
     free(saved);
+    /* the warpgroup-MMA kernels (opt-in; the same products on mma.sync where the
+     * build has no sm_90a code) */
+    printf("-- prefill products on warpgroup MMA (DSV3_CUDA_WGMMA=1)\n");
+    set_variant("WGMMA", "1");
+    test_prefill_products();
+    set_variant("WGMMA", NULL);
 
     test_stage7();
     test_combine3();

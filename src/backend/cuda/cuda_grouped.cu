@@ -155,6 +155,57 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
     }
 }
 
+/* A block's outputs from its float32 tile c (GG_BM tokens x GF_BN columns): UP: h =
+ * silu(c[:, j]) * c[:, GF_BN / 2 + j] for this block's 64 columns (one chunk) of each
+ * token, as the A operand of down (oh, ol) with the chunk's scale (os); else y rows. */
+template <bool BF, bool UP, bool SPLIT>
+__device__ __forceinline__ void gf_out(const float (*c)[GF_CLD], float *__restrict__ oy, uint16_t *__restrict__ oh,
+                                       uint16_t *__restrict__ ol, float *__restrict__ os, int t0, int t1, int r0,
+                                       int rows)
+{
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (!UP) {
+        for (int o = threadIdx.x; o < GG_BM * GF_BN; o += GG_THREADS) {
+            int m = o / GF_BN, j = o % GF_BN, t = t0 + m, r = r0 + j;
+            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = c[m][j];
+        }
+        return;
+    }
+    /* h for this block's 64 columns (one chunk) of each token: a warp per token */
+    int hc = (rows + GF_BK - 1) / GF_BK;
+    for (int m = warp; m < GG_BM && t0 + m < t1; m += GG_THREADS / 32) {
+        size_t t = (size_t)t0 + m;
+        float v[2], mx = 0.0f;
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int j = lane + 32 * h;
+            float a = c[m][j];
+            v[h] = r0 + j < rows ? a / (1.0f + expf(-a)) * c[m][GF_BN / 2 + j] : 0.0f;
+            mx = fmaxf(mx, fabsf(v[h]));
+        }
+        #pragma unroll
+        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
+        float inv, s = gf_scale(mx, &inv);
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = r0 + lane + 32 * h;
+            if (r >= rows) continue;
+            float hv = v[h] * s, hr;
+            uint16_t hb;
+            if (BF) {
+                __nv_bfloat16 x = __float2bfloat16_rn(hv);
+                hb = __bfloat16_as_ushort(x), hr = hv - __bfloat162float(x);
+            } else {
+                __half x = __float2half_rn(hv);
+                hb = __half_as_ushort(x), hr = hv - __half2float(x);
+            }
+            oh[t * rows + r] = hb;
+            if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
+        }
+        if (lane == 0) os[t * hc + r0 / GF_BK] = inv;
+    }
+}
+
 /* tiles[blockIdx.y] = (expert e, first token, end token); blockIdx.x: GF_BN rows
  * (UP: GF_BN / 2 rows of w1 and the same rows of w3). A: xh (+ xl) (total, k)
  * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
@@ -283,46 +334,7 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
             sm.c[m + 8][n + 1] = acc[i][j][3];
         }
     __syncthreads();
-    if (!UP) {
-        for (int o = threadIdx.x; o < GG_BM * GF_BN; o += GG_THREADS) {
-            int m = o / GF_BN, j = o % GF_BN, t = t0 + m, r = r0 + j;
-            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = sm.c[m][j];
-        }
-        return;
-    }
-    /* h for this block's 64 columns (one chunk) of each token: a warp per token */
-    int hc = (rows + GF_BK - 1) / GF_BK;
-    for (int m = warp; m < GG_BM && t0 + m < t1; m += GG_THREADS / 32) {
-        size_t t = (size_t)t0 + m;
-        float v[2], mx = 0.0f;
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int j = lane + 32 * h;
-            float a = sm.c[m][j];
-            v[h] = r0 + j < rows ? a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j] : 0.0f;
-            mx = fmaxf(mx, fabsf(v[h]));
-        }
-        #pragma unroll
-        for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, o));
-        float inv, s = gf_scale(mx, &inv);
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = r0 + lane + 32 * h;
-            if (r >= rows) continue;
-            float hv = v[h] * s, hr;
-            uint16_t hb;
-            if (BF) {
-                __nv_bfloat16 x = __float2bfloat16_rn(hv);
-                hb = __bfloat16_as_ushort(x), hr = hv - __bfloat162float(x);
-            } else {
-                __half x = __float2half_rn(hv);
-                hb = __half_as_ushort(x), hr = hv - __half2float(x);
-            }
-            oh[t * rows + r] = hb;
-            if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
-        }
-        if (lane == 0) os[t * hc + r0 / GF_BK] = inv;
-    }
+    gf_out<BF, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 }
 
 template <int F, bool SPLIT>
@@ -338,6 +350,240 @@ static bool gf_ready(void)
     return attr;
 }
 
+/* ---- gw_kernel (stage 13): gf_kernel's tiles and operands on Hopper's warpgroup
+ * MMA (wgmma.mma_async, sm_90a), where one instruction does 64 x 64 x 16 instead
+ * of mma.sync's 16 x 8 x 16 and the operands come from shared memory by
+ * descriptor. Two warpgroups: each takes the 64 tokens against 64 of the block's
+ * 128 weight rows (UP: warpgroup 0 the w1 rows, 1 the w3 rows). Operands in
+ * shared memory in the no-swizzle "core matrix" layout (8 rows x 16 bytes
+ * contiguous; LBO 128 bytes to the next 8 k, SBO 1024 to the next 8 rows of a
+ * 64-k step). FP8: the e4m3 bytes arrive by cp.async as they are and every
+ * thread converts a share into f16 core matrices (exact) before the step's
+ * wgmmas. Each step's products start the partial sums (scale-d 0) and are then
+ * scaled into the float32 sums as in gf_kernel. Built only for sm_90a (the
+ * arch-specific target wgmma needs); gw_probe tells the host whether the loaded
+ * image has it.
+ * Opt-in (DSV3_CUDA_WGMMA=1): correct, but slower than gf_kernel as it stands
+ * (H200, prefill 512 of the 16B model: BF16 39.1 against 27.6 ms, FP8 47.9
+ * against 34.3). Every step waits for its wgmmas before the next starts, the
+ * FP8 conversion and two barriers sit between steps, N is 64 per warpgroup and
+ * the layout has no swizzle; NOTES.md stage 13 lists what would change that. */
+#define GW_ST 3
+#define GW_CORE(r, k) ((((r) >> 3) * 8 + ((k) >> 3)) * 64 + ((r) & 7) * 8 + ((k) & 7)) /* 16-bit elements */
+
+template <int F>
+struct gw_stage {
+    uint16_t a[2][GG_BM * GF_BK];                              /* hi, lo: core layout */
+    uint16_t b[GF_BN * GF_BK / (F == DS_W_FP8 ? 2 : 1)];       /* BF16: core layout; FP8: raw [row][64] bytes */
+};
+template <int F>
+struct gw_pipe {
+    gw_stage<F> s[GW_ST];
+    uint16_t bc[F == DS_W_FP8 ? GF_BN * GF_BK : 8]; /* FP8: the step's weights as f16, core layout */
+};
+template <int F>
+union gw_smem {
+    gw_pipe<F> p;
+    float c[GG_BM][GF_CLD];
+};
+
+__global__ void gw_probe_kernel(int *out)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *out = 1;
+#else
+    *out = 0;
+#endif
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ uint64_t gw_desc(const void *p)
+{
+    uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
+    return ((a & 0x3ffff) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
+}
+
+#define GW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+template <bool BF>
+__device__ __forceinline__ void gw_mma(float *d, uint64_t da, uint64_t db, int acc)
+{
+    if (BF)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)
+                     : "l"(da), "l"(db), "r"(acc));
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                     : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)
+                     : "l"(da), "l"(db), "r"(acc));
+}
+#undef GW_D8
+#endif
+
+template <int F, bool UP, bool SPLIT>
+__device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
+                                         int t0, int t1, const cu_weight &wa, const cu_weight &wb, int r0, int rows,
+                                         int k, int k0, int row0)
+{
+    int tid = threadIdx.x;
+    #pragma unroll
+    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
+        bool in = t < t1 && kk < k;
+        size_t off = in ? (size_t)t * k + kk : 0;
+        gf_cp16(&st.a[0][GW_CORE(m, c)], xh + off, in);
+        if (SPLIT) gf_cp16(&st.a[1][GW_CORE(m, c)], xl + off, in);
+    }
+    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
+    #pragma unroll
+    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
+        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
+        bool in = r < rows && kk < k;
+        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
+        void *dst = F == DS_W_FP8 ? (void *)((uint8_t *)st.b + n * GF_BK + c) : (void *)&st.b[GW_CORE(n, c / 2)];
+        gf_cp16(dst, (const uint8_t *)w.data + off, in);
+    }
+}
+
+template <int F, bool UP, bool SPLIT>
+__global__ void __launch_bounds__(GG_THREADS, 2)
+gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
+          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
+          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+          int k, int rows, int row0, int ksteps, size_t ystride)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char gw_raw[];
+    gw_smem<F> &sm = *(gw_smem<F> *)gw_raw;
+    const bool BF = F == DS_W_BF16;
+    int4 tl = tiles[blockIdx.y];
+    int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return;
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
+    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
+    const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
+    if (!BF) {
+        const cu_weight &w = UP && wg ? wb : wa;
+        int r = UP ? r0 : r0 + wg * 64;
+        r = row0 + min(r, rows - 1);
+        srow = w.scale + (size_t)(r / DS_BLOCK) * ((k + DS_BLOCK - 1) / DS_BLOCK);
+    }
+    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
+    const float *xsr[2]; /* this lane's token rows 16 w4 + g (+ 8) */
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = t0 + 16 * w4 + g + 8 * h;
+        xsr[h] = t < t1 ? xs + (size_t)t * kc : NULL;
+    }
+    float acc[32], part[32];
+    #pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
+    #pragma unroll
+    for (int st = 0; st < GW_ST - 1; st++) {
+        if (st < nks) gw_issue<F, UP, SPLIT>(sm.p.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + st) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int it = 0; it < nks; it++) {
+        int ks = ks0 + it;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GW_ST - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        int nx = it + GW_ST - 1;
+        if (nx < nks)
+            gw_issue<F, UP, SPLIT>(sm.p.s[nx % GW_ST], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const gw_stage<F> &st = sm.p.s[it % GW_ST];
+        const uint16_t *bb = st.b;
+        if (!BF) { /* the step's codes into f16 core matrices: 16 codes per item */
+            #pragma unroll
+            for (int j = 0; j < GF_BN * GF_BK / 16 / GG_THREADS; j++) {
+                int q = threadIdx.x + j * GG_THREADS, n = q / 4, c = (q % 4) * 16;
+                uint4 u = *(const uint4 *)((const uint8_t *)st.b + n * GF_BK + c);
+                uint32_t v[4] = {u.x, u.y, u.z, u.w};
+                uint4 o0 = make_uint4(cu_e4m3x2(v[0], 0), cu_e4m3x2(v[0], 1), cu_e4m3x2(v[1], 0), cu_e4m3x2(v[1], 1));
+                uint4 o1 = make_uint4(cu_e4m3x2(v[2], 0), cu_e4m3x2(v[2], 1), cu_e4m3x2(v[3], 0), cu_e4m3x2(v[3], 1));
+                *(uint4 *)&sm.p.bc[GW_CORE(n, c)] = o0;
+                *(uint4 *)&sm.p.bc[GW_CORE(n, c + 8)] = o1;
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            bb = sm.p.bc;
+        }
+        float fx[2], sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
+        #pragma unroll
+        for (int h = 0; h < 2; h++) fx[h] = xsr[h] ? xsr[h][ks] * sw : 0.0f;
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int kk = 0; kk < GF_BK; kk += 16)
+            #pragma unroll
+            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
+                gw_mma<BF>(part, gw_desc(&st.a[hl][kk * 8]), gw_desc(&bb[wg * 64 * GF_BK + kk * 8]), kk || hl);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int m = 16 * w4 + g, n = wg * 64 + 8 * j + 2 * (lane % 4);
+        sm.c[m][n] = acc[4 * j];
+        sm.c[m][n + 1] = acc[4 * j + 1];
+        sm.c[m + 8][n] = acc[4 * j + 2];
+        sm.c[m + 8][n + 1] = acc[4 * j + 3];
+    }
+    __syncthreads();
+    gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
+#endif
+}
+
+/* Whether gw_kernel is asked for (DSV3_CUDA_WGMMA=1) and can run here: the
+ * GPU took an sm_90a image of this file (a build with -DDSV3_CUDA_ARCH=90a). */
+static bool gw_ok(void)
+{
+    static int ok = -1;
+    if (!cu_v.wgmma) return false;
+    if (ok < 0) {
+        ok = 0;
+        int *d = NULL, h = 0;
+        if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+            gw_probe_kernel<<<1, 1, 0, cu_s>>>(d);
+            if (cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, cu_s) == cudaSuccess &&
+                cudaStreamSynchronize(cu_s) == cudaSuccess)
+                ok = h;
+            cudaFree(d);
+        }
+        cudaGetLastError();
+    }
+    return ok == 1;
+}
+
+template <int F, bool SPLIT>
+static bool gw_ready(void)
+{
+    static bool attr;
+    int smem = (int)sizeof(gw_smem<F>);
+    if (!attr)
+        attr = cu_check(cudaFuncSetAttribute(gw_kernel<F, true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        "grouped products: shared memory") &&
+               cu_check(cudaFuncSetAttribute(gw_kernel<F, false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        "grouped products: shared memory");
+    return attr;
+}
+
 /* The experts on gf_kernel: x gathered, then up and down. */
 template <int F, bool SPLIT>
 static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
@@ -348,17 +594,18 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
-    bool ok = xb && hb && sc && gf_ready<F, SPLIT>();
+    bool gw = gw_ok();
+    bool ok = xb && hb && sc && (gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
     if (ok) {
-        size_t smem = sizeof(gf_smem<F>);
+        size_t smem = gw ? sizeof(gw_smem<F>) : sizeof(gf_smem<F>);
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)nk * xc;
         gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
-        gf_kernel<F, true, SPLIT><<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim,
-                                                                   inter, 0, xc, 0);
-        gf_kernel<F, false, SPLIT><<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne,
-                                                                    NULL, inter, dim, 0, hc, 0);
+        (gw ? gw_kernel<F, true, SPLIT> : gf_kernel<F, true, SPLIT>)<<<gu, GG_THREADS, smem, cu_s>>>(
+            NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
+        (gw ? gw_kernel<F, false, SPLIT> : gf_kernel<F, false, SPLIT>)<<<gd, GG_THREADS, smem, cu_s>>>(
+            ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -455,11 +702,13 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
-    bool ok = xb && xs && part && gf_ready<DS_W_FP8, SPLIT>();
+    bool gw = row0 % 64 == 0 && gw_ok(); /* a warpgroup's 64 rows in one scale block */
+    bool ok = xb && xs && part && (gw ? gw_ready<DS_W_FP8, SPLIT>() : gf_ready<DS_W_FP8, SPLIT>());
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
         gf_gather_kernel<false><<<cu_blocks((size_t)n * kc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        gf_kernel<DS_W_FP8, false, SPLIT><<<grid, GG_THREADS, sizeof(gf_smem<DS_W_FP8>), cu_s>>>(
+        (gw ? gw_kernel<DS_W_FP8, false, SPLIT> : gf_kernel<DS_W_FP8, false, SPLIT>)<<<
+            grid, GG_THREADS, gw ? sizeof(gw_smem<DS_W_FP8>) : sizeof(gf_smem<DS_W_FP8>), cu_s>>>(
             part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");

@@ -412,6 +412,8 @@ struct cu_variants {
                  * this (0: never) */
     int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
                    * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
+    int wgmma; /* DSV3_CUDA_WGMMA (stage 13): prefill's grouped experts and dense FP8 products on
+                * warpgroup MMA (gw_kernel) where the build has sm_90a code; off unless 1 (slower) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
