@@ -364,18 +364,30 @@ static bool gf_ready(void)
  * arch-specific target wgmma needs); gw_probe tells the host whether the loaded
  * image has it.
  * Opt-in (DSV3_CUDA_WGMMA=1): correct, but slower than gf_kernel as it stands
- * (H200, prefill 512 of the 16B model: BF16 39.1 against 27.6 ms, FP8 47.9
- * against 34.3). Every step waits for its wgmmas before the next starts, the
- * FP8 conversion and two barriers sit between steps, N is 64 per warpgroup and
- * the layout has no swizzle; NOTES.md stage 13 lists what would change that. */
+ * (H200, prefill 512 of the 16B model, FP8: 40.2 against 34.3 ms; 47.9 before
+ * the shared-memory writes were made conflict-free). Every step waits for its
+ * wgmmas before the next starts, the FP8 conversion and two barriers sit
+ * between steps, N is 64 per warpgroup and the layout has no swizzle;
+ * NOTES.md stage 13 lists what would change that. */
 #define GW_ST 3
 #define GW_CORE(r, k) ((((r) >> 3) * 8 + ((k) >> 3)) * 64 + ((r) & 7) * 8 + ((k) & 7)) /* 16-bit elements */
 
+#define GW_RAW (GF_BK + 16) /* FP8 raw row stride in bytes: 80, the conversion's 16-byte reads conflict-free */
+
 template <int F>
 struct gw_stage {
-    uint16_t a[2][GG_BM * GF_BK];                              /* hi, lo: core layout */
-    uint16_t b[GF_BN * GF_BK / (F == DS_W_FP8 ? 2 : 1)];       /* BF16: core layout; FP8: raw [row][64] bytes */
+    uint16_t a[2][GG_BM * GF_BK];                             /* hi, lo: core layout */
+    uint16_t b[F == DS_W_FP8 ? GF_BN * GW_RAW / 2 : GF_BN * GF_BK]; /* BF16: core layout; FP8: raw rows */
 };
+
+/* Chunk q (16 bytes) of a core-layout tile, numbered in shared-memory order so
+ * that neighbouring threads write neighbouring chunks: its row and first column. */
+__device__ __forceinline__ void gw_chunk(int q, int *r, int *c)
+{
+    int cm = q / 8;                 /* core matrix: 8 per 8-row group (the 64-k step) */
+    *r = (cm / 8) * 8 + q % 8;
+    *c = (cm % 8) * 8;
+}
 template <int F>
 struct gw_pipe {
     gw_stage<F> s[GW_ST];
@@ -436,7 +448,9 @@ __device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__rest
     int tid = threadIdx.x;
     #pragma unroll
     for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
+        int m, c;
+        gw_chunk(tid + j * GG_THREADS, &m, &c);
+        int t = t0 + m, kk = k0 + c;
         bool in = t < t1 && kk < k;
         size_t off = in ? (size_t)t * k + kk : 0;
         gf_cp16(&st.a[0][GW_CORE(m, c)], xh + off, in);
@@ -445,12 +459,15 @@ __device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__rest
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
     #pragma unroll
     for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        int q = tid + j * GG_THREADS, n, c; /* c: the chunk's first column */
+        if (F == DS_W_FP8) n = q / per, c = (q % per) * 16;
+        else gw_chunk(q, &n, &c);
+        int kk = k0 + c;
         const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
         bool in = r < rows && kk < k;
         size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        void *dst = F == DS_W_FP8 ? (void *)((uint8_t *)st.b + n * GF_BK + c) : (void *)&st.b[GW_CORE(n, c / 2)];
+        void *dst = F == DS_W_FP8 ? (void *)((uint8_t *)st.b + n * GW_RAW + c) : (void *)&st.b[GW_CORE(n, c)];
         gf_cp16(dst, (const uint8_t *)w.data + off, in);
     }
 }
@@ -509,8 +526,9 @@ gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         if (!BF) { /* the step's codes into f16 core matrices: 16 codes per item */
             #pragma unroll
             for (int j = 0; j < GF_BN * GF_BK / 16 / GG_THREADS; j++) {
-                int q = threadIdx.x + j * GG_THREADS, n = q / 4, c = (q % 4) * 16;
-                uint4 u = *(const uint4 *)((const uint8_t *)st.b + n * GF_BK + c);
+                /* neighbouring threads: neighbouring rows of one core matrix */
+                int q = threadIdx.x + j * GG_THREADS, n = (q / 32) * 8 + q % 8, c = ((q / 8) % 4) * 16;
+                uint4 u = *(const uint4 *)((const uint8_t *)st.b + n * GW_RAW + c);
                 uint32_t v[4] = {u.x, u.y, u.z, u.w};
                 uint4 o0 = make_uint4(cu_e4m3x2(v[0], 0), cu_e4m3x2(v[0], 1), cu_e4m3x2(v[1], 0), cu_e4m3x2(v[1], 1));
                 uint4 o1 = make_uint4(cu_e4m3x2(v[2], 0), cu_e4m3x2(v[2], 1), cu_e4m3x2(v[3], 0), cu_e4m3x2(v[3], 1));
