@@ -337,17 +337,27 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     gf_out<BF, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 }
 
+/* gf_kernel's and gw_kernel's parameters */
+typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
+                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t);
+
+/* Lets the up and down kernels of a pair use smem bytes of dynamic shared memory,
+ * once (*done) */
+static bool gk_smem(bool *done, gk_fn up, gk_fn down, size_t smem)
+{
+    if (!*done)
+        *done = cu_check(cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "grouped products: shared memory") &&
+                cu_check(cudaFuncSetAttribute(down, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "grouped products: shared memory");
+    return *done;
+}
+
 template <int F, bool SPLIT>
 static bool gf_ready(void)
 {
-    static bool attr;
-    int smem = (int)sizeof(gf_smem<F>);
-    if (!attr)
-        attr = cu_check(cudaFuncSetAttribute(gf_kernel<F, true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                        "grouped products: shared memory") &&
-               cu_check(cudaFuncSetAttribute(gf_kernel<F, false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                        "grouped products: shared memory");
-    return attr;
+    static bool done;
+    return gk_smem(&done, gf_kernel<F, true, SPLIT>, gf_kernel<F, false, SPLIT>, sizeof(gf_smem<F>));
 }
 
 /* ---- gw_kernel (stage 13): gf_kernel's tiles and operands on Hopper's warpgroup
@@ -592,14 +602,8 @@ static bool gw_ok(void)
 template <int F, bool SPLIT>
 static bool gw_ready(void)
 {
-    static bool attr;
-    int smem = (int)sizeof(gw_smem<F>);
-    if (!attr)
-        attr = cu_check(cudaFuncSetAttribute(gw_kernel<F, true, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                        "grouped products: shared memory") &&
-               cu_check(cudaFuncSetAttribute(gw_kernel<F, false, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                        "grouped products: shared memory");
-    return attr;
+    static bool done;
+    return gk_smem(&done, gw_kernel<F, true, SPLIT>, gw_kernel<F, false, SPLIT>, sizeof(gw_smem<F>));
 }
 
 /* The experts on gf_kernel: x gathered, then up and down. */
