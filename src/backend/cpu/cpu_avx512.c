@@ -187,7 +187,8 @@ AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, s
 #define DP_XSHIFT 72057594037927936.0f /* 2^56 */
 
 /* xs[t][k] = x[t][k] * s[rb][k/128] * 2^56 and, for k < K rounded down to 64,
- * xq[t]: per 32 columns 32 bf16 highs then 32 bf16 lows. */
+ * xq[t]: per 64 columns, those of even number (32 bf16 highs, then 32 lows),
+ * then those of odd number (the same), in fp8x64_to_bf16's order. */
 AVX512 static void prep_fp8_acts(float *xs, uint16_t *xq, const float *x, int n, const ds_weight *w, int rb)
 {
     int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K64 = K / 64 * 64;
@@ -202,15 +203,37 @@ AVX512 static void prep_fp8_acts(float *xs, uint16_t *xq, const float *x, int n,
             }
         }
         uint16_t *q = xq + (size_t)t * K64 * 2;
-        for (int k = 0; k < K64; k += 32) {
-            __m512 a = _mm512_loadu_ps(o + k), b = _mm512_loadu_ps(o + k + 16);
-            __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-            __m512 ah = bf16x16_to_f32(_mm512_castsi512_si256(hi)), bh = bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1));
-            __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah));
-            _mm512_storeu_si512(q + 2 * k, hi);
-            _mm512_storeu_si512(q + 2 * k + 32, lo);
+        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+        for (int k = 0; k < K64; k += 64) {
+            __m512 f0 = _mm512_loadu_ps(o + k), f1 = _mm512_loadu_ps(o + k + 16);
+            __m512 f2 = _mm512_loadu_ps(o + k + 32), f3 = _mm512_loadu_ps(o + k + 48);
+            /* the even-numbered columns of the 64, then the odd ones (fp8x64_to_bf16's order) */
+            __m512 part[2][2] = {{_mm512_permutex2var_ps(f0, ev, f1), _mm512_permutex2var_ps(f2, ev, f3)},
+                                 {_mm512_permutex2var_ps(f0, od, f1), _mm512_permutex2var_ps(f2, od, f3)}};
+            for (int h = 0; h < 2; h++) {
+                __m512 a = part[h][0], b = part[h][1];
+                __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+                __m512 ah = bf16x16_to_f32(_mm512_castsi512_si256(hi)), bh = bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1));
+                __m512i lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, bh), _mm512_sub_ps(a, ah));
+                _mm512_storeu_si512(q + 2 * k + 64 * h, hi);
+                _mm512_storeu_si512(q + 2 * k + 64 * h + 32, lo);
+            }
         }
     }
+}
+
+/* The 64 codes of v as two bf16 vectors (value * 2^-120; subnormal and zero
+ * codes give 0): the even-numbered codes, then the odd ones. A 16-bit lane holds
+ * an even code in its low byte and an odd one in its high byte; shifted
+ * arithmetically right by 4 (the even one first moved up by 8), a code's 7 low
+ * bits land on bits 4..10 with its sign on bit 15, and the mask keeps just those.
+ * No lane-crossing widening, as fp8x32_to_bf16 needs. */
+AVX512 INLINE void fp8x64_to_bf16(__m512i v, __m512i *even, __m512i *odd)
+{
+    const __m512i m = _mm512_set1_epi16((short)0x87F0);
+    *even = _mm512_and_si512(_mm512_srai_epi16(_mm512_slli_epi16(v, 8), 4), m);
+    *odd = _mm512_and_si512(_mm512_srai_epi16(v, 4), m);
 }
 
 /* 32 codes as bf16 (value * 2^-120); subnormal and zero codes give 0. */
@@ -274,11 +297,12 @@ AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *x
         _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, _MM_HINT_T0);
         /* an exponent field of 0 (a subnormal or zero code) on the raw bytes:
          * one test per 64 codes, a branch per 128 */
-        __mmask64 z0 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k), e8);
-        __mmask64 z1 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k + 64), e8);
+        __m512i V0 = _mm512_loadu_si512(row + k), V1 = _mm512_loadu_si512(row + k + 64);
+        __mmask64 z0 = _mm512_testn_epi8_mask(V0, e8), z1 = _mm512_testn_epi8_mask(V1, e8);
         if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) fp8_fix(corr, T, row + k, 128, xs + k, ldx);
-        __m512i A = fp8x32_to_bf16(row + k), B = fp8x32_to_bf16(row + k + 32);
-        __m512i D = fp8x32_to_bf16(row + k + 64), E = fp8x32_to_bf16(row + k + 96);
+        __m512i A, B, D, E;
+        fp8x64_to_bf16(V0, &A, &B);
+        fp8x64_to_bf16(V1, &D, &E);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const uint16_t *q = xq + t * ldq + 2 * k;
@@ -289,9 +313,9 @@ AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *x
         }
     }
     if (k < K64) { /* one chunk of 64 */
-        __mmask64 z0 = _mm512_testn_epi8_mask(_mm512_loadu_si512(row + k), e8);
-        if (z0) fp8_fix(corr, T, row + k, 64, xs + k, ldx);
-        __m512i A = fp8x32_to_bf16(row + k), B = fp8x32_to_bf16(row + k + 32);
+        __m512i V0 = _mm512_loadu_si512(row + k), A, B;
+        if (_mm512_testn_epi8_mask(V0, e8)) fp8_fix(corr, T, row + k, 64, xs + k, ldx);
+        fp8x64_to_bf16(V0, &A, &B);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             const uint16_t *q = xq + t * ldq + 2 * k;
