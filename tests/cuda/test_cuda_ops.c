@@ -1176,16 +1176,24 @@ static void test_attn_hg(void)
 {
     static const struct { int H, R, rope, ctx; } cs[] = {
         {16, 512, 64, 4197}, {5, 256, 64, 333}, {4, 128, 16, 1001}, {7, 128, 32, 40}, {16, 512, 64, 90},
+        {20, 128, 8, 200},
     };
-    for (int pass = 0; pass < 4; pass++) {
-        printf("-- stage 8 attention, %s\n",
-               pass == 3   ? "4 heads per block, one row ahead per warp (HG_DEPTH=1), splits of 32"
+    /* passes 0..3 with the tensor-core kernel off; 4..6 with it (stage 14): about one
+     * block per SM, splits of one 32-position tile, of three tiles with the short depths merged */
+    for (int pass = 0; pass < 7; pass++) {
+        printf("-- stage %s attention, %s\n", pass >= 4 ? "14" : "8",
+               pass == 6   ? "tensor cores, splits of 3 tiles, short depths merged"
+               : pass == 5 ? "tensor cores, splits of one tile"
+               : pass == 4 ? "tensor cores"
+               : pass == 3 ? "4 heads per block, one row ahead per warp (HG_DEPTH=1), splits of 32"
                : pass == 2 ? "a head per block"
                : pass      ? "4 heads per block, L2 prefetch, short depths merged, splits of 16"
                            : "4 heads per block");
+        set_variant("ATTN_TC", pass >= 4 ? NULL : "0");
+        set_variant("TC_TILES", pass == 6 ? "3" : pass == 5 ? "1" : NULL);
         set_variant("ATTN_HG", pass == 2 ? "0" : NULL);
         set_variant("ATTN_PF", pass == 1 ? "1" : NULL);
-        set_variant("ATTN_DIRECT", pass == 1 ? "0" : NULL);
+        set_variant("ATTN_DIRECT", pass == 1 || pass == 6 ? "0" : NULL);
         set_variant("HG_CHUNK", pass == 1 ? "16" : pass == 3 ? "32" : NULL);
         set_variant("HG_DEPTH", pass == 3 ? "1" : NULL);
         set_variant("COMBINE2", pass == 2 ? "0" : NULL);
@@ -1198,6 +1206,8 @@ static void test_attn_hg(void)
             test_attention_at(DS_ATTN_ABSORB, cs[i].H, cs[i].R, cs[i].rope, 0, 0, ctx, 8, seq8, pos8);
         }
     }
+    set_variant("ATTN_TC", NULL);
+    set_variant("TC_TILES", NULL);
     set_variant("ATTN_HG", NULL);
     set_variant("ATTN_PF", NULL);
     set_variant("ATTN_DIRECT", NULL);

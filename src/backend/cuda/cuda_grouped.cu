@@ -27,13 +27,6 @@
 #define GG_BM 64
 #define GG_THREADS 256
 
-/* 16 bytes global -> shared, asynchronously; zeros when !p (g must still be a valid address) */
-__device__ __forceinline__ void gf_cp16(void *sp, const void *g, bool p)
-{
-    unsigned sa = (unsigned)__cvta_generic_to_shared(sp);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(g), "r"(p ? 16 : 0));
-}
-
 /* ---- gf_kernel (stage 13): mma.m16n8k16 with raw fragments, cp.async of GF_BK
  * columns per stage.
  * FP8 weights: the e4m3 codes go into shared memory as bytes and become f16
@@ -141,8 +134,8 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
         int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
         bool in = t < t1 && kk < k;
         size_t off = in ? (size_t)t * k + kk : 0;
-        gf_cp16(&st.a[0][m][c], xh + off, in);
-        if (SPLIT) gf_cp16(&st.a[1][m][c], xl + off, in);
+        cu_cp16(&st.a[0][m][c], xh + off, in);
+        if (SPLIT) cu_cp16(&st.a[1][m][c], xl + off, in);
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16; /* element bytes, 16-byte chunks per row */
     #pragma unroll
@@ -152,7 +145,7 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
         bool in = r < rows && kk < k;
         size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        gf_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
+        cu_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
     }
 }
 
@@ -464,8 +457,8 @@ __device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__rest
         int t = t0 + m, kk = k0 + c;
         bool in = t < t1 && kk < k;
         size_t off = in ? (size_t)t * k + kk : 0;
-        gf_cp16(&st.a[0][GW_CORE(m, c)], xh + off, in);
-        if (SPLIT) gf_cp16(&st.a[1][GW_CORE(m, c)], xl + off, in);
+        cu_cp16(&st.a[0][GW_CORE(m, c)], xh + off, in);
+        if (SPLIT) cu_cp16(&st.a[1][GW_CORE(m, c)], xl + off, in);
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
     #pragma unroll
@@ -479,7 +472,7 @@ __device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__rest
         bool in = r < rows && kk < k;
         size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
         void *dst = F == DS_W_FP8 ? (void *)((uint8_t *)st.b + n * GW_RAW + c) : (void *)&st.b[GW_CORE(n, c)];
-        gf_cp16(dst, (const uint8_t *)w.data + off, in);
+        cu_cp16(dst, (const uint8_t *)w.data + off, in);
     }
 }
 
@@ -702,12 +695,7 @@ __global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p
  * (ncu, FP8 wo at prefill 512: 128 blocks, issue slots 39% busy). */
 static int gf_ksplit(int blocks, int kc)
 {
-    static int sms;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-            sms = 1;
-    }
+    int sms = cu_sm_count();
     int s = (2 * sms + blocks - 1) / blocks, most = kc / 4;
     return s < 1 || most < 1 ? 1 : s > most ? most : s;
 }

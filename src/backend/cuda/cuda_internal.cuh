@@ -162,6 +162,54 @@ __device__ __forceinline__ void cu_mma0(float *d, uint32_t a0, uint32_t a1, uint
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(z));
 }
 
+/* d += A (16 x 8, row major: a0..a3) . B (8 x 8, column major: b0, b1), TF32
+ * operands (the low 13 bits of each float32 are not used), float32 sums
+ * (mma.m16n8k8). */
+__device__ __forceinline__ void cu_mma_tf32(float *d, const uint32_t *a, const uint32_t *b)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* x as a TF32 high part (x with its low 13 bits cleared: exact) and the rest, whose
+ * own TF32 carries the next ~11 bits: big + small holds ~22 bits of x. */
+__device__ __forceinline__ void cu_tf32_split(float x, uint32_t *big, uint32_t *small)
+{
+    uint32_t b = __float_as_uint(x) & 0xffffe000u;
+    *big = b;
+    *small = __float_as_uint(x - __uint_as_float(b));
+}
+
+/* The four float32 of an m16n8k8 A fragment split as cu_tf32_split does. */
+__device__ __forceinline__ void cu_tf32_split4(const float *a, uint32_t *big, uint32_t *small)
+{
+    #pragma unroll
+    for (int i = 0; i < 4; i++) cu_tf32_split(a[i], &big[i], &small[i]);
+}
+
+/* d += A . B for float32 A (split: ab + as, m16n8k8 layout) and B (b[2]) in three
+ * TF32 products, the small terms first: small.big + big.small + big.big. The
+ * dropped small.small term is ~2^-22 of a product, so the sums are float32-like. */
+__device__ __forceinline__ void cu_mma_tf32x3(float *d, const uint32_t *ab, const uint32_t *as, const float *b)
+{
+    uint32_t bb[2], bs[2];
+    cu_tf32_split(b[0], &bb[0], &bs[0]);
+    cu_tf32_split(b[1], &bb[1], &bs[1]);
+    cu_mma_tf32(d, as, bb);
+    cu_mma_tf32(d, ab, bs);
+    cu_mma_tf32(d, ab, bb);
+}
+
+/* 16 bytes global -> shared, asynchronously (cp.async); zeros when !p (g must still
+ * be a valid address) */
+__device__ __forceinline__ void cu_cp16(void *sp, const void *g, bool p)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(sp);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(g), "r"(p ? 16 : 0));
+}
+
 /* Element i of a weight matrix stored as F (ds_wfmt), without its FP8 scale. */
 template <int F>
 __device__ __forceinline__ float cu_wload(const void *w, size_t i)
@@ -414,6 +462,10 @@ struct cu_variants {
                    * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
     int wgmma; /* DSV3_CUDA_WGMMA (stage 13): prefill's grouped experts and dense FP8 products on
                 * warpgroup MMA (gw_kernel) where the build has sm_90a code; off unless 1 (slower) */
+    int attn_tc; /* DSV3_CUDA_ATTN_TC (stage 14): decode attention in the absorb form on the tensor
+                  * cores (attn_tc_kernel) where it fits; on unless 0 */
+    int tc_tiles; /* DSV3_CUDA_TC_TILES: 32-position tiles per attn_tc_kernel split (0: about one
+                   * block per SM, two tiles at least) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -453,6 +505,19 @@ template <typename... P, typename... A>
 static inline void cu_launch(void (*kernel)(P...), dim3 g, dim3 b, size_t smem, A... args)
 {
     cu_launch_cluster(kernel, g, b, 1, smem, args...);
+}
+
+/* The device's multiprocessor count (1 if it cannot be read), asked once. */
+static inline int cu_sm_count(void)
+{
+    static int sms;
+    if (!sms) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            sms < 1)
+            sms = 1;
+    }
+    return sms;
 }
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0, 1, 0};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -68,6 +68,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.attend_n = cu_env_flag("DSV3_CUDA_ATTEND_N", 1);
     cu_v.wgmma = cu_env_flag("DSV3_CUDA_WGMMA", 0);
     cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
+    cu_v.attn_tc = cu_env_flag("DSV3_CUDA_ATTN_TC", 1) != 0;
+    cu_v.tc_tiles = cu_env_flag("DSV3_CUDA_TC_TILES", 0);
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -413,7 +415,9 @@ typedef struct {
      * [((t*H + h) * slices + slice) * splits + z]. */
     unsigned *cnt;
     bool pf; /* attn_hg_kernel: the split's earlier cache rows towards L2 before the wait */
-    bool direct; /* attn_hg_kernel: a token with pos < chunk is written by split 0, not merged */
+    bool direct; /* attn_hg_kernel, attn_tc_kernel: a token with pos < chunk is written by split 0, not merged */
+    bool early;  /* attn_tc_kernel: one token, whose cache rows before pos were written by earlier
+                  * passes: its first tile's loads go out before the PDL wait */
 } attn_p;
 
 #define COMBINE_ZG 4 /* split groups summed separately, then in order (combine2, merge_last) */
@@ -906,6 +910,246 @@ static void launch_attn_hg(const attn_p *p, int tokens)
     launch_combine(p, tokens);
 }
 
+/* Decode attention in the absorb form on the tensor cores (stage 14, DSV3_CUDA_ATTN_TC).
+ * A block takes up to TC_HEADS heads of one token (the mma's 16 rows) and a split of
+ * positions, in tiles of TC_POS cache rows that cp.async brings into shared memory,
+ * one tile ahead. Per tile:
+ *   scores S = Q K^T (16 x 32, k = latent + rope columns): warp w 16 positions
+ *     (w / TC_KR) over an eighth of the columns (w % TC_KR; each Q fragment split
+ *     once for 2 products), the eight partial tiles summed in a fixed order by the
+ *     softmax;
+ *   online softmax: warp w row w, one lane per position;
+ *   O = O corr + P V (16 x dv, k = the tile's positions): warp w dv / 16 columns.
+ * 16 warps: with 8, each scheduler had 2 warps and issued every 3.4 cycles.
+ * Every product is mma.m16n8k8 on TF32 parts in three passes (cu_mma_tf32x3), so the
+ * sums keep ~22 bits, as float32 FMAs would. Each cache row is read once per block
+ * (attn_hg_kernel reads it once per 4 heads) and no warp reduces by shuffles per row.
+ * Partials, combine and the direct output as attn_hg_kernel. */
+#define TC_HEADS 16
+#define TC_POS 32
+#define TC_WARPS 16
+#define TC_KR 8 /* column ranges of the scores */
+static_assert(TC_WARPS == TC_HEADS, "attn_tc_kernel's softmax: a warp per row");
+
+/* Shared memory of attn_tc_kernel, in floats, for d = d1 + d2 columns. */
+static size_t tc_smem_floats(int d)
+{
+    size_t ld = (size_t)d + 4;
+    return TC_HEADS * ld + 2 * TC_POS * ld + (TC_KR + 1) * TC_HEADS * (TC_POS + 4) + TC_HEADS;
+}
+
+/* cp.async of tile rows [r0, r1) (relative to the tile at position jt) into st; rows at
+ * or past len become zeros (a zero P times stale shared memory could be NaN). */
+template <int DV>
+__device__ __forceinline__ void tc_load_rows(float *st, int ld, const float *kv, const float *pe, const attn_p &p, int jt,
+                                             int r0, int r1, int len)
+{
+    constexpr int C1 = DV / 4; /* 16-byte chunks of a latent row */
+    for (int i = threadIdx.x; i < (r1 - r0) * C1; i += blockDim.x) {
+        int r = r0 + i / C1, c = i % C1, j = jt + r;
+        cu_cp16(st + r * ld + 4 * c, kv + (size_t)(j < len ? j : 0) * p.k1_pos + 4 * c, j < len);
+    }
+    for (int i = threadIdx.x, c2 = p.d2 / 4; i < (r1 - r0) * c2; i += blockDim.x) {
+        int r = r0 + i / c2, c = i % c2, j = jt + r;
+        cu_cp16(st + r * ld + DV + 4 * c, pe + (size_t)(j < len ? j : 0) * p.k2_pos + 4 * c, j < len);
+    }
+}
+
+template <int DV>
+__global__ void __launch_bounds__(TC_WARPS * 32, 1) attn_tc_kernel(attn_p p)
+{
+    constexpr int NT = DV / (8 * TC_WARPS), NQ = TC_POS / 8 / (TC_WARPS / TC_KR); /* 8-column tiles of O, of S */
+    constexpr int LS = TC_POS + 4;
+    extern __shared__ float sm[];
+    const int d = p.d1 + p.d2, ld = d + 4, k8 = d / 8;
+    float *sq = sm;                          /* [TC_HEADS][ld] queries */
+    float *skv = sq + TC_HEADS * ld;         /* [2][TC_POS][ld] cache tiles */
+    float *ss = skv + 2 * TC_POS * ld;       /* [TC_KR][TC_HEADS][LS] scores, one per column range */
+    float *sp = ss + TC_KR * TC_HEADS * LS;  /* [TC_HEADS][LS] probabilities */
+    float *scorr = sp + TC_HEADS * LS;       /* [TC_HEADS] the tile's rescale of O, then 1 / l or l */
+    int tiles = (p.heads + TC_HEADS - 1) / TC_HEADS, t = blockIdx.x / tiles, h0 = blockIdx.x % tiles * TC_HEADS;
+    int nh = min(TC_HEADS, p.heads - h0), warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+    int s = p.seq[t], pos = p.pos[t], len = pos + 1, j0 = 0;
+    if (p.splits > 1) {
+        j0 = blockIdx.z * p.chunk;
+        len = min(len, j0 + p.chunk);
+    }
+    const float *kv = p.k1 + s * p.k1_seq, *pe = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
+    bool any = j0 < len;
+    /* the first tile's rows before pos came from earlier passes: they load during the
+     * previous kernels (one token only; see attn_p.early) */
+    int pre = p.early && any ? min(TC_POS, max(0, min(len, pos) - j0)) : 0;
+    if (pre) tc_load_rows<DV>(skv, ld, kv, pe, p, j0, 0, pre, len);
+    cu_pdl_wait();
+    cu_pdl_launch();
+    bool direct = p.direct && pos < p.chunk;
+    if (!any) { /* past the token's position: only pm = -inf */
+        if (!direct && threadIdx.x < nh) {
+            size_t ps = ((size_t)t * p.heads + h0 + threadIdx.x) * p.splits + blockIdx.z;
+            p.pm[ps] = -INFINITY;
+            p.pl[ps] = 0.0f;
+        }
+        return;
+    }
+    tc_load_rows<DV>(skv, ld, kv, pe, p, j0, pre, TC_POS, len);
+    /* the queries by cp.async too (zeros past the last head): plain loads stored to shared
+     * memory went out one at a time, ~11 us of round trips per block */
+    for (int i = threadIdx.x, c4 = d / 4; i < TC_HEADS * c4; i += blockDim.x) {
+        int h = i / c4, k = i % c4 * 4;
+        size_t th = (size_t)t * p.heads + h0 + min(h, nh - 1);
+        cu_cp16(sq + h * ld + k, k < p.d1 ? p.q1 + th * p.q1s + k : p.q2 + th * p.q2s + k - p.d1, h < nh);
+    }
+    asm volatile("cp.async.commit_group;\n" ::);
+    float o[NT][4], m = -INFINITY, l = 0; /* m, l: row warp of the softmax (lane 0) */
+    #pragma unroll
+    for (int n = 0; n < NT; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0;
+    const int kr = warp % TC_KR, ka = kr * k8 / TC_KR, kb = (kr + 1) * k8 / TC_KR, q0 = warp / TC_KR * NQ,
+              col0 = warp * (DV / TC_WARPS);
+    for (int jt = j0, it = 0; jt < len; jt += TC_POS, it++) {
+        float *cur = skv + (it & 1) * TC_POS * ld, *nxt = skv + ((it + 1) & 1) * TC_POS * ld;
+        /* the next tile's loads (the buffer's last reader finished before this tile's barrier) */
+        __syncthreads();
+        if (jt + TC_POS < len) tc_load_rows<DV>(nxt, ld, kv, pe, p, jt + TC_POS, 0, TC_POS, len);
+        asm volatile("cp.async.commit_group;\n" ::);
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+        /* partial scores over this warp's columns: rows g, g + 8; positions (q0 + n) * 8 + 2c, + 1 */
+        float acc[NQ][4] = {};
+        for (int kk = ka; kk < kb; kk++) {
+            int k = kk * 8 + c;
+            float a[4] = {sq[g * ld + k], sq[(g + 8) * ld + k], sq[g * ld + k + 4], sq[(g + 8) * ld + k + 4]};
+            uint32_t ab[4], as[4];
+            cu_tf32_split4(a, ab, as);
+            #pragma unroll
+            for (int n = 0; n < NQ; n++) {
+                const float *krow = cur + ((q0 + n) * 8 + g) * ld;
+                float b[2] = {krow[k], krow[k + 4]};
+                cu_mma_tf32x3(acc[n], ab, as, b);
+            }
+        }
+        float *sh = ss + kr * TC_HEADS * LS + q0 * 8;
+        #pragma unroll
+        for (int n = 0; n < NQ; n++) {
+            sh[g * LS + n * 8 + 2 * c] = acc[n][0];
+            sh[g * LS + n * 8 + 2 * c + 1] = acc[n][1];
+            sh[(g + 8) * LS + n * 8 + 2 * c] = acc[n][2];
+            sh[(g + 8) * LS + n * 8 + 2 * c + 1] = acc[n][3];
+        }
+        __syncthreads();
+        /* softmax: warp w row w (lane: position); every lane keeps the row's m and l */
+        {
+            int r = warp;
+            float sc = 0;
+            #pragma unroll
+            for (int w = 0; w < TC_KR; w++) sc += ss[(w * TC_HEADS + r) * LS + lane];
+            sc *= p.scale;
+            if (jt + lane >= len) sc = -INFINITY;
+            float mn = fmaxf(m, cu_warp_max(sc)), e = expf(sc - mn), corr = expf(m - mn);
+            float sum = cu_warp_sum(e);
+            sp[r * LS + lane] = e;
+            m = mn;
+            l = l * corr + sum;
+            if (lane == 0) scorr[r] = corr;
+        }
+        __syncthreads();
+        /* O = O corr + P V: rows g, g + 8; columns col0 + n * 8 + 2c, + 1 */
+        float c0 = scorr[g], c1 = scorr[g + 8];
+        #pragma unroll
+        for (int n = 0; n < NT; n++) {
+            o[n][0] *= c0;
+            o[n][1] *= c0;
+            o[n][2] *= c1;
+            o[n][3] *= c1;
+        }
+        #pragma unroll
+        for (int ks = 0; ks < TC_POS / 8; ks++) {
+            int k = ks * 8 + c;
+            float a[4] = {sp[g * LS + k], sp[(g + 8) * LS + k], sp[g * LS + k + 4], sp[(g + 8) * LS + k + 4]};
+            uint32_t ab[4], as[4];
+            cu_tf32_split4(a, ab, as);
+            const float *vr = cur + k * ld + col0 + g;
+            #pragma unroll
+            for (int n = 0; n < NT; n++) {
+                float b[2] = {vr[n * 8], vr[4 * ld + n * 8]};
+                cu_mma_tf32x3(o[n], ab, as, b);
+            }
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    bool part = p.splits > 1 && !direct;
+    __syncthreads();
+    if (lane == 0) {
+        int r = warp;
+        scorr[r] = part ? 1.0f : 1.0f / l;
+        if (part && r < nh) {
+            size_t ps = ((size_t)t * p.heads + h0 + r) * p.splits + blockIdx.z;
+            p.pm[ps] = m;
+            p.pl[ps] = l;
+        }
+    }
+    __syncthreads();
+    #pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        int r = g + 8 * hh;
+        if (r >= nh) continue;
+        float f = scorr[r];
+        size_t th = (size_t)t * p.heads + h0 + r;
+        float *dst = part ? p.po + (th * p.splits + blockIdx.z) * DV : p.out + th * p.outs;
+        #pragma unroll
+        for (int n = 0; n < NT; n++) {
+            int col = col0 + n * 8 + 2 * c;
+            dst[col] = o[n][2 * hh] * f;
+            dst[col + 1] = o[n][2 * hh + 1] * f;
+        }
+    }
+}
+
+/* True when attn_tc_kernel takes the problem: the absorb form, dv of 128, 256 or 512
+ * (a multiple of 64: 8-column tiles per warp), a rope part of a multiple of 8 up to 64,
+ * cache rows and queries 16-byte aligned (cp.async). */
+static bool attn_tc_ok(const attn_p *p)
+{
+    return cu_v.attn_tc && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
+           p->v_pos == p->k1_pos && p->d1 == p->dv && (p->dv == 128 || p->dv == 256 || p->dv == 512) &&
+           p->d2 % 8 == 0 && p->d2 <= 64 && (p->d2 == 0 || (p->k2 && p->q2)) && (uintptr_t)p->k1 % 16 == 0 &&
+           (uintptr_t)p->k2 % 16 == 0 && p->k1_pos % 4 == 0 && p->k2_pos % 4 == 0 && p->k1_seq % 4 == 0 &&
+           p->k2_seq % 4 == 0 && (uintptr_t)p->q1 % 16 == 0 && (uintptr_t)p->q2 % 16 == 0 && p->q1s % 4 == 0 &&
+           p->q2s % 4 == 0;
+}
+
+/* attn_tc_kernel's splits: about one block per SM over tokens x head tiles x splits, in
+ * whole tiles, and at least TC_MIN_TILES tiles each (DSV3_CUDA_TC_TILES: tiles per split
+ * instead); shapes only. A block's fixed costs (queries, first loads) are near a tile's,
+ * and the combine's grows with the splits: FP8 16B depth 4096 2.040 ms with one tile per
+ * split (129 splits), 1.964 with two, 2.040 with three. */
+#define TC_MIN_TILES 2
+
+static void attn_tc_split(attn_p *p, int n, int ctx)
+{
+    long long units = (long long)n * ((p->heads + TC_HEADS - 1) / TC_HEADS), tiles = (ctx + TC_POS - 1) / TC_POS;
+    long long per = cu_v.tc_tiles > 0 ? cu_v.tc_tiles : (tiles * units + cu_sm_count() - 1) / cu_sm_count();
+    if (cu_v.tc_tiles <= 0 && per < TC_MIN_TILES) per = TC_MIN_TILES;
+    if (per < 1) per = 1;
+    p->chunk = (int)(per * TC_POS);
+    p->splits = (int)((ctx + p->chunk - 1) / p->chunk);
+}
+
+template <int DV>
+static void launch_attn_tc(const attn_p *p, int tokens)
+{
+    dim3 grid((unsigned)(tokens * ((p->heads + TC_HEADS - 1) / TC_HEADS)), 1, (unsigned)p->splits);
+    size_t smem = sizeof(float) * tc_smem_floats(p->d1 + p->d2);
+    static size_t allowed;
+    if (smem > allowed) {
+        if (!cu_check(cudaFuncSetAttribute(attn_tc_kernel<DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                      "attention: shared memory"))
+            return;
+        allowed = smem;
+    }
+    cu_launch(attn_tc_kernel<DV>, grid, TC_WARPS * 32, smem, *p);
+    launch_combine(p, tokens);
+}
+
 template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
@@ -1270,11 +1514,13 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         ok = p.q1 && p.k1 && p.v && p.out;
     }
     p.splits = 1;
-    bool mq = ok && attn_mq_ok(&p), hg = ok && !mq && attn_hg_ok(&p);
+    bool mq = ok && attn_mq_ok(&p), tc = ok && !mq && attn_tc_ok(&p), hg = ok && !mq && !tc && attn_hg_ok(&p);
     p.pf = cu_v.attn_pf != 0;
-    p.direct = hg && cu_v.attn_direct;
+    p.direct = (hg || tc) && cu_v.attn_direct;
+    p.early = tc && n == 1;
     if (ok) {
         if (mq) mq_split(&p, n, a->ctx);
+        else if (tc) attn_tc_split(&p, n, a->ctx);
         else if (hg) attn_hg_split(&p, n, a->ctx);
         else attn_split(&p, n, a->ctx);
     }
@@ -1294,6 +1540,10 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
             else if (p.dv <= 2 * MQ_THREADS) launch_attn_mq<2>(&p, n);
             else if (p.dv <= 3 * MQ_THREADS) launch_attn_mq<3>(&p, n);
             else launch_attn_mq<4>(&p, n);
+        } else if (tc) {
+            if (p.dv == 128) launch_attn_tc<128>(&p, n);
+            else if (p.dv == 256) launch_attn_tc<256>(&p, n);
+            else launch_attn_tc<512>(&p, n);
         } else if (hg) {
             if (p.dv == 128) launch_attn_hg<4>(&p, n);
             else if (p.dv == 256) launch_attn_hg<8>(&p, n);
