@@ -944,14 +944,19 @@ template <int DV>
 __device__ __forceinline__ void tc_load_rows(float *st, int ld, const float *kv, const float *pe, const attn_p &p, int jt,
                                              int r0, int r1, int len)
 {
-    constexpr int C1 = DV / 4; /* 16-byte chunks of a latent row */
-    for (int i = threadIdx.x; i < (r1 - r0) * C1; i += blockDim.x) {
-        int r = r0 + i / C1, c = i % C1, j = jt + r;
+    /* a thread keeps one 16-byte column of the latent rows and steps down the rows
+     * (no division per chunk: the issue loops were a third of the kernel's samples) */
+    constexpr int C1 = DV / 4, RS = TC_WARPS * 32 / C1; /* 16-byte chunks of a latent row; rows per step */
+    static_assert(TC_WARPS * 32 % C1 == 0, "attn_tc_kernel: whole latent rows per step");
+    int c = threadIdx.x % C1;
+    for (int r = r0 + (int)threadIdx.x / C1; r < r1; r += RS) {
+        int j = jt + r;
         cu_cp16(st + r * ld + 4 * c, kv + (size_t)(j < len ? j : 0) * p.k1_pos + 4 * c, j < len);
     }
-    for (int i = threadIdx.x, c2 = p.d2 / 4; i < (r1 - r0) * c2; i += blockDim.x) {
-        int r = r0 + i / c2, c = i % c2, j = jt + r;
-        cu_cp16(st + r * ld + DV + 4 * c, pe + (size_t)(j < len ? j : 0) * p.k2_pos + 4 * c, j < len);
+    int c2 = p.d2 / 4; /* the rope part: at most a sixteenth of the chunks */
+    for (int i = threadIdx.x; i < (r1 - r0) * c2; i += blockDim.x) {
+        int r = r0 + i / c2, cc = i % c2, j = jt + r;
+        cu_cp16(st + r * ld + DV + 4 * cc, pe + (size_t)(j < len ? j : 0) * p.k2_pos + 4 * cc, j < len);
     }
 }
 
@@ -994,10 +999,18 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1) attn_tc_kernel(attn_p p)
     tc_load_rows<DV>(skv, ld, kv, pe, p, j0, pre, TC_POS, len);
     /* the queries by cp.async too (zeros past the last head): plain loads stored to shared
      * memory went out one at a time, ~11 us of round trips per block */
-    for (int i = threadIdx.x, c4 = d / 4; i < TC_HEADS * c4; i += blockDim.x) {
-        int h = i / c4, k = i % c4 * 4;
-        size_t th = (size_t)t * p.heads + h0 + min(h, nh - 1);
-        cu_cp16(sq + h * ld + k, k < p.d1 ? p.q1 + th * p.q1s + k : p.q2 + th * p.q2s + k - p.d1, h < nh);
+    {
+        constexpr int C1 = DV / 4, RS = TC_WARPS * 32 / C1;
+        int c = threadIdx.x % C1, c2 = p.d2 / 4;
+        for (int h = (int)threadIdx.x / C1; h < TC_HEADS; h += RS) {
+            size_t th = (size_t)t * p.heads + h0 + min(h, nh - 1);
+            cu_cp16(sq + h * ld + 4 * c, p.q1 + th * p.q1s + 4 * c, h < nh);
+        }
+        for (int i = threadIdx.x; i < TC_HEADS * c2; i += blockDim.x) {
+            int h = i / c2, k = i % c2 * 4;
+            size_t th = (size_t)t * p.heads + h0 + min(h, nh - 1);
+            cu_cp16(sq + h * ld + DV + k, p.q2 + th * p.q2s + k, h < nh);
+        }
     }
     asm volatile("cp.async.commit_group;\n" ::);
     float o[NT][4], m = -INFINITY, l = 0; /* m, l: row warp of the softmax (lane 0) */
@@ -1096,17 +1109,14 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1) attn_tc_kernel(attn_p p)
         size_t th = (size_t)t * p.heads + h0 + r;
         float *dst = part ? p.po + (th * p.splits + blockIdx.z) * DV : p.out + th * p.outs;
         #pragma unroll
-        for (int n = 0; n < NT; n++) {
-            int col = col0 + n * 8 + 2 * c;
-            dst[col] = o[n][2 * hh] * f;
-            dst[col + 1] = o[n][2 * hh + 1] * f;
-        }
+        for (int n = 0; n < NT; n++) /* columns 2c, 2c + 1 together (8-byte aligned: dv and outs are even) */
+            *reinterpret_cast<float2 *>(dst + col0 + n * 8 + 2 * c) = make_float2(o[n][2 * hh] * f, o[n][2 * hh + 1] * f);
     }
 }
 
 /* True when attn_tc_kernel takes the problem: the absorb form, dv of 128, 256 or 512
  * (a multiple of 64: 8-column tiles per warp), a rope part of a multiple of 8 up to 64,
- * cache rows and queries 16-byte aligned (cp.async). */
+ * cache rows and queries 16-byte aligned (cp.async), outputs 8-byte aligned (pairs). */
 static bool attn_tc_ok(const attn_p *p)
 {
     return cu_v.attn_tc && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
@@ -1114,7 +1124,7 @@ static bool attn_tc_ok(const attn_p *p)
            p->d2 % 8 == 0 && p->d2 <= 64 && (p->d2 == 0 || (p->k2 && p->q2)) && (uintptr_t)p->k1 % 16 == 0 &&
            (uintptr_t)p->k2 % 16 == 0 && p->k1_pos % 4 == 0 && p->k2_pos % 4 == 0 && p->k1_seq % 4 == 0 &&
            p->k2_seq % 4 == 0 && (uintptr_t)p->q1 % 16 == 0 && (uintptr_t)p->q2 % 16 == 0 && p->q1s % 4 == 0 &&
-           p->q2s % 4 == 0;
+           p->q2s % 4 == 0 && (uintptr_t)p->out % 8 == 0 && p->outs % 2 == 0;
 }
 
 /* attn_tc_kernel's splits: about one block per SM over tokens x head tiles x splits, in
