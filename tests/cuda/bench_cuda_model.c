@@ -12,7 +12,8 @@
  * with random values (attention costs the same whatever the values). Decode
  * steps replay a recorded graph after two warm-up steps (DSV3_GRAPH=0: every
  * step eager); batch 1 is also timed eagerly, and the logits of a recorded
- * step are compared with the eager ones. Not a test: prints figures. */
+ * step are compared with the eager ones. BENCH_GEMM=fp8 runs the model with the
+ * reference's gemm_impl fp8. Not a test: prints figures. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -166,7 +167,7 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
                                   "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
                                   "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
                                   "MOE_DOWN256", "MOE_SHFIRST", "EVF", "MOE_DEVSORT", "SCRATCH_FILL", "MOE_WARP", "HG_DEPTH", "MOE_EARLY",
-                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES"};
+                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA"};
     const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);
@@ -232,7 +233,11 @@ int main(int argc, char **argv)
     if (!ops || config_load(&cfg, argv[2])) goto fail;
     double bw = cuda_measure_copy_bandwidth(), tc = cuda_measure_bf16_tc_peak();
     printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s\n", bw, tc);
-    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = DS_GEMM_BF16, .ops = ops};
+    /* BENCH_GEMM=fp8: the reference's gemm_impl fp8 (act_quant on every product's input) */
+    const char *bg = getenv("BENCH_GEMM");
+    bool fp8gemm = bg && !strcmp(bg, "fp8");
+    if (fp8gemm) printf("gemm_impl fp8 (BENCH_GEMM)\n");
+    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = fp8gemm ? DS_GEMM_FP8 : DS_GEMM_BF16, .ops = ops};
     double t0 = now();
     if (model_load(&m, argv[1], &cfg, &o)) goto fail;
     printf("load + upload: %.1f s, %.2f GiB of weights on the device\n", now() - t0, cuda_weight_bytes() / 1073741824.0);

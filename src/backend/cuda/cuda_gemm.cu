@@ -63,17 +63,20 @@ __device__ float act_scale(float amax, bool ue8m0)
     return s;
 }
 
-/* One warp per (row, block). */
-__global__ void act_quant_kernel(const float *__restrict__ x, int m, int k, uint8_t *__restrict__ y,
+/* One warp per (row, block). Row i of y and s is row list[i] of x (row i without a
+ * list); with total_d, the device's count of rows replaces m (the grid covers m). */
+__global__ void act_quant_kernel(const float *__restrict__ x, const int *__restrict__ list,
+                                 const int *__restrict__ total_d, int m, int k, uint8_t *__restrict__ y,
                                  float *__restrict__ s, bool ue8m0)
 {
     cu_pdl_wait();
     cu_pdl_launch();
     int gw = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
     int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    if (total_d) m = min(m, *total_d);
     if (gw >= m * kb) return;
     int i = gw / kb, b = gw % kb, k0 = b * DS_BLOCK, k1 = min(k0 + DS_BLOCK, k);
-    const float *xi = x + (size_t)i * k;
+    const float *xi = x + (size_t)(list ? list[i] : i) * k;
     float amax = 0;
     for (int j = k0 + lane; j < k1; j += 32) amax = fmaxf(amax, fabsf(xi[j]));
     amax = cu_warp_max(amax);
@@ -652,10 +655,16 @@ static void launch_product(float *y, const void *x, const float *xs, int n, cons
 }
 
 /* x (device) -> y e4m3 [m][k] and s [m][kb], both device. */
-static void launch_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0)
+void cu_act_quant_rows(const float *x, const int *list, const int *total_d, int m, int k, uint8_t *y, float *s,
+                       bool ue8m0)
 {
     size_t warps = (size_t)m * ((k + DS_BLOCK - 1) / DS_BLOCK);
-    cu_launch(act_quant_kernel, cu_blocks(warps * 32, 256), 256, 0, x, m, k, y, s, ue8m0);
+    cu_launch(act_quant_kernel, cu_blocks(warps * 32, 256), 256, 0, x, list, total_d, m, k, y, s, ue8m0);
+}
+
+static void launch_act_quant(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0)
+{
+    cu_act_quant_rows(x, NULL, NULL, m, k, y, s, ue8m0);
 }
 
 static cublasHandle_t g_blas;
@@ -749,7 +758,10 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
             float *xs = (float *)cu_tmp(&io, sizeof(float) * (size_t)n * kb);
             if (xq && xs) {
                 launch_act_quant(dx, n, k, xq, xs, ue8m0);
-                launch_product<DS_W_FP8, true>(dy, xq, xs, n, &dw, k, row0, rows);
+                /* DSV3_CUDA_FP8MMA: the FP8 tensor cores on the codes (cuda_grouped.cu) */
+                if (!(cu_v.fp8mma && n >= BLAS_MIN && k % 16 == 0 && row0 % 32 == 0 && (uintptr_t)dw.data % 16 == 0 &&
+                      cu_dense_fp8q(dy, xq, xs, n, &dw, k, row0, rows)))
+                    launch_product<DS_W_FP8, true>(dy, xq, xs, n, &dw, k, row0, rows);
             }
         } else if (n >= BLAS_MIN && w->fmt == DS_W_FP8 && k % 16 == 0 && row0 % 32 == 0 && (uintptr_t)dw.data % 16 == 0 &&
                    cu_device_readable(dx) && cu_device_readable(dy) && cu_dense_fp8_tc(dy, dx, n, &dw, k, row0, rows)) {
@@ -1473,7 +1485,10 @@ extern "C" ds_status cuda_fp8_gemm(const uint8_t *y, const float *s, const uint8
     dw.data = cu_in(&io, w, (size_t)n * k);
     dw.scale = (const float *)cu_in(&io, ws, sizeof(float) * (size_t)((n + DS_BLOCK - 1) / DS_BLOCK) * kb);
     float *dout = (float *)cu_out(&io, out, sizeof(float) * (size_t)m * n, false);
-    if (dy && ds && dw.data && dw.scale && dout) launch_product<DS_W_FP8, true>(dout, dy, ds, m, &dw, k, 0, n);
+    if (dy && ds && dw.data && dw.scale && dout &&
+        !(cu_v.fp8mma && m >= BLAS_MIN && k % 16 == 0 && (uintptr_t)dw.data % 16 == 0 &&
+          (uintptr_t)dy % 16 == 0 && cu_dense_fp8q(dout, (const uint8_t *)dy, ds, m, &dw, k, 0, n)))
+        launch_product<DS_W_FP8, true>(dout, dy, ds, m, &dw, k, 0, n);
     cu_end(&io, "fp8_gemm");
     return cuda_backend_status();
 }

@@ -123,6 +123,24 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
     if (lane == 0) xs[w] = inv;
 }
 
+/* A stage's GF_BN weight rows, GF_BK columns from k0 (UP: rows r0.. of wa, then the
+ * same rows of wb), zeros past the rows' and k's ends. */
+template <int F, bool UP>
+__device__ __forceinline__ void gf_issue_b(uint8_t (*b)[GF_BLD(F)], const cu_weight &wa, const cu_weight &wb, int r0,
+                                           int rows, int k, int k0, int row0)
+{
+    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16; /* element bytes, 16-byte chunks per row */
+    #pragma unroll
+    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+        int q = threadIdx.x + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
+        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
+        bool in = r < rows && kk < k;
+        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
+        cu_cp16(&b[n][c], (const uint8_t *)w.data + off, in);
+    }
+}
+
 template <int F, bool UP, bool SPLIT>
 __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
                                          int t0, int t1, const cu_weight &wa, const cu_weight &wb, int r0, int rows,
@@ -137,16 +155,7 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
         cu_cp16(&st.a[0][m][c], xh + off, in);
         if (SPLIT) cu_cp16(&st.a[1][m][c], xl + off, in);
     }
-    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16; /* element bytes, 16-byte chunks per row */
-    #pragma unroll
-    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
-        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
-        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
-        bool in = r < rows && kk < k;
-        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        cu_cp16(&st.b[n][c], (const uint8_t *)w.data + off, in);
-    }
+    gf_issue_b<F, UP>(st.b, wa, wb, r0, rows, k, k0, row0);
 }
 
 /* A block's outputs from its float32 tile c (GG_BM tokens x GF_BN columns): UP: h =
@@ -200,6 +209,53 @@ __device__ __forceinline__ void gf_out(const float (*c)[GF_CLD], float *__restri
     }
 }
 
+/* This lane's token rows of the activation scales xs (stride floats each): token
+ * t0 + wm * 32 + 16 i + g + 8 h, NULL past t1. */
+__device__ __forceinline__ void gf_xs_rows(const float *xsr[2][2], const float *xs, int stride, int t0, int t1, int wm,
+                                           int g)
+{
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int t = t0 + wm * 32 + 16 * i + g + 8 * h;
+            xsr[i][h] = t < t1 ? xs + (size_t)t * stride : NULL;
+        }
+}
+
+/* acc += each step's partial sums times the scales fx of their token rows (rows g
+ * and g + 8 of each 16-token fragment i), for the fragments with tokens (live). */
+__device__ __forceinline__ void gf_fold(float (*acc)[4][4], const float (*part)[4][4], const float (*fx)[2],
+                                        const bool *live)
+{
+    #pragma unroll
+    for (int i = 0; i < 2; i++) {
+        if (!live[i]) continue;
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            acc[i][j][0] += fx[i][0] * part[i][j][0];
+            acc[i][j][1] += fx[i][0] * part[i][j][1];
+            acc[i][j][2] += fx[i][1] * part[i][j][2];
+            acc[i][j][3] += fx[i][1] * part[i][j][3];
+        }
+    }
+}
+
+/* A warp's (wm, wn) sums into the block's float32 tile c. */
+__device__ __forceinline__ void gf_store_tile(float (*c)[GF_CLD], const float (*acc)[4][4], int wm, int wn, int lane)
+{
+    #pragma unroll
+    for (int i = 0; i < 2; i++)
+        #pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int m = wm * 32 + 16 * i + lane / 4, n = wn * 32 + 8 * j + 2 * (lane % 4);
+            c[m][n] = acc[i][j][0];
+            c[m][n + 1] = acc[i][j][1];
+            c[m + 8][n] = acc[i][j][2];
+            c[m + 8][n + 1] = acc[i][j][3];
+        }
+}
+
 /* tiles[blockIdx.y] = (expert e, first token, end token); blockIdx.x: GF_BN rows
  * (UP: GF_BN / 2 rows of w1 and the same rows of w3). A: xh (+ xl) (total, k)
  * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
@@ -234,14 +290,8 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
     if (!UP) oy += blockIdx.z * ystride;
     bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1}; /* fragments wholly past the tile's end do no products */
-    const float *xsr[2][2]; /* this lane's token rows: wm * 32 + 16 i + g + 8 h */
-    #pragma unroll
-    for (int i = 0; i < 2; i++)
-        #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int t = t0 + wm * 32 + 16 * i + g + 8 * h;
-            xsr[i][h] = t < t1 ? xs + (size_t)t * kc : NULL;
-        }
+    const float *xsr[2][2];
+    gf_xs_rows(xsr, xs, kc, t0, t1, wm, g);
     float acc[2][4][4], part[2][4][4]; /* part: each step's sums, set by its first products */
     #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -303,30 +353,11 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
                     }
                 }
         }
-        #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            if (!live[i]) continue;
-            #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                acc[i][j][0] += fx[i][0] * part[i][j][0];
-                acc[i][j][1] += fx[i][0] * part[i][j][1];
-                acc[i][j][2] += fx[i][1] * part[i][j][2];
-                acc[i][j][3] += fx[i][1] * part[i][j][3];
-            }
-        }
+        gf_fold(acc, part, fx, live);
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    #pragma unroll
-    for (int i = 0; i < 2; i++)
-        #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int m = wm * 32 + 16 * i + g, n = wn * 32 + 8 * j + 2 * q;
-            sm.c[m][n] = acc[i][j][0];
-            sm.c[m][n + 1] = acc[i][j][1];
-            sm.c[m + 8][n] = acc[i][j][2];
-            sm.c[m + 8][n + 1] = acc[i][j][3];
-        }
+    __syncthreads(); /* the stages are done with: the tile goes where they were */
+    gf_store_tile(sm.c, acc, wm, wn, lane);
     __syncthreads();
     gf_out<BF, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 }
@@ -730,21 +761,227 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     return ok;
 }
 
-bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows)
+/* A dense product as one "expert": the device tiles of every token (GG_BM each, *nt
+ * of them) followed by the one-entry weight table; NULL if out of memory. */
+static int4 *dense_tiles(int n, const cu_weight *dw, int *nt)
 {
-    int nt = (n + GG_BM - 1) / GG_BM;
-    int4 *ht = (int4 *)malloc(sizeof(int4) * (size_t)nt + sizeof(cu_weight));
-    int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)nt + sizeof(cu_weight));
-    bool ok = ht && dt;
-    if (ok) {
-        for (int i = 0; i < nt; i++) ht[i] = make_int4(0, i * GG_BM, (i + 1) * GG_BM < n ? (i + 1) * GG_BM : n, 0);
-        memcpy(ht + nt, dw, sizeof(cu_weight));
-        cu_upload(dt, ht, sizeof(int4) * (size_t)nt + sizeof(cu_weight));
-        const cu_weight *tab = (const cu_weight *)(dt + nt);
-        ok = cu_gemm_split() ? gf_dense<true>(y, x, n, dt, nt, tab, k, row0, rows)
-                             : gf_dense<false>(y, x, n, dt, nt, tab, k, row0, rows);
+    *nt = (n + GG_BM - 1) / GG_BM;
+    int4 *ht = (int4 *)malloc(sizeof(int4) * (size_t)*nt + sizeof(cu_weight));
+    int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)*nt + sizeof(cu_weight));
+    if (ht && dt) {
+        for (int i = 0; i < *nt; i++) ht[i] = make_int4(0, i * GG_BM, (i + 1) * GG_BM < n ? (i + 1) * GG_BM : n, 0);
+        memcpy(ht + *nt, dw, sizeof(cu_weight));
+        cu_upload(dt, ht, sizeof(int4) * (size_t)*nt + sizeof(cu_weight));
+    } else {
+        cu_free(dt);
+        dt = NULL;
     }
     free(ht);
+    return dt;
+}
+
+bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows)
+{
+    int nt;
+    int4 *dt = dense_tiles(n, dw, &nt);
+    if (!dt) return false;
+    const cu_weight *tab = (const cu_weight *)(dt + nt);
+    bool ok = cu_gemm_split() ? gf_dense<true>(y, x, n, dt, nt, tab, k, row0, rows)
+                              : gf_dense<false>(y, x, n, dt, nt, tab, k, row0, rows);
     cu_free(dt);
+    return ok;
+}
+
+/* ---- gq_kernel (stage 15, DSV3_CUDA_FP8MMA=1): the reference's fp8_gemm on the FP8
+ * tensor cores, for gemm_impl fp8 with FP8 weights. The activations come quantised by
+ * act_quant (e4m3 codes, a scale per token and 128 columns) and both operands are
+ * codes: mma.m16n8k32 e4m3 x e4m3, float32 sums, each 64-column step's sums times
+ * the token's activation scale and the rows' weight scale (constant over the step, as
+ * over the reference's 128-column blocks) added to the float32 results. gf_kernel's
+ * tiles, warps, B loads and epilogue; A is codes too, in rows of 80 bytes (ldmatrix
+ * without bank conflicts). UP writes h = silu(w1 x) * (w3 x) in float32, for
+ * act_quant again before w2, as the reference's Expert does. Written after the
+ * session's device time was spent: not yet run on a GPU. */
+#define GQ_ST 4
+
+struct gq_stage {
+    uint8_t a[GG_BM][GF_BLD(DS_W_FP8)];
+    uint8_t b[GF_BN][GF_BLD(DS_W_FP8)];
+};
+union gq_smem {
+    gq_stage s[GQ_ST];
+    float c[GG_BM][GF_CLD];
+};
+
+template <bool UP>
+__device__ __forceinline__ void gq_issue(gq_stage &st, const uint8_t *__restrict__ xq, int t0, int t1,
+                                         const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int k0,
+                                         int row0)
+{
+    constexpr int per = GF_BK / 16; /* 16-byte chunks of a token's codes per step */
+    #pragma unroll
+    for (int j = 0; j < GG_BM * per / GG_THREADS; j++) {
+        int q = threadIdx.x + j * GG_THREADS, m = q / per, c = (q % per) * 16, t = t0 + m, kk = k0 + c;
+        bool in = t < t1 && kk < k;
+        cu_cp16(&st.a[m][c], xq + (in ? (size_t)t * k + kk : 0), in);
+    }
+    gf_issue_b<DS_W_FP8, UP>(st.b, wa, wb, r0, rows, k, k0, row0);
+}
+
+/* Four 8 x 8 b16 matrices from shared memory (ldmatrix.x4): lane l gives the row
+ * address of matrix l / 8. */
+__device__ __forceinline__ void gq_ldm4(uint32_t *r, const void *p)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* gf_kernel's grid and arguments, A as act_quant's codes xq (total, k) and scales xs
+ * (total, ceil(k / 128)); oy: float32 y (total, rows), or UP h (total, rows). */
+template <bool UP>
+__global__ void __launch_bounds__(GG_THREADS, 2)
+gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *__restrict__ xs,
+          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+          int k, int rows, int row0, int ksteps, size_t ystride)
+{
+    extern __shared__ __align__(128) unsigned char gq_raw[];
+    gq_smem &sm = *(gq_smem *)gq_raw;
+    int4 tl = tiles[blockIdx.y];
+    int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return; /* an empty tile past the device-grouped count */
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
+    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4, g = lane / 4;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    const float *srow;
+    {
+        const cu_weight &w = UP && wn >= 2 ? wb : wa;
+        int r = UP ? r0 + (wn % 2) * 32 : r0 + wn * 32;
+        srow = w.scale + (size_t)((row0 + min(r, rows - 1)) / DS_BLOCK) * kb;
+    }
+    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
+    bool live[2] = {t0 + wm * 32 < t1, t0 + wm * 32 + 16 < t1};
+    const float *xsr[2][2];
+    gf_xs_rows(xsr, xs, kb, t0, t1, wm, g);
+    float acc[2][4][4] = {}, part[2][4][4];
+    #pragma unroll
+    for (int st = 0; st < GQ_ST - 1; st++) {
+        if (st < nks) gq_issue<UP>(sm.s[st], xq, t0, t1, wa, wb, r0, rows, k, (ks0 + st) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    for (int it = 0; it < nks; it++) {
+        int ks = ks0 + it, b = ks * GF_BK / DS_BLOCK;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GQ_ST - 2));
+        __syncthreads();
+        int nx = it + GQ_ST - 1;
+        if (nx < nks) gq_issue<UP>(sm.s[nx % GQ_ST], xq, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+        float fx[2][2], sw = srow[b];
+        #pragma unroll
+        for (int i = 0; i < 2; i++)
+            #pragma unroll
+            for (int h = 0; h < 2; h++) fx[i][h] = xsr[i][h] ? xsr[i][h][b] * sw : 0.0f;
+        const gq_stage &st = sm.s[it % GQ_ST];
+        #pragma unroll
+        for (int kk = 0; kk < GF_BK; kk += 32) {
+            uint32_t b0[4], b1[4]; /* n-tile j: k 4q.. and 16 + 4q.. of rows wn * 32 + 8j + g */
+            gq_ldm4(b0, &st.b[wn * 32 + lane][kk]);
+            gq_ldm4(b1, &st.b[wn * 32 + lane][kk + 16]);
+            #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                if (!live[i]) continue;
+                uint32_t a[4]; /* rows g, g + 8 of the 16; k 4q.. then 16 + 4q.. */
+                gq_ldm4(a, &st.a[wm * 32 + 16 * i + lane % 16][kk + lane / 16 * 16]);
+                #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    if (kk == 0) /* a step's first products start its partial sums */
+                        cu_mma_e4m3<true>(part[i][j], a, b0[j], b1[j]);
+                    else
+                        cu_mma_e4m3<false>(part[i][j], a, b0[j], b1[j]);
+                }
+            }
+        }
+        gf_fold(acc, part, fx, live);
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* the stages are done with: the tile goes where they were */
+    gf_store_tile(sm.c, acc, wm, wn, lane);
+    __syncthreads();
+    if (UP) {
+        for (int o = threadIdx.x; o < GG_BM * GF_BN / 2; o += GG_THREADS) {
+            int m = o / (GF_BN / 2), j = o % (GF_BN / 2), t = t0 + m, r = r0 + j;
+            float a = sm.c[m][j];
+            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j];
+        }
+    } else {
+        gf_out<false, false, false>(sm.c, oy, NULL, NULL, NULL, t0, t1, r0, rows);
+    }
+}
+
+static bool gq_ready(void)
+{
+    static bool done;
+    if (!done)
+        done = cu_check(cudaFuncSetAttribute(gq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)sizeof(gq_smem)),
+                        "fp8 products: shared memory") &&
+               cu_check(cudaFuncSetAttribute(gq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)sizeof(gq_smem)),
+                        "fp8 products: shared memory");
+    return done;
+}
+
+bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu_weight *dw, int k, int row0, int rows)
+{
+    if (!gq_ready()) return false;
+    int nt;
+    int4 *dt = dense_tiles(n, dw, &nt);
+    if (!dt) return false;
+    const cu_weight *tab = (const cu_weight *)(dt + nt);
+    int kc = (k + GF_BK - 1) / GF_BK;
+    dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
+    int ns = gf_ksplit((int)(grid.x * grid.y), kc), per = (kc + ns - 1) / ns;
+    ns = (kc + per - 1) / per; /* no empty split */
+    grid.z = (unsigned)ns;
+    size_t ny = (size_t)n * rows;
+    float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
+    bool ok = part != NULL;
+    if (ok) {
+        gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
+        ok = cu_check(cudaGetLastError(), "fp8 product: launch");
+    }
+    if (part != y) cu_free(part);
+    cu_free(dt);
+    return ok;
+}
+
+bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
+                          int nk, int ne, const cu_weight *tab, int dim, int inter, bool ue8m0)
+{
+    if (!gq_ready()) return false;
+    int kbd = (dim + DS_BLOCK - 1) / DS_BLOCK, kbi = (inter + DS_BLOCK - 1) / DS_BLOCK;
+    uint8_t *xq = (uint8_t *)cu_alloc((size_t)nk * dim), *hq = (uint8_t *)cu_alloc((size_t)nk * inter);
+    float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (kbd + kbi));
+    float *h = (float *)cu_alloc(sizeof(float) * (size_t)nk * inter);
+    bool ok = xq && hq && sc && h;
+    if (ok) {
+        float *xs = sc, *hs = sc + (size_t)nk * kbd;
+        dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)mt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)mt);
+        cu_act_quant_rows(x, list, total, nk, dim, xq, xs, ue8m0);
+        gq_kernel<true><<<gu, GG_THREADS, sizeof(gq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
+                                                                   (dim + GF_BK - 1) / GF_BK, 0);
+        cu_act_quant_rows(h, NULL, total, nk, inter, hq, hs, ue8m0);
+        gq_kernel<false><<<gd, GG_THREADS, sizeof(gq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter, dim,
+                                                                    0, (inter + GF_BK - 1) / GF_BK, 0);
+        ok = cu_check(cudaGetLastError(), "grouped experts (fp8): launch");
+    }
+    cu_free(xq);
+    cu_free(hq);
+    cu_free(sc);
+    cu_free(h);
     return ok;
 }

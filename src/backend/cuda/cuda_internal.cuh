@@ -144,6 +144,26 @@ __device__ __forceinline__ void cu_mma(float *d, uint32_t a0, uint32_t a1, uint3
                      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+/* d (+)= A (16 x 32, row major: a[0..3], 4 codes each) . B (32 x 8, column major:
+ * b0, b1) on e4m3 codes, float32 sums (mma.m16n8k32, sm_89 and later); ZERO: d =
+ * A . B, no sums in. */
+template <bool ZERO>
+__device__ __forceinline__ void cu_mma_e4m3(float *d, const uint32_t *a, uint32_t b0, uint32_t b1)
+{
+    if (ZERO) {
+        const float z = 0.0f;
+        asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%10, %10, %10, %10};"
+            : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(z));
+    } else {
+        asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
 /* d = A . B (cu_mma with zero sums in: no registers to clear first) */
 template <bool BF>
 __device__ __forceinline__ void cu_mma0(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -466,6 +486,8 @@ struct cu_variants {
                   * cores (attn_tc_kernel) where it fits; on unless 0 */
     int tc_tiles; /* DSV3_CUDA_TC_TILES: 32-position tiles per attn_tc_kernel split (0: about one
                    * block per SM, two tiles at least) */
+    int fp8mma; /* DSV3_CUDA_FP8MMA (stage 15): with gemm_impl fp8 and FP8 weights, products of 16 or
+                 * more tokens on the FP8 tensor cores (gq_kernel); off unless 1 (not yet run on a GPU) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -584,6 +606,20 @@ int cu_grouped_tile(void);
  * k % 16 == 0 and row0 % 32 == 0 (a warp's 32 rows in one scale block); false
  * when it could not run (nothing queued). */
 bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows);
+/* act_quant (the reference's 1 x 128 e4m3 quantisation) of rows list[i] of x (i < m,
+ * or < *total_d when given; row i without a list) into y (m, k) codes and s (m,
+ * ceil(k / 128)) scales, queued on the backend's stream (cuda_gemm.cu). */
+void cu_act_quant_rows(const float *x, const int *list, const int *total_d, int m, int k, uint8_t *y, float *s,
+                       bool ue8m0);
+/* The reference's fp8_gemm on the FP8 tensor cores (gq_kernel, cuda_grouped.cu;
+ * DSV3_CUDA_FP8MMA): y (n, rows) from act_quant's codes xq (n, k) and scales xs and
+ * the FP8 weight rows row0..; k % 16 == 0, row0 % 32 == 0. False: nothing queued. */
+bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu_weight *dw, int k, int row0, int rows);
+/* The experts of a prefill the same way: cu_grouped_experts_dev's arguments (FP8
+ * weights), x rows quantised by act_quant, h = silu(w1 x) * (w3 x) quantised again
+ * before w2, as the reference's Expert with gemm_impl fp8. */
+bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
+                          int nk, int ne, const cu_weight *tab, int dim, int inter, bool ue8m0);
 /* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);

@@ -1008,10 +1008,12 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 
  * device; false (nothing queued) when the path does not apply or scratch is short. */
 static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                            ds_gemm_impl gemm)
+                            ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K, bm = cu_grouped_tile();
-    if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || !(ew1[0].fmt == DS_W_BF16 || gemm == DS_GEMM_BF16) ||
+    /* the FP8 GEMM path (act_quant): on the FP8 tensor cores with DSV3_CUDA_FP8MMA */
+    bool q = gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8;
+    if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || (q && !cu_v.fp8mma) ||
         !cu_device_readable(x) || !cu_device_readable(y) || !cu_device_readable(wt) || !cu_device_readable(idx))
         return false;
     int mt = nk / bm + (ne < nk ? ne : nk) + 1;
@@ -1027,7 +1029,8 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
         moe_sort_kernel<<<1, SORT_THREADS, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0,
                                                                                  ne, mt, bm);
         ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
-             cu_grouped_experts_dev(ys, x, dl, dt, mt, total, nk, ne, tab, ew1[0].fmt, dim, inter);
+             (q ? cu_grouped_experts_q(ys, x, dl, dt, mt, total, nk, ne, tab, dim, inter, ue8m0)
+                : cu_grouped_experts_dev(ys, x, dl, dt, mt, total, nk, ne, tab, ew1[0].fmt, dim, inter));
         if (ok)
             moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, dl + 2 * nk,
                                                                                               wt, K, dim);
@@ -1138,7 +1141,7 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
             return;
         }
     }
-    if (!moe_experts_dev(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm))
+    if (!moe_experts_dev(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0))
         moe_experts_host(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0);
     if (shared) moe_shared_add(y, x, n, shared, gemm, ue8m0);
 }
