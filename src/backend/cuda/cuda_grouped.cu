@@ -452,26 +452,22 @@ __device__ __forceinline__ uint64_t gw_desc(const void *p)
 
 #define GW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
+/* wgmma m64n64k16 on operand type T ("bf16" or "f16"), the 32 sums in d */
+#define GW_MMA(T)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                                    \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "        \
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                              \
+                 : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)                                                  \
+                 : "l"(da), "l"(db), "r"(acc))
 template <bool BF>
 __device__ __forceinline__ void gw_mma(float *d, uint64_t da, uint64_t db, int acc)
 {
-    if (BF)
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)
-                     : "l"(da), "l"(db), "r"(acc));
-    else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                     "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                     : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)
-                     : "l"(da), "l"(db), "r"(acc));
+    if (BF) GW_MMA("bf16");
+    else GW_MMA("f16");
 }
+#undef GW_MMA
 #undef GW_D8
 #endif
 
