@@ -137,8 +137,6 @@ static void free_weight(ds_weight *w)
  * scales them into f16's range per 64-column chunk, so very large and very small
  * ones are tried too. */
 static float g_xsize = 1.0f;
-/* test_fp8mma's bar for the FP8 GEMM path's products (0: the usual one) */
-static double g_fp8mma_tol;
 
 static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nrows, ds_gemm_impl gemm, bool ue8m0,
                         bool host_io)
@@ -157,7 +155,6 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
      * (cu_dense_fp8_tc; exact e4m3, scaled f16 activations: hi + lo in split mode) */
     bool tc = n >= 16 && !(gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) && (fmt == DS_W_BF16 || fmt == DS_W_FP8);
     double tol = tc ? (split_mode() ? (fmt == DS_W_BF16 ? 1e-5 : SPLIT_TOL) : TC_TOL) : 1e-5;
-    if (g_fp8mma_tol > 0 && gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) tol = g_fp8mma_tol;
     size_t ny = (size_t)n * nrows;
     if (host_io) {
         float *y = malloc(sizeof(float) * ny);
@@ -709,7 +706,6 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     double tol = 1e-5;
     if (n > 8 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && gemm == DS_GEMM_BF16)))
         tol = split_mode() ? SPLIT_TOL : TC_TOL;
-    if (g_fp8mma_tol > 0 && gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) tol = g_fp8mma_tol;
     compare(label, gy, y, (size_t)n * dim, tol);
     check_guard(label, gy, (size_t)n * dim);
     for (int e = 0; e < ne; e++) {
@@ -806,24 +802,26 @@ static void set_variant(const char *name, const char *value)
     cuda_reload_variants();
 }
 
-/* The FP8 GEMM path on the FP8 tensor cores (stage 15, DSV3_CUDA_FP8MMA=1): act_quant's
- * codes against the weight's, float32 sums per 32 codes inside the mma (the tensor
- * cores' own accumulation: looser than the CPU's float32 FMAs, hence g_fp8mma_tol), the
- * block scales per 64-column step. Products of 16 tokens and more, and the experts. */
+/* The FP8 GEMM path on the FP8 tensor cores (stage 15, DSV3_CUDA_FP8MMA, on by default and
+ * so also run by the stages above) and off it (the older CUDA-core path): act_quant's codes
+ * against the weight's, float32 sums per 32 codes inside the mma, the block scales per
+ * 64-column step. The e4m3 products are exact, so the usual 1e-5 bar holds. Products of
+ * 16 tokens and more, and the experts. */
 static void test_fp8mma(void)
 {
-    printf("-- stage 15 FP8 GEMM path on the FP8 tensor cores (DSV3_CUDA_FP8MMA=1)\n");
-    set_variant("FP8MMA", "1");
-    g_fp8mma_tol = 2e-3;
-    test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_FP8, false, false); /* rows off the tiles, k % 16 != 0: the old path */
-    test_matmul(DS_W_FP8, 300, 512, 16, 0, 300, DS_GEMM_FP8, false, false);
-    test_matmul(DS_W_FP8, 384, 1024, 70, 128, 256, DS_GEMM_FP8, false, false);
-    test_matmul(DS_W_FP8, 384, 1040, 33, 32, 300, DS_GEMM_FP8, true, false);  /* a partial 128-block, ue8m0 */
-    test_matmul(DS_W_FP8, 2048, 2048, 130, 0, 2048, DS_GEMM_FP8, false, false); /* split k */
-    test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
-    test_moe_shape(DS_W_FP8, 100, false, 1, DS_GEMM_FP8, 512, 256);
-    test_fp8_golden();
-    g_fp8mma_tol = 0;
+    static const char *const modes[] = {"1", "0"};
+    for (int i = 0; i < 2; i++) {
+        printf("-- stage 15 FP8 GEMM path, DSV3_CUDA_FP8MMA=%s\n", modes[i]);
+        set_variant("FP8MMA", modes[i]);
+        test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_FP8, false, false); /* rows off the tiles, k % 16 != 0: the old path */
+        test_matmul(DS_W_FP8, 300, 512, 16, 0, 300, DS_GEMM_FP8, false, false);
+        test_matmul(DS_W_FP8, 384, 1024, 70, 128, 256, DS_GEMM_FP8, false, false);
+        test_matmul(DS_W_FP8, 384, 1040, 33, 32, 300, DS_GEMM_FP8, true, false);  /* a partial 128-block, ue8m0 */
+        test_matmul(DS_W_FP8, 2048, 2048, 130, 0, 2048, DS_GEMM_FP8, false, false); /* split k */
+        test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
+        test_moe_shape(DS_W_FP8, 100, false, 1, DS_GEMM_FP8, 512, 256);
+        test_fp8_golden();
+    }
     set_variant("FP8MMA", NULL);
 }
 

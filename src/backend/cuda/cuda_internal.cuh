@@ -487,7 +487,7 @@ struct cu_variants {
     int tc_tiles; /* DSV3_CUDA_TC_TILES: 32-position tiles per attn_tc_kernel split (0: about one
                    * block per SM, two tiles at least) */
     int fp8mma; /* DSV3_CUDA_FP8MMA (stage 15): with gemm_impl fp8 and FP8 weights, products of 16 or
-                 * more tokens on the FP8 tensor cores (gq_kernel); off unless 1 (not yet run on a GPU) */
+                 * more tokens on the FP8 tensor cores (gq_kernel); on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
