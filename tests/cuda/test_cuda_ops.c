@@ -788,6 +788,7 @@ static void test_moe_decode_cases(void)
         test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
         test_moe_shape(DS_W_FP8, 3, true, 4, DS_GEMM_BF16, 208, 144);
         test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
+        test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_FP8, 208, 144); /* x and h fake-quantised */
     }
     g_moe_shared = 0;
 }
@@ -978,12 +979,19 @@ static void test_matmul_many(void)
             test_many_case(kva, 2, 9, DS_GEMM_BF16, false); /* n > 8: the tiled kernel per job */
         }
         many_job qkv8[2] = {{DS_W_FP8, 3072, 2048, 0, 3072}, {DS_W_FP8, 576, 2048, 0, 576}};
+        many_job four8[4] = {{DS_W_FP8, 384, 512, 128, 256}, {DS_W_FP8, 64, 512, 0, 64}, {DS_W_FP8, 300, 256, 0, 300},
+                             {DS_W_FP8, 129, 1024, 0, 129}};
         many_job mixed[2] = {{DS_W_BF16, 600, 520, 7, 577}, {DS_W_F32, 64, 520, 0, 64}};
         many_job gate[2] = {{DS_W_BF16, 64, 512, 0, 64}, {DS_W_BF16, 300, 512, 0, 300}};
         many_job five[5] = {{DS_W_BF16, 64, 256, 0, 64}, {DS_W_BF16, 100, 256, 3, 90}, {DS_W_BF16, 33, 256, 0, 33},
                             {DS_W_BF16, 128, 256, 0, 128}, {DS_W_BF16, 70, 256, 5, 60}};
-        test_many_case(qkv8, 2, 1, DS_GEMM_FP8, false); /* act_quant path: a matmul per job */
+        many_job kva8[2] = {{DS_W_FP8, 600, 520, 7, 577}, {DS_W_FP8, 64, 520, 0, 64}};
+        /* act_quant path: the inputs fake-quantised (once per shared input), then one launch */
+        test_many_case(qkv8, 2, 1, DS_GEMM_FP8, false);
         test_many_case(qkv8, 2, 4, DS_GEMM_FP8, false);
+        test_many_case(qkv8, 2, 8, DS_GEMM_FP8, false);
+        test_many_case(kva8, 2, 3, DS_GEMM_FP8, false); /* k % 16 != 0: a gemv per job */
+        test_many_case(four8, 4, 2, DS_GEMM_FP8, false); /* three inputs among four jobs */
         test_many_case(gate, 2, 3, DS_GEMM_FP8, false); /* BF16 weights on the FP8 path: one launch */
         test_many_case(mixed, 2, 3, DS_GEMM_BF16, false);
         test_many_case(five, 5, 2, DS_GEMM_BF16, false);
@@ -1040,9 +1048,13 @@ static void test_stage8(void)
                 test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
             }
             set_variant("MOE_SWAP", NULL);
-            test_moe(DS_W_FP8, 3, true, 4, DS_GEMM_FP8); /* act_quant path: not grouped */
+            /* act_quant path: grouped, x and h fake-quantised */
+            test_moe(DS_W_FP8, 3, true, 4, DS_GEMM_FP8);
+            test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_FP8, 208, 144);
+            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_FP8, 400, 48);
             set_variant("MOE_DEDUP", "1");
             test_moe_shape(DS_W_BF16, 6, false, 1, DS_GEMM_BF16, 200, 72);
+            test_moe_shape(DS_W_FP8, 6, false, 1, DS_GEMM_FP8, 208, 144);
             set_variant("MOE_DEDUP", NULL);
             test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
             test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);

@@ -86,6 +86,42 @@ __global__ void act_quant_kernel(const float *__restrict__ x, const int *__restr
         y[(size_t)i * k + j] = (uint8_t)__nv_cvt_float_to_fp8(xi[j] / sc, __NV_SATFINITE, __NV_E4M3);
 }
 
+/* cu_fake_quant's kernel: one warp per (row, block) of x, then of x2; the same
+ * scale and rounding as act_quant_kernel. y may alias x: a warp reads its block
+ * before writing it. */
+__global__ void fake_quant_kernel(float *y, const float *x, int m, int k, float *y2, const float *x2, int m2, int k2,
+                                  bool ue8m0)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    int gw = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x % 32;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK, kb2 = (k2 + DS_BLOCK - 1) / DS_BLOCK;
+    if (gw >= m * kb) { /* the second matrix */
+        gw -= m * kb;
+        y = y2;
+        x = x2;
+        k = k2;
+        kb = kb2;
+        m = m2;
+        if (gw >= m * kb) return;
+    }
+    int i = gw / kb, b = gw % kb, k0 = b * DS_BLOCK, k1 = min(k0 + DS_BLOCK, k);
+    const float *xi = x + (size_t)i * k;
+    float *yi = y + (size_t)i * k;
+    float amax = 0;
+    for (int j = k0 + lane; j < k1; j += 32) amax = fmaxf(amax, fabsf(xi[j]));
+    amax = cu_warp_max(amax);
+    float sc = act_scale(amax, ue8m0);
+    for (int j = k0 + lane; j < k1; j += 32)
+        yi[j] = cu_e4m3((uint8_t)__nv_cvt_float_to_fp8(xi[j] / sc, __NV_SATFINITE, __NV_E4M3)) * sc;
+}
+
+void cu_fake_quant(float *y, const float *x, int m, int k, float *y2, const float *x2, int m2, int k2, bool ue8m0)
+{
+    size_t warps = (size_t)m * ((k + DS_BLOCK - 1) / DS_BLOCK) + (size_t)m2 * ((k2 + DS_BLOCK - 1) / DS_BLOCK);
+    if (warps) cu_launch(fake_quant_kernel, cu_blocks(warps * 32, 256), 256, 0, y, x, m, k, y2, x2, m2, k2, ue8m0);
+}
+
 /* ---- gemv: y[i][r] = sum_k x[i][k] W[row0 + r][k] for i < n <= 8 */
 
 /* Activations i .. i+E of a token: float32, or (QA) e4m3 bytes without their scale. */
@@ -794,13 +830,14 @@ static void launch_many_fmt(gemv_jobs *t, int n)
 }
 
 /* True when jobs can share one gemv launch: 1..GEMV_JOBS jobs of the same
- * 1..GEMV_NMAX tokens and weight format, none on the FP8 act_quant path. */
+ * 1..GEMV_NMAX tokens and weight format (on the FP8 GEMM path, their inputs
+ * fake-quantised first). */
 static bool many_fits(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm)
 {
     if (!cu_v.many || n_jobs < 1 || n_jobs > GEMV_JOBS) return false;
     int n = jobs[0].n;
     ds_wfmt fmt = jobs[0].w->fmt;
-    if (n < 1 || n > GEMV_NMAX || (gemm == DS_GEMM_FP8 && fmt == DS_W_FP8)) return false;
+    if (n < 1 || n > GEMV_NMAX) return false;
     for (int j = 1; j < n_jobs; j++)
         if (jobs[j].n != n || jobs[j].w->fmt != fmt) return false;
     return true;
@@ -819,6 +856,7 @@ void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bo
     cu_io io = {};
     gemv_jobs t = {};
     cu_weight dw[GEMV_JOBS];
+    const void *jobs_x[GEMV_JOBS]; /* the callers' inputs of the jobs taken */
     bool ok = true, vec = true;
     for (int j = 0; j < n_jobs && ok; j++) {
         const ds_matmul_job *jb = &jobs[j];
@@ -828,6 +866,20 @@ void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bo
         float *dy = (float *)cu_out(&io, jb->y, sizeof(float) * (size_t)n * jb->rows, false);
         ok = dx && dy && cu_weight_get(jb->w, &dw[i]);
         if (!ok) break;
+        if (gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) { /* act_quant's rounding, once per input */
+            int same = -1;
+            for (int p = 0; p < i && same < 0; p++)
+                if (jobs_x[p] == jb->x && t.k[p] == k) same = p;
+            jobs_x[i] = jb->x;
+            if (same >= 0) {
+                dx = t.x[same];
+            } else {
+                float *fx = (float *)cu_tmp(&io, sizeof(float) * (size_t)n * k);
+                if (!(ok = fx != NULL)) break;
+                cu_fake_quant(fx, (const float *)dx, n, k, NULL, NULL, 0, 0, ue8m0);
+                dx = fx;
+            }
+        }
         /* launch_gemv's condition for 16-byte loads, on the device pointers */
         vec = vec && (size_t)k * wsz % 16 == 0 && (uintptr_t)dx % 16 == 0 && (uintptr_t)dw[i].data % 16 == 0;
         t.y[i] = dy;

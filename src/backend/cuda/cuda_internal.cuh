@@ -611,6 +611,12 @@ bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k
  * ceil(k / 128)) scales, queued on the backend's stream (cuda_gemm.cu). */
 void cu_act_quant_rows(const float *x, const int *list, const int *total_d, int m, int k, uint8_t *y, float *s,
                        bool ue8m0);
+/* The FP8 GEMM path at decode: y (m, k) = x rounded to act_quant's codes times their
+ * scales (y may be x), and the same for y2 / x2 (m2, k2; none when m2 is 0), in one
+ * launch. The exact-dequantisation gemv kernels on y then give the reference's fp8_gemm,
+ * sum_b s_x s_w sum_k q_x q_w, as sum_b s_w sum_k (q_x s_x) q_w: equal but for float
+ * rounding (cuda_gemm.cu). */
+void cu_fake_quant(float *y, const float *x, int m, int k, float *y2, const float *x2, int m2, int k2, bool ue8m0);
 /* The reference's fp8_gemm on the FP8 tensor cores (gq_kernel, cuda_grouped.cu;
  * DSV3_CUDA_FP8MMA): y (n, rows) from act_quant's codes xq (n, k) and scales xs and
  * the FP8 weight rows row0..; k % 16 == 0, row0 % 32 == 0. False: nothing queued. */

@@ -576,6 +576,18 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
     if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
+/* The FP8 GEMM path (gemm_impl fp8) in the decode kernels: their inputs rounded as the
+ * reference's act_quant would quantise them (cu_fake_quant): x before the up kernel, h
+ * (and the shared experts' h) between up and down. */
+typedef struct {
+    bool on, ue8m0;
+} moe_fq;
+
+static void moe_fq_h(const moe_fq &q, float *h, int nk, int inter, const moe_shared_p &sp, int n)
+{
+    if (q.on) cu_fake_quant(h, h, nk, inter, sp.h, sp.h, sp.inter ? n : 0, sp.inter, q.ue8m0);
+}
+
 /* Blocks of a grid that fits on the device at once (per kernel, asked once), at most need. */
 template <typename KF>
 static unsigned mw_grid(KF kernel, int *cached, long need, size_t smem = 0)
@@ -592,7 +604,7 @@ static unsigned mw_grid(KF kernel, int *cached, long need, size_t smem = 0)
 
 template <int F>
 static void moe_warp(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                     const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp)
+                     const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp, moe_fq q)
 {
     static int gu_max;
     const int wpb = MW_THREADS / 32;
@@ -607,12 +619,14 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * registers to spare measured slower (stage 11: FP8 batch 1 1.885 -> 1.91 ms) */
     int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
     if (up_items + (long)gu * wpb > INT_MAX) v &= ~1; /* its item counts are ints */
+    /* early reads x before its wait: not when the launch just before wrote it (q) */
     if (v & 1)
         cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, sp, evf,
-                  cu_v.moe_early != 0);
+                  cu_v.moe_early != 0 && !q.on);
     else
         cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
                   MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, false, evf);
+    moe_fq_h(q, h, n * K, inter, sp, n);
     dim3 gdb = n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
     /* DSV3_CUDA_MOE_DOWN256=1: 256 threads per block. Unlike the stage-9 kernel, 128 for every
      * format by default: BF16 batch 1 2.364 / 2.365 ms with 256 against 2.323 / 2.324 with 128 */
@@ -777,25 +791,26 @@ moe_down_dedup_kernel(float *__restrict__ y, const float *__restrict__ h, int n,
 
 template <int F, int NT>
 static void moe_dedup(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                      const cu_weight *tab, int dim, int inter, float *h)
+                      const cu_weight *tab, int dim, int inter, float *h, moe_fq q)
 {
     dim3 gu(cu_blocks((size_t)inter, MOE_RW), (unsigned)(n * K)), gd(cu_blocks((size_t)dim, MOE_RW));
     cu_launch(moe_up_dedup_kernel<F, NT>, gu, MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter);
+    moe_fq_h(q, h, n * K, inter, moe_shared_p{}, n);
     cu_launch(moe_down_dedup_kernel<F, NT>, gd, MOE_THREADS, 0, y, h, n, K, idx, wt, e0, ne, tab, inter, dim);
 }
 
 template <int F>
 static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                        const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp)
+                        const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp, moe_fq q)
 {
     if (moe_dedup_on(n, K)) { /* DSV3_CUDA_MOE_DEDUP=0: as stage 6 (never given shared experts) */
-        if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
-        else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
-        else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h);
+        if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
+        else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
+        else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
         return;
     }
     if (cu_v.moe_warp) {
-        moe_warp<F>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, sp);
+        moe_warp<F>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, sp, q);
         return;
     }
     /* stage 7 (swap, 2..8 tokens): the pairs (up) or tokens (down) vary fastest in the
@@ -807,6 +822,7 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
     dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
     cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp,
               cu_v.moe_shfirst != 0, cu_v.evf != 0);
+    moe_fq_h(q, h, n * K, inter, sp, n);
     /* DSV3_CUDA_MOE_DOWN256: 256 threads per moe_down block (one block per 4 rows of dim, per
      * token: 512 blocks of 4 warps at batch 1 on the 16B model). By default for BF16 / F32
      * weights only: measured (16B, H200, one process) BF16 batch 1 3.09 -> 3.03 ms, FP8
@@ -819,13 +835,12 @@ static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, 
                   cu_v.evf != 0);
 }
 
-/* True when the grouped kernels apply: few tokens, exact-dequantisation
- * products (not the FP8 act_quant path), rows of whole 16-byte chunks. */
-static bool moe_grouped_ok(int n, const ds_weight *ew1, int ne, ds_gemm_impl gemm)
+/* True when the grouped kernels apply: few tokens, rows of whole 16-byte chunks
+ * (on the FP8 GEMM path too, through moe_fq). */
+static bool moe_grouped_ok(int n, const ds_weight *ew1, int ne)
 {
     if (n > MOE_GROUPED_MAX || ne <= 0) return false;
     ds_wfmt f = ew1[0].fmt;
-    if (gemm == DS_GEMM_FP8 && f == DS_W_FP8) return false;
     int sz = f == DS_W_FP8 ? 1 : f == DS_W_BF16 ? 2 : 4;
     return (size_t)ew1[0].cols * sz % 16 == 0 && (size_t)ew1[0].rows * sz % 16 == 0 && ew1[0].cols % 4 == 0 &&
            ew1[0].rows % 4 == 0;
@@ -848,7 +863,7 @@ static bool moe_shared_ok(const ds_mlp_w *sh, const ds_weight *ew1, int n, int K
  * table could not be made. */
 static bool moe_experts_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                                 const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                                const ds_mlp_w *sh)
+                                const ds_mlp_w *sh, moe_fq q)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
     const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
@@ -863,13 +878,19 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
     const float *dw = (const float *)cu_in(&io, wt, sizeof(float) * (size_t)nk);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * dim, false);
     float *h = (float *)cu_alloc(sizeof(float) * ((size_t)nk * inter + (size_t)n * sp.inter));
-    if (dx && di && dw && dy && h) {
+    float *fx = q.on ? (float *)cu_alloc(sizeof(float) * (size_t)n * dim) : NULL;
+    if (dx && di && dw && dy && h && (fx || !q.on)) {
         sp.h = h + (size_t)nk * inter;
-        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
-        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
-        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp);
+        if (q.on) { /* x as act_quant rounds it; the gate took it as it is */
+            cu_fake_quant(fx, dx, n, dim, NULL, NULL, 0, 0, q.ue8m0);
+            dx = fx;
+        }
+        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
     }
     cu_free(h);
+    cu_free(fx);
     cu_end(&io, "moe_experts");
     return true;
 }
@@ -1134,9 +1155,10 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
                     ds_gemm_impl gemm, bool ue8m0)
 {
     if (n <= 0) return;
-    if (moe_grouped_ok(n, ew1, ne, gemm)) {
+    if (moe_grouped_ok(n, ew1, ne)) {
         bool fuse = shared && moe_shared_ok(shared, ew1, n, K);
-        if (moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, fuse ? shared : NULL)) {
+        moe_fq q = {gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8, ue8m0};
+        if (moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, fuse ? shared : NULL, q)) {
             if (shared && !fuse) moe_shared_add(y, x, n, shared, gemm, ue8m0);
             return;
         }
