@@ -87,6 +87,28 @@ static bool split_mode(void)
 }
 #define TC_TOL 8e-3
 #define SPLIT_TOL 5e-5
+/* The FP8 GEMM path's products of 16+ tokens on wgmma (gwq_kernel): Hopper's FP8
+ * tensor cores keep fewer bits than float32 in their own sums (DeepSeek-V3's report:
+ * about 14), as the reference's Triton fp8_gemm does on the same GPUs. Measured RMS
+ * relative errors against the CPU's float32 sums: 4.1e-5 with a float32 add per
+ * instruction (DSV3_CUDA_WGMMA_Q=2, the default), 1.1e-4 per 128-code step (=1). */
+#define WGMMA_Q_TOL2 1e-4
+#define WGMMA_Q_TOL1 3e-4
+/* The experts of 9+ tokens on the FP8 GEMM path: h is quantised again before w2, so a
+ * difference in the last bits of h (the CPU's float32 sums against the tensor cores')
+ * can move a code of h by one e4m3 step (1/16 to 1/8 of it); measured 1e-5 (gq_kernel)
+ * to 2e-3 (gwq_kernel). A wrong routing, scale or tile gives errors of order 1. */
+#define FP8Q_MOE_TOL 1e-2
+
+/* How the FP8 GEMM path's products may run on wgmma: DSV3_CUDA_WGMMA_Q (default 2),
+ * 0 when it or DSV3_CUDA_FP8MMA is 0. An sm_90a image then takes gwq_kernel, others
+ * gq_kernel (exact). */
+static int wgmma_q_mode(void)
+{
+    const char *a = getenv("DSV3_CUDA_FP8MMA"), *b = getenv("DSV3_CUDA_WGMMA_Q");
+    if (a && !strcmp(a, "0")) return 0;
+    return b && *b ? atoi(b) : 2;
+}
 
 static void compare(const char *label, const float *got, const float *ref, size_t n, double tol)
 {
@@ -155,6 +177,8 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
      * (cu_dense_fp8_tc; exact e4m3, scaled f16 activations: hi + lo in split mode) */
     bool tc = n >= 16 && !(gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) && (fmt == DS_W_BF16 || fmt == DS_W_FP8);
     double tol = tc ? (split_mode() ? (fmt == DS_W_BF16 ? 1e-5 : SPLIT_TOL) : TC_TOL) : 1e-5;
+    if (n >= 16 && gemm == DS_GEMM_FP8 && fmt == DS_W_FP8 && wgmma_q_mode())
+        tol = wgmma_q_mode() == 1 ? WGMMA_Q_TOL1 : WGMMA_Q_TOL2;
     size_t ny = (size_t)n * nrows;
     if (host_io) {
         float *y = malloc(sizeof(float) * ny);
@@ -451,8 +475,14 @@ static const st_tensor *get(st_file *f, const char *name)
 static void test_fp8_golden(void)
 {
     st_file *f;
+    int before = t_failures;
     CHECK_OK(st_open(&f, t_golden("fp8_kernels.safetensors")));
-    if (t_failures) return;
+    if (t_failures > before) return;
+    /* fp8_gemm's bar, as a fraction of the largest output: 1e-4 (float32 sums: the
+     * CUDA-core and emulated-mma paths 5e-8; wgmma with a float32 add per instruction,
+     * the default, 4.2e-5 / 5.3e-5), or 5e-4 for DSV3_CUDA_WGMMA_Q=1, whose tensor-core
+     * sums of 128 codes keep fewer bits (1.3e-4 / 2.2e-4; see WGMMA_Q_TOL1) */
+    float bar = wgmma_q_mode() == 1 ? 5e-4f : 1e-4f;
     const st_tensor *tx = get(f, "x");
     const char *fmts[2] = {"default", "ue8m0"};
     for (int fi = 0; fi < 2 && tx; fi++) {
@@ -482,7 +512,8 @@ static void test_fp8_golden(void)
             err = fmaxf(err, fabsf(out[i] - ref[i]));
         }
         printf("golden fp8_gemm/%-9s max |err| / max |ref| = %.3g\n", fmts[fi], err / mx);
-        CHECK_MSG(err <= 1e-4f * mx, "fp8_gemm/%s: max error %g vs max |out| %g", fmts[fi], err, mx);
+        CHECK_MSG(err <= bar * mx, "fp8_gemm/%s: max error %g vs max |out| %g (bar %g of it)", fmts[fi], err, mx,
+                  (double)bar);
         free(y);
         free(s);
         free(out);
@@ -706,6 +737,7 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     double tol = 1e-5;
     if (n > 8 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && gemm == DS_GEMM_BF16)))
         tol = split_mode() ? SPLIT_TOL : TC_TOL;
+    if (n > 8 && fmt == DS_W_FP8 && gemm == DS_GEMM_FP8) tol = FP8Q_MOE_TOL;
     compare(label, gy, y, (size_t)n * dim, tol);
     check_guard(label, gy, (size_t)n * dim);
     for (int e = 0; e < ne; e++) {
@@ -810,20 +842,28 @@ static void set_variant(const char *name, const char *value)
  * 16 tokens and more, and the experts. */
 static void test_fp8mma(void)
 {
-    static const char *const modes[] = {"1", "0"};
-    for (int i = 0; i < 2; i++) {
-        printf("-- stage 15 FP8 GEMM path, DSV3_CUDA_FP8MMA=%s\n", modes[i]);
-        set_variant("FP8MMA", modes[i]);
+    /* FP8MMA, WGMMA_Q: gwq_kernel (wgmma, where the GPU took an sm_90a image) adding each
+     * instruction's sums (the default) or each step's, gq_kernel, the CUDA cores */
+    static const char *const modes[][2] = {{"1", NULL}, {"1", "1"}, {"1", "0"}, {"0", NULL}};
+    for (int i = 0; i < 4; i++) {
+        printf("-- stage 15/16 FP8 GEMM path, DSV3_CUDA_FP8MMA=%s WGMMA_Q=%s\n", modes[i][0],
+               modes[i][1] ? modes[i][1] : "-");
+        set_variant("FP8MMA", modes[i][0]);
+        set_variant("WGMMA_Q", modes[i][1]);
         test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_FP8, false, false); /* rows off the tiles, k % 16 != 0: the old path */
         test_matmul(DS_W_FP8, 300, 512, 16, 0, 300, DS_GEMM_FP8, false, false);
         test_matmul(DS_W_FP8, 384, 1024, 70, 128, 256, DS_GEMM_FP8, false, false);
-        test_matmul(DS_W_FP8, 384, 1040, 33, 32, 300, DS_GEMM_FP8, true, false);  /* a partial 128-block, ue8m0 */
+        test_matmul(DS_W_FP8, 384, 1040, 33, 32, 300, DS_GEMM_FP8, true, false);  /* a partial 128-block, ue8m0; row0 % 64 != 0 */
+        test_matmul(DS_W_FP8, 384, 1040, 33, 64, 300, DS_GEMM_FP8, false, false); /* the same, row0 % 64 == 0 */
         test_matmul(DS_W_FP8, 2048, 2048, 130, 0, 2048, DS_GEMM_FP8, false, false); /* split k */
+        test_matmul(DS_W_FP8, 1408, 2816, 512, 0, 1408, DS_GEMM_FP8, false, false);  /* the 16B model's shapes */
         test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
         test_moe_shape(DS_W_FP8, 100, false, 1, DS_GEMM_FP8, 512, 256);
+        test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_FP8, 208, 144); /* partial blocks on both sides */
         test_fp8_golden();
     }
     set_variant("FP8MMA", NULL);
+    set_variant("WGMMA_Q", NULL);
 }
 
 /* Stage 7's decode kernels, on (the default, also run above) and off:

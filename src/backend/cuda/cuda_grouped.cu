@@ -716,15 +716,32 @@ __global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p
     y[i] = v;
 }
 
-/* Blocks the GPU holds at once (two per SM): a product of fewer tiles splits k so
- * that every SM has two blocks (each then four k steps at least). A single wave's
- * time is its blocks' k loop, and one block per SM left each scheduler two warps
- * (ncu, FP8 wo at prefill 512: 128 blocks, issue slots 39% busy). */
-static int gf_ksplit(int blocks, int kc)
+/* k splits of a dense product of `blocks` tiles, kc k steps each, on gf_kernel or
+ * gq_kernel (two blocks per SM). Each split writes its partial y (ny floats) for
+ * gf_sum_kernel. DSV3_CUDA_KSPLIT=0, the stage-13 rule: enough splits for two blocks
+ * per SM (one block per SM left each scheduler two warps: ncu, FP8 wo at prefill 512,
+ * 128 blocks, issue slots 39% busy), each split four k steps at least. The default
+ * also counts whole waves: the time is about waves x (steps per split + 2, the
+ * block's prologue and epilogue), in units of one wave's k step (~2.5 us at prefill
+ * 512), plus each extra split's partials written and read back (8 bytes per output at
+ * ~3.5 TB/s), among the splits that give the SMs about two blocks each. So 176 tiles of
+ * 32 steps split 3 ways (2 waves of 13) rather than 2 (2 waves of 18). */
+static int gf_ksplit(int blocks, int kc, size_t ny)
 {
-    int sms = cu_sm_count();
-    int s = (2 * sms + blocks - 1) / blocks, most = kc / 4;
-    return s < 1 || most < 1 ? 1 : s > most ? most : s;
+    int slots = 2 * cu_sm_count(), most = kc / 4 < 1 ? 1 : kc / 4;
+    if (!cu_v.ksplit) {
+        int s = (slots + blocks - 1) / blocks;
+        return s < 1 ? 1 : s > most ? most : s;
+    }
+    double pen = (double)ny * 8 / 3.5e12 / 2.5e-6, best_cost = 1e300;
+    int best = 1;
+    for (int s = 1; s <= most; s++) {
+        long b = (long)blocks * s;
+        if (b * 10 < (long)slots * 9 && s < most) continue; /* short of a wave: SMs with one block or none */
+        double cost = (double)((b + slots - 1) / slots) * ((kc + s - 1) / s + 2) + (s - 1) * pen;
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    return best;
 }
 
 template <bool SPLIT>
@@ -733,7 +750,7 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
 {
     int kc = (k + GF_BK - 1) / GF_BK;
     dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
-    int ns = gf_ksplit((int)(grid.x * grid.y), kc), per = (kc + ns - 1) / ns;
+    int ns = gf_ksplit((int)(grid.x * grid.y), kc, (size_t)n * rows), per = (kc + ns - 1) / ns;
     ns = (kc + per - 1) / per; /* no empty split */
     grid.z = (unsigned)ns;
     size_t nx = (size_t)n * k, ny = (size_t)n * rows;
@@ -917,6 +934,212 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
     }
 }
 
+/* ---- gwq_kernel (stage 16, DSV3_CUDA_WGMMA_Q): gq_kernel on Hopper's native FP8 path.
+ * On sm_90 mma.sync on e4m3 is emulated (the codes widened to f16 and run on the f16
+ * tensor cores: gq_kernel issued ~29 instructions per mma, ALU the busiest pipe);
+ * wgmma takes e4m3 as it is, at twice the f16 rate. Same grid, tiles and arguments
+ * as gq_kernel; steps of 128 codes, one scale block, so each step's sums are scaled
+ * once. Two warpgroups: each takes the 64 tokens against 64 of the block's 128
+ * weight rows (UP: warpgroup 0 the w1 rows, 1 the w3 rows), four wgmma m64n64k32 a
+ * step. Both operands are codes in shared memory in the no-swizzle core-matrix
+ * layout (8 rows x 16 bytes contiguous; the next 16 k 128 bytes on, the next 8 rows
+ * 1024), which is gw_kernel's byte layout: gw_desc and gw_chunk serve (a chunk of
+ * 16 codes is one of gw_chunk's 8 f16 columns). cp.async stages GWQ_ST deep; every
+ * step waits for its own wgmmas, two blocks per SM overlap one another's waits.
+ * Needs row0 % 64 == 0 (a warpgroup's rows in one scale block). sm_90a only.
+ * Precision: the FP8 tensor cores keep fewer bits than float32 in their own sums
+ * (DeepSeek-V3's report: about 14). Added to the float32 sums once per step (fine
+ * false, DSV3_CUDA_WGMMA_Q=1, as the reference's Triton fp8_gemm does on Hopper), the
+ * error against float32 sums is 1.1e-4 RMS relative and 1.3e-4 / 2.2e-4 of the largest
+ * output on the golden fp8_gemm (bar 1e-4); once per instruction (fine, the default)
+ * 4.1e-5, 4.2e-5 / 5.3e-5, at ~3% more prefill time (H200, 16B model, gemm_impl fp8:
+ * 26.7 against 27.45 ms). */
+#define GWQ_BK 128 /* codes (bytes) of k per step */
+#define GWQ_ST 4
+
+struct gwq_stage {
+    uint16_t a[GG_BM * GWQ_BK / 2]; /* core layout, as 16-bit pairs of codes */
+    uint16_t b[GF_BN * GWQ_BK / 2];
+};
+union gwq_smem {
+    gwq_stage s[GWQ_ST];
+    float c[GG_BM][GF_CLD];
+};
+
+template <bool UP>
+__device__ __forceinline__ void gwq_issue(gwq_stage &st, const uint8_t *__restrict__ xq, int t0, int t1,
+                                          const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int k0,
+                                          int row0)
+{
+    #pragma unroll
+    for (int j = 0; j < GG_BM * GWQ_BK / 16 / GG_THREADS; j++) {
+        int m, c;
+        gw_chunk(threadIdx.x + j * GG_THREADS, &m, &c);
+        int t = t0 + m, kk = k0 + 2 * c;
+        bool in = t < t1 && kk < k;
+        cu_cp16(&st.a[GW_CORE(m, c)], xq + (in ? (size_t)t * k + kk : 0), in);
+    }
+    #pragma unroll
+    for (int j = 0; j < GF_BN * GWQ_BK / 16 / GG_THREADS; j++) {
+        int n, c;
+        gw_chunk(threadIdx.x + j * GG_THREADS, &n, &c);
+        int kk = k0 + 2 * c;
+        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
+        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
+        bool in = r < rows && kk < k;
+        cu_cp16(&st.b[GW_CORE(n, c)], (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * k + kk : 0), in);
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GWQ_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                  "+f"(d[i + 6]), "+f"(d[i + 7])
+/* wgmma m64n64k32 on e4m3 codes, the 32 sums in d (acc 0: they start from zero) */
+__device__ __forceinline__ void gwq_mma(float *d, uint64_t da, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1;\n}\n"
+                 : GWQ_D8(0), GWQ_D8(8), GWQ_D8(16), GWQ_D8(24)
+                 : "l"(da), "l"(db), "r"(acc));
+}
+#undef GWQ_D8
+#endif
+
+template <bool UP>
+__global__ void __launch_bounds__(GG_THREADS, 2)
+gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *__restrict__ xs,
+           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+           int k, int rows, int row0, int ksteps, size_t ystride, bool fine)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(128) unsigned char gwq_raw[];
+    gwq_smem &sm = *(gwq_smem *)gwq_raw;
+    int4 tl = tiles[blockIdx.y];
+    int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return; /* an empty tile past the device-grouped count */
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
+    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    const float *srow; /* this warpgroup's 64 rows lie in one 128-row scale block */
+    {
+        const cu_weight &w = UP && wg ? wb : wa;
+        int r = row0 + min(UP ? r0 : r0 + wg * 64, rows - 1);
+        srow = w.scale + (size_t)(r / DS_BLOCK) * kb;
+    }
+    int kc = (k + GWQ_BK - 1) / GWQ_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
+    const float *xsr[2]; /* this lane's token rows 16 w4 + g (+ 8) */
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = t0 + 16 * w4 + g + 8 * h;
+        xsr[h] = t < t1 ? xs + (size_t)t * kb : NULL;
+    }
+    float acc[32], part[32];
+    #pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
+    #pragma unroll
+    for (int st = 0; st < GWQ_ST - 1; st++) {
+        if (st < nks) gwq_issue<UP>(sm.s[st], xq, t0, t1, wa, wb, r0, rows, k, (ks0 + st) * GWQ_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    /* the step's scales, loaded a step ahead: waiting on them before the wgmmas cost a
+     * round trip a step */
+    float sn = nks > 0 ? srow[ks0] : 0.0f, xn[2];
+    #pragma unroll
+    for (int h = 0; h < 2; h++) xn[h] = xsr[h] && nks > 0 ? xsr[h][ks0] : 0.0f;
+    for (int it = 0; it < nks; it++) {
+        int ks = ks0 + it;
+        float fx[2];
+        #pragma unroll
+        for (int h = 0; h < 2; h++) fx[h] = xn[h] * sn;
+        if (it + 1 < nks) {
+            sn = srow[ks + 1];
+            #pragma unroll
+            for (int h = 0; h < 2; h++) xn[h] = xsr[h] ? xsr[h][ks + 1] : 0.0f;
+        }
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GWQ_ST - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* the step's codes are in, and every wgmma of the slot refilled below is done */
+        int nx = it + GWQ_ST - 1;
+        if (nx < nks) gwq_issue<UP>(sm.s[nx % GWQ_ST], xq, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GWQ_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const gwq_stage &st = sm.s[it % GWQ_ST];
+        if (fine) { /* DSV3_CUDA_WGMMA_Q=2: each 32-code product into the float32 sums on its own */
+            #pragma unroll
+            for (int kk = 0; kk < GWQ_BK / 2; kk += 16) {
+                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+                gwq_mma(part, gw_desc(&st.a[kk * 8]), gw_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk * 8]), 0);
+                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+                #pragma unroll
+                for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
+            }
+            continue;
+        }
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int kk = 0; kk < GWQ_BK / 2; kk += 16) /* 32 codes = 16 pairs an instruction */
+            gwq_mma(part, gw_desc(&st.a[kk * 8]), gw_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk * 8]), kk);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* the stages are done with: the tile goes where they were */
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int m = 16 * w4 + g, n = wg * 64 + 8 * j + 2 * (lane % 4);
+        sm.c[m][n] = acc[4 * j];
+        sm.c[m][n + 1] = acc[4 * j + 1];
+        sm.c[m + 8][n] = acc[4 * j + 2];
+        sm.c[m + 8][n + 1] = acc[4 * j + 3];
+    }
+    __syncthreads();
+    if (UP) {
+        for (int o = threadIdx.x; o < GG_BM * GF_BN / 2; o += GG_THREADS) {
+            int m = o / (GF_BN / 2), j = o % (GF_BN / 2), t = t0 + m, r = r0 + j;
+            float a = sm.c[m][j];
+            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j];
+        }
+    } else {
+        gf_out<false, false, false>(sm.c, oy, NULL, NULL, NULL, t0, t1, r0, rows);
+    }
+#endif
+}
+
+/* Whether gwq_kernel is asked for (DSV3_CUDA_WGMMA_Q) and can run here (an sm_90a
+ * image; gw_probe_kernel), with its shared memory granted. */
+static bool gwq_ready(void)
+{
+    static int ok = -1;
+    if (!cu_v.wgmma_q) return false;
+    if (ok < 0) {
+        ok = 0;
+        int *d = NULL, h = 0;
+        if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
+            gw_probe_kernel<<<1, 1, 0, cu_s>>>(d);
+            if (cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, cu_s) == cudaSuccess &&
+                cudaStreamSynchronize(cu_s) == cudaSuccess)
+                ok = h;
+            cudaFree(d);
+        }
+        cudaGetLastError();
+        if (ok)
+            ok = cu_check(cudaFuncSetAttribute(gwq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)sizeof(gwq_smem)),
+                          "fp8 products: shared memory") &&
+                 cu_check(cudaFuncSetAttribute(gwq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)sizeof(gwq_smem)),
+                          "fp8 products: shared memory");
+    }
+    return ok == 1;
+}
+
 static bool gq_ready(void)
 {
     static bool done;
@@ -932,21 +1155,27 @@ static bool gq_ready(void)
 
 bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu_weight *dw, int k, int row0, int rows)
 {
-    if (!gq_ready()) return false;
+    bool wq = row0 % 64 == 0 && gwq_ready();
+    if (!wq && !gq_ready()) return false;
     int nt;
     int4 *dt = dense_tiles(n, dw, &nt);
     if (!dt) return false;
     const cu_weight *tab = (const cu_weight *)(dt + nt);
-    int kc = (k + GF_BK - 1) / GF_BK;
+    int bk = wq ? GWQ_BK : GF_BK, kc = (k + bk - 1) / bk;
     dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
-    int ns = gf_ksplit((int)(grid.x * grid.y), kc), per = (kc + ns - 1) / ns;
+    int ns = gf_ksplit((int)(grid.x * grid.y), kc, (size_t)n * rows), per = (kc + ns - 1) / ns;
     ns = (kc + per - 1) / per; /* no empty split */
     grid.z = (unsigned)ns;
     size_t ny = (size_t)n * rows;
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
     bool ok = part != NULL;
     if (ok) {
-        gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        if (wq)
+            gwq_kernel<false><<<grid, GG_THREADS, sizeof(gwq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
+                                                                           ny, cu_v.wgmma_q == 2);
+        else
+            gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
+                                                                         ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
@@ -958,7 +1187,8 @@ bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu
 bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
                           int nk, int ne, const cu_weight *tab, int dim, int inter, bool ue8m0)
 {
-    if (!gq_ready()) return false;
+    bool wq = gwq_ready();
+    if (!wq && !gq_ready()) return false;
     int kbd = (dim + DS_BLOCK - 1) / DS_BLOCK, kbi = (inter + DS_BLOCK - 1) / DS_BLOCK;
     uint8_t *xq = (uint8_t *)cu_alloc((size_t)nk * dim), *hq = (uint8_t *)cu_alloc((size_t)nk * inter);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (kbd + kbi));
@@ -968,11 +1198,19 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
         float *xs = sc, *hs = sc + (size_t)nk * kbd;
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)mt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)mt);
         cu_act_quant_rows(x, list, total, nk, dim, xq, xs, ue8m0);
-        gq_kernel<true><<<gu, GG_THREADS, sizeof(gq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
-                                                                   (dim + GF_BK - 1) / GF_BK, 0);
+        if (wq)
+            gwq_kernel<true><<<gu, GG_THREADS, sizeof(gwq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
+                                                                         (dim + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
+        else
+            gq_kernel<true><<<gu, GG_THREADS, sizeof(gq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
+                                                                       (dim + GF_BK - 1) / GF_BK, 0);
         cu_act_quant_rows(h, NULL, total, nk, inter, hq, hs, ue8m0);
-        gq_kernel<false><<<gd, GG_THREADS, sizeof(gq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter, dim,
-                                                                    0, (inter + GF_BK - 1) / GF_BK, 0);
+        if (wq)
+            gwq_kernel<false><<<gd, GG_THREADS, sizeof(gwq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
+                                                                          dim, 0, (inter + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
+        else
+            gq_kernel<false><<<gd, GG_THREADS, sizeof(gq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
+                                                                        dim, 0, (inter + GF_BK - 1) / GF_BK, 0);
         ok = cu_check(cudaGetLastError(), "grouped experts (fp8): launch");
     }
     cu_free(xq);

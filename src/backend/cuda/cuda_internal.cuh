@@ -488,6 +488,12 @@ struct cu_variants {
                    * block per SM, two tiles at least) */
     int fp8mma; /* DSV3_CUDA_FP8MMA (stage 15): with gemm_impl fp8 and FP8 weights, products of 16 or
                  * more tokens on the FP8 tensor cores (gq_kernel); on unless 0 */
+    int wgmma_q; /* DSV3_CUDA_WGMMA_Q (stage 16): the FP8 GEMM path's products on wgmma (gwq_kernel)
+                  * where the GPU took an sm_90a image, each 32-code product added to the float32
+                  * sums (2, the default), or each 128-code step's (1: as the reference's Triton
+                  * kernel on Hopper, ~3% faster, ~3x the error); 0: gq_kernel */
+    int ksplit; /* DSV3_CUDA_KSPLIT: k splits of the dense prefill products by whole waves
+                 * (gf_ksplit); 0: enough splits for two blocks per SM (stage 13) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0, 1, 0, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0, 1, 0, 1, 2, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -71,6 +71,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.attn_tc = cu_env_flag("DSV3_CUDA_ATTN_TC", 1) != 0;
     cu_v.tc_tiles = cu_env_flag("DSV3_CUDA_TC_TILES", 0);
     cu_v.fp8mma = cu_env_flag("DSV3_CUDA_FP8MMA", 1) != 0;
+    cu_v.wgmma_q = cu_env_flag("DSV3_CUDA_WGMMA_Q", 2);
+    cu_v.ksplit = cu_env_flag("DSV3_CUDA_KSPLIT", 1);
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
