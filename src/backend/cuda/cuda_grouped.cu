@@ -362,13 +362,10 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     gf_out<BF, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 }
 
-/* gf_kernel's and gw_kernel's parameters */
-typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
-                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t);
-
 /* Lets the up and down kernels of a pair use smem bytes of dynamic shared memory,
  * once (*done) */
-static bool gk_smem(bool *done, gk_fn up, gk_fn down, size_t smem)
+template <typename KF>
+static bool gk_smem(bool *done, KF up, KF down, size_t smem)
 {
     if (!*done)
         *done = cu_check(cudaFuncSetAttribute(up, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
@@ -423,6 +420,20 @@ __device__ __forceinline__ void gw_chunk(int q, int *r, int *c)
     *r = (cm / 8) * 8 + q % 8;
     *c = (cm % 8) * 8;
 }
+/* A warpgroup's wgmma m64n64 sums (wg: its 64 columns of the block's 128; w4, lane:
+ * the thread's warp in it and lane) into the block's float32 tile c. */
+__device__ __forceinline__ void gw_store_tile(float (*c)[GF_CLD], const float *acc, int wg, int w4, int lane)
+{
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int m = 16 * w4 + lane / 4, n = wg * 64 + 8 * j + 2 * (lane % 4);
+        c[m][n] = acc[4 * j];
+        c[m][n + 1] = acc[4 * j + 1];
+        c[m + 8][n] = acc[4 * j + 2];
+        c[m + 8][n + 1] = acc[4 * j + 3];
+    }
+}
+
 template <int F>
 struct gw_pipe {
     gw_stage<F> s[GW_ST];
@@ -586,25 +597,17 @@ gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads();
-    #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int m = 16 * w4 + g, n = wg * 64 + 8 * j + 2 * (lane % 4);
-        sm.c[m][n] = acc[4 * j];
-        sm.c[m][n + 1] = acc[4 * j + 1];
-        sm.c[m + 8][n] = acc[4 * j + 2];
-        sm.c[m + 8][n + 1] = acc[4 * j + 3];
-    }
+    gw_store_tile(sm.c, acc, wg, w4, lane);
     __syncthreads();
     gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 #endif
 }
 
-/* Whether gw_kernel is asked for (DSV3_CUDA_WGMMA=1) and can run here: the
- * GPU took an sm_90a image of this file (a build with -DDSV3_CUDA_ARCH=90a). */
-static bool gw_ok(void)
+/* Whether the GPU took an sm_90a image of this file (the warpgroup-MMA kernels'
+ * bodies; a build whose DSV3_CUDA_ARCH includes 90a), asked once. */
+static bool gw_image(void)
 {
     static int ok = -1;
-    if (!cu_v.wgmma) return false;
     if (ok < 0) {
         ok = 0;
         int *d = NULL, h = 0;
@@ -619,6 +622,9 @@ static bool gw_ok(void)
     }
     return ok == 1;
 }
+
+/* Whether gw_kernel is asked for (DSV3_CUDA_WGMMA=1) and can run here. */
+static bool gw_ok(void) { return cu_v.wgmma && gw_image(); }
 
 template <int F, bool SPLIT>
 static bool gw_ready(void)
@@ -851,6 +857,22 @@ __device__ __forceinline__ void gq_ldm4(uint32_t *r, const void *p)
                  : "r"(a));
 }
 
+/* gq_kernel's and gwq_kernel's output from the block's float32 tile c: UP, h =
+ * silu(w1 x) * (w3 x) (columns 0..63 the w1 rows, 64..127 the w3 rows); else y. */
+template <bool UP>
+__device__ __forceinline__ void gq_out(const float (*c)[GF_CLD], float *oy, int t0, int t1, int r0, int rows)
+{
+    if (UP) {
+        for (int o = threadIdx.x; o < GG_BM * GF_BN / 2; o += GG_THREADS) {
+            int m = o / (GF_BN / 2), j = o % (GF_BN / 2), t = t0 + m, r = r0 + j;
+            float a = c[m][j];
+            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = a / (1.0f + expf(-a)) * c[m][GF_BN / 2 + j];
+        }
+    } else {
+        gf_out<false, false, false>(c, oy, NULL, NULL, NULL, t0, t1, r0, rows);
+    }
+}
+
 /* gf_kernel's grid and arguments, A as act_quant's codes xq (total, k) and scales xs
  * (total, ceil(k / 128)); oy: float32 y (total, rows), or UP h (total, rows). */
 template <bool UP>
@@ -923,15 +945,7 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
     __syncthreads(); /* the stages are done with: the tile goes where they were */
     gf_store_tile(sm.c, acc, wm, wn, lane);
     __syncthreads();
-    if (UP) {
-        for (int o = threadIdx.x; o < GG_BM * GF_BN / 2; o += GG_THREADS) {
-            int m = o / (GF_BN / 2), j = o % (GF_BN / 2), t = t0 + m, r = r0 + j;
-            float a = sm.c[m][j];
-            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j];
-        }
-    } else {
-        gf_out<false, false, false>(sm.c, oy, NULL, NULL, NULL, t0, t1, r0, rows);
-    }
+    gq_out<UP>(sm.c, oy, t0, t1, r0, rows);
 }
 
 /* ---- gwq_kernel (stage 16, DSV3_CUDA_WGMMA_Q): gq_kernel on Hopper's native FP8 path.
@@ -1091,24 +1105,9 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads(); /* the stages are done with: the tile goes where they were */
-    #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int m = 16 * w4 + g, n = wg * 64 + 8 * j + 2 * (lane % 4);
-        sm.c[m][n] = acc[4 * j];
-        sm.c[m][n + 1] = acc[4 * j + 1];
-        sm.c[m + 8][n] = acc[4 * j + 2];
-        sm.c[m + 8][n + 1] = acc[4 * j + 3];
-    }
+    gw_store_tile(sm.c, acc, wg, w4, lane);
     __syncthreads();
-    if (UP) {
-        for (int o = threadIdx.x; o < GG_BM * GF_BN / 2; o += GG_THREADS) {
-            int m = o / (GF_BN / 2), j = o % (GF_BN / 2), t = t0 + m, r = r0 + j;
-            float a = sm.c[m][j];
-            if (t < t1 && r < rows) oy[(size_t)t * rows + r] = a / (1.0f + expf(-a)) * sm.c[m][GF_BN / 2 + j];
-        }
-    } else {
-        gf_out<false, false, false>(sm.c, oy, NULL, NULL, NULL, t0, t1, r0, rows);
-    }
+    gq_out<UP>(sm.c, oy, t0, t1, r0, rows);
 #endif
 }
 
@@ -1116,41 +1115,14 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
  * image; gw_probe_kernel), with its shared memory granted. */
 static bool gwq_ready(void)
 {
-    static int ok = -1;
-    if (!cu_v.wgmma_q) return false;
-    if (ok < 0) {
-        ok = 0;
-        int *d = NULL, h = 0;
-        if (cudaMalloc(&d, sizeof(int)) == cudaSuccess) {
-            gw_probe_kernel<<<1, 1, 0, cu_s>>>(d);
-            if (cudaMemcpyAsync(&h, d, sizeof(int), cudaMemcpyDeviceToHost, cu_s) == cudaSuccess &&
-                cudaStreamSynchronize(cu_s) == cudaSuccess)
-                ok = h;
-            cudaFree(d);
-        }
-        cudaGetLastError();
-        if (ok)
-            ok = cu_check(cudaFuncSetAttribute(gwq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)sizeof(gwq_smem)),
-                          "fp8 products: shared memory") &&
-                 cu_check(cudaFuncSetAttribute(gwq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)sizeof(gwq_smem)),
-                          "fp8 products: shared memory");
-    }
-    return ok == 1;
+    static bool done;
+    return cu_v.wgmma_q && gw_image() && gk_smem(&done, gwq_kernel<true>, gwq_kernel<false>, sizeof(gwq_smem));
 }
 
 static bool gq_ready(void)
 {
     static bool done;
-    if (!done)
-        done = cu_check(cudaFuncSetAttribute(gq_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)sizeof(gq_smem)),
-                        "fp8 products: shared memory") &&
-               cu_check(cudaFuncSetAttribute(gq_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)sizeof(gq_smem)),
-                        "fp8 products: shared memory");
-    return done;
+    return gk_smem(&done, gq_kernel<true>, gq_kernel<false>, sizeof(gq_smem));
 }
 
 bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu_weight *dw, int k, int row0, int rows)
