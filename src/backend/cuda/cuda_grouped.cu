@@ -420,6 +420,29 @@ __device__ __forceinline__ void gw_chunk(int q, int *r, int *c)
     *r = (cm / 8) * 8 + q % 8;
     *c = (cm % 8) * 8;
 }
+/* The FP8 weight scales of warpgroup wg's 64 rows, which lie in one 128-row scale
+ * block (UP: warpgroup 0 the w1 rows, 1 the w3 rows; kb scale blocks per row). */
+template <bool UP>
+__device__ __forceinline__ const float *gw_srow(const cu_weight &wa, const cu_weight &wb, int wg, int r0, int row0,
+                                                int rows, int kb)
+{
+    const cu_weight &w = UP && wg ? wb : wa;
+    int r = row0 + min(UP ? r0 : r0 + wg * 64, rows - 1);
+    return w.scale + (size_t)(r / DS_BLOCK) * kb;
+}
+
+/* The activation scale rows (stride floats each) of the thread's tokens 16 w4 + g and
+ * + 8 in a warpgroup's tile, NULL past the tile's end t1. */
+__device__ __forceinline__ void gw_xs_rows(const float *xsr[2], const float *xs, int stride, int t0, int t1, int w4,
+                                           int g)
+{
+    #pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int t = t0 + 16 * w4 + g + 8 * h;
+        xsr[h] = t < t1 ? xs + (size_t)t * stride : NULL;
+    }
+}
+
 /* A warpgroup's wgmma m64n64 sums (wg: its 64 columns of the block's 128; w4, lane:
  * the thread's warp in it and lane) into the block's float32 tile c. */
 __device__ __forceinline__ void gw_store_tile(float (*c)[GF_CLD], const float *acc, int wg, int w4, int lane)
@@ -532,20 +555,11 @@ gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
     int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
     const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
-    if (!BF) {
-        const cu_weight &w = UP && wg ? wb : wa;
-        int r = UP ? r0 : r0 + wg * 64;
-        r = row0 + min(r, rows - 1);
-        srow = w.scale + (size_t)(r / DS_BLOCK) * ((k + DS_BLOCK - 1) / DS_BLOCK);
-    }
+    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
     int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
     if (!UP) oy += blockIdx.z * ystride;
-    const float *xsr[2]; /* this lane's token rows 16 w4 + g (+ 8) */
-    #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int t = t0 + 16 * w4 + g + 8 * h;
-        xsr[h] = t < t1 ? xs + (size_t)t * kc : NULL;
-    }
+    const float *xsr[2];
+    gw_xs_rows(xsr, xs, kc, t0, t1, w4, g);
     float acc[32], part[32];
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
@@ -1038,20 +1052,11 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
     int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
     int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
-    const float *srow; /* this warpgroup's 64 rows lie in one 128-row scale block */
-    {
-        const cu_weight &w = UP && wg ? wb : wa;
-        int r = row0 + min(UP ? r0 : r0 + wg * 64, rows - 1);
-        srow = w.scale + (size_t)(r / DS_BLOCK) * kb;
-    }
+    const float *srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, kb);
     int kc = (k + GWQ_BK - 1) / GWQ_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
     if (!UP) oy += blockIdx.z * ystride;
-    const float *xsr[2]; /* this lane's token rows 16 w4 + g (+ 8) */
-    #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        int t = t0 + 16 * w4 + g + 8 * h;
-        xsr[h] = t < t1 ? xs + (size_t)t * kb : NULL;
-    }
+    const float *xsr[2];
+    gw_xs_rows(xsr, xs, kb, t0, t1, w4, g);
     float acc[32], part[32];
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
