@@ -52,3 +52,25 @@ uint8_t f32_to_fp8_e4m3(float f)
     int man = (int)(r / ldexpf(1.0f, rue - 3)) - 8;
     return sign | (uint8_t)((rue + 7) << 3) | (uint8_t)man;
 }
+
+float f32_round_fp8_e4m3(float f)
+{
+    if (isnan(f)) return f;
+    float a = fabsf(f);
+    if (a >= 448.0f) return copysignf(448.0f, f);
+    /* the step between e4m3 values around a: 2^(ue-3), ue = the exponent of a, at
+     * least -6 (the subnormals' step 2^-9); a / step < 16 is rounded to the nearest
+     * even integer by adding and taking away 2^23 (both exact in float32) */
+    uint32_t u;
+    memcpy(&u, &a, 4);
+    int ue = (int)(u >> 23) - 127;
+    if (ue < -6) ue = -6;
+    uint32_t up = (uint32_t)(127 + 3 - ue) << 23, down = (uint32_t)(127 + ue - 3) << 23;
+    float fu, fd;
+    memcpy(&fu, &up, 4);
+    memcpy(&fd, &down, 4);
+    const float big = 8388608.0f; /* 2^23 */
+    float q = (a * fu + big) - big, r = q * fd;
+    return copysignf(r > 448.0f ? 448.0f : r, f);
+}
+

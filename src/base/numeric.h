@@ -39,4 +39,8 @@ static inline float fp8_e4m3_to_f32(uint8_t b)
 /* Round to nearest even, saturating at +-448; NaN -> 0x7f. */
 uint8_t f32_to_fp8_e4m3(float f);
 
+/* The value of f32_to_fp8_e4m3(f): f rounded to e4m3 the same way, as a float
+ * (NaN stays NaN), without going through the code. */
+float f32_round_fp8_e4m3(float f);
+
 #endif

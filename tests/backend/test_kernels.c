@@ -367,13 +367,18 @@ static void check_heads(void)
 /* Routed experts: 10 experts of which this "rank" holds [2, 8); decode sizes
  * (one chunk) and a prefill with more assignments than one chunk; with and
  * without shared experts (inter 150), once with no local expert chosen. */
-static void check_moe(void)
+/* gemm FP8: the FP8 GEMM path (FP8 weights only). Its h is quantised again before
+ * w2, so the last bits of h (float sums in another order than the reference's) can
+ * move a code of h by one e4m3 step, about 1/16 of it, now and then: the bar is then
+ * FP8Q_MOE_TOL of the largest output. A wrong routing or scale gives errors of order 1. */
+#define FP8Q_MOE_TOL 2e-2
+static void check_moe_gemm(ds_gemm_impl gemm)
 {
     static const int ns[] = {1, 3, 40, 100};
     static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16};
     int E = 10, K = 3, e0 = 2, ne = 6, dim = 130, inter = 70, inter_s = 150;
     for (int sh = 0; sh < 2; sh++)
-        for (size_t fi = 0; fi < 2; fi++)
+        for (size_t fi = 0; fi < (gemm == DS_GEMM_FP8 ? 1 : 2); fi++)
             for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
                 int n = ns[ni];
                 tweight s1 = make_weight(fmts[fi], inter_s, dim), s2 = make_weight(fmts[fi], dim, inter_s),
@@ -407,10 +412,12 @@ static void check_moe(void)
                     for (int k = 0; k < K; k++) idx[k] = k < 2 ? k : E - 1;
                 float *ref = out_buf((size_t)n * dim), *got = out_buf((size_t)n * dim);
                 const ds_mlp_w *sp = sh ? &shared : NULL;
-                cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, DS_GEMM_BF16, false);
-                avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, DS_GEMM_BF16, false);
-                double e = rel_err(got, ref, (size_t)n * dim);
-                CHECK_MSG(e <= 1e-4, "moe_experts fmt %d n %d shared %d: error %.3g", (int)fmts[fi], n, sh, e);
+                cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, gemm, false);
+                avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, gemm, false);
+                double e = rel_err(got, ref, (size_t)n * dim), tol = gemm == DS_GEMM_FP8 ? FP8Q_MOE_TOL : 1e-4;
+                if (gemm == DS_GEMM_FP8) printf("moe_experts fp8 gemm path n %d shared %d: error %.3g\n", n, sh, e);
+                CHECK_MSG(e <= tol, "moe_experts fmt %d gemm %d n %d shared %d: error %.3g", (int)fmts[fi], (int)gemm, n,
+                          sh, e);
                 CHECK(sentinels_ok(got, (size_t)n * dim));
                 free_weight(&s1);
                 free_weight(&s2);
@@ -426,6 +433,63 @@ static void check_moe(void)
                 free(ref);
                 free(got);
             }
+}
+
+/* The FP8 GEMM path (gemm_impl fp8) against the reference's act_quant + fp8_gemm
+ * (cpu_ref_ops): the input rounded as act_quant rounds it, then the decode kernel
+ * (n < cpu_gemm_min_tokens), the split GEMM, or AVX2; matmul_many with FP8-weight
+ * jobs sharing an input beside a BF16 one (not quantised, as the reference's linear);
+ * default and ue8m0 scales. */
+static void check_fp8q(void)
+{
+    static const int shapes[][4] = {{37, 130, 0, 37}, {130, 257, 2, 127}, {256, 512, 128, 128}, {150, 1157, 5, 140}};
+    static const int ns[] = {1, 3, 8, 50};
+    for (int u = 0; u < 2; u++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int rows = shapes[si][0], cols = shapes[si][1], row0 = shapes[si][2], nr = shapes[si][3], n = ns[ni];
+                tweight w = make_weight(DS_W_FP8, rows, cols);
+                float *x = rand_vec((size_t)n * cols);
+                float *ref = out_buf((size_t)n * nr), *got = out_buf((size_t)n * nr);
+                cpu_ref_ops.matmul(ref, x, n, &w.w, row0, nr, DS_GEMM_FP8, u);
+                for (int path = 0; path < 2; path++) {
+                    if (path == 0) avx512_matmul(got, x, n, &w.w, row0, nr, DS_GEMM_FP8, u);
+                    else if (cpu_has_avx2()) avx2_matmul(got, x, n, &w.w, row0, nr, DS_GEMM_FP8, u);
+                    else continue;
+                    double e = matmul_err(got, ref, x, n, &w.w, row0, nr);
+                    CHECK_MSG(e <= 1e-5, "fp8 gemm path (%s%s) %dx%d rows [%d,+%d) n %d: error %.3g",
+                              path ? "avx2" : "avx512", u ? ", ue8m0" : "", rows, cols, row0, nr, n, e);
+                    CHECK(sentinels_ok(got, (size_t)n * nr));
+                }
+                free(x);
+                free(ref);
+                free(got);
+                free_weight(&w);
+            }
+    /* matmul_many: jobs 0 and 1 share an input, job 2 (BF16) is not quantised */
+    for (int n = 1; n <= 4; n += 3) {
+        int shape[3][4] = {{300, 256, 7, 250}, {130, 256, 0, 130}, {64, 256, 0, 64}};
+        tweight w[3] = {make_weight(DS_W_FP8, 300, 256), make_weight(DS_W_FP8, 130, 256), make_weight(DS_W_BF16, 64, 256)};
+        float *x = rand_vec((size_t)n * 256), *ref[3], *got[3];
+        ds_matmul_job jobs[3];
+        for (int j = 0; j < 3; j++) {
+            int nr = shape[j][3];
+            ref[j] = out_buf((size_t)n * nr);
+            got[j] = out_buf((size_t)n * nr);
+            cpu_ref_ops.matmul(ref[j], x, n, &w[j].w, shape[j][2], nr, DS_GEMM_FP8, false);
+            jobs[j] = (ds_matmul_job){got[j], x, n, &w[j].w, shape[j][2], nr};
+        }
+        avx512_matmul_many(jobs, 3, DS_GEMM_FP8, false);
+        for (int j = 0; j < 3; j++) {
+            double e = matmul_err(got[j], ref[j], x, n, &w[j].w, shape[j][2], shape[j][3]);
+            CHECK_MSG(e <= 1e-5, "fp8 gemm path matmul_many job %d n %d: error %.3g", j, n, e);
+            CHECK(sentinels_ok(got[j], (size_t)n * shape[j][3]));
+            free(ref[j]);
+            free(got[j]);
+            free_weight(&w[j]);
+        }
+        free(x);
+    }
 }
 
 /* Every e4m3 code through the decode kernel's vdpbf16ps path: row i of a
@@ -473,6 +537,8 @@ int main(void)
     check_silu();
     check_matmul_many();
     check_heads();
-    check_moe();
+    check_moe_gemm(DS_GEMM_BF16);
+    check_moe_gemm(DS_GEMM_FP8);
+    check_fp8q();
     return t_done("backend_kernels");
 }

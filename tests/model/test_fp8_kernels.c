@@ -1,5 +1,7 @@
 /* test_fp8_kernels.c - the scalar FP8 kernels against the outputs of the
  * reference's own Triton kernels (golden/fp8_kernels.safetensors). */
+#include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/quant.h"
@@ -80,6 +82,43 @@ int main(void)
     for (int b = 0; b < 256; b++)
         if ((b & 0x7f) != 0x7f) bad += f32_to_fp8_e4m3(fp8_e4m3_to_f32((uint8_t)b)) != (b == 0x80 ? 0x80 : b);
     CHECK_MSG(bad == 0, "%d e4m3 codes do not round-trip", bad);
+    /* f32_round_fp8_e4m3 = the value of f32_to_fp8_e4m3's code, bit for bit: every
+     * 4099th float32 bit pattern, and each e4m3 value, the midpoints beside it and
+     * one float32 step either side of those */
+    bad = 0;
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+        uint32_t b = (uint32_t)u;
+        float v;
+        memcpy(&v, &b, 4);
+        float want = fp8_e4m3_to_f32(f32_to_fp8_e4m3(v)), got = f32_round_fp8_e4m3(v);
+        bad += !(memcmp(&want, &got, 4) == 0 || (isnan(want) && isnan(got)));
+    }
+    for (int c = 0; c < 127; c++) {
+        float lo = fp8_e4m3_to_f32((uint8_t)c), hi = c < 126 ? fp8_e4m3_to_f32((uint8_t)(c + 1)) : 480.0f;
+        float pts[] = {lo, (lo + hi) / 2, nextafterf(lo, 0), nextafterf(lo, 1e9f), nextafterf((lo + hi) / 2, 0),
+                       nextafterf((lo + hi) / 2, 1e9f)};
+        for (int i = 0; i < 6; i++)
+            for (int sg = 0; sg < 2; sg++) {
+                float v = sg ? -pts[i] : pts[i];
+                float want = fp8_e4m3_to_f32(f32_to_fp8_e4m3(v)), got = f32_round_fp8_e4m3(v);
+                bad += memcmp(&want, &got, 4) != 0;
+            }
+    }
+    CHECK_MSG(bad == 0, "f32_round_fp8_e4m3: %d values differ from the code's", bad);
+    /* act_fake_quant = act_quant's codes times their scales */
+    for (int fi = 0; fi < 2; fi++) {
+        int m = 64, k = 512, kb = 4;
+        uint8_t *y = malloc((size_t)m * k);
+        float *sc = malloc(sizeof(float) * (size_t)m * kb), *fq = malloc(sizeof(float) * (size_t)m * k);
+        act_quant_ref(tx->data, m, k, y, sc, fi == 1);
+        act_fake_quant(tx->data, m, k, fq, fi == 1);
+        int diff = 0;
+        for (int i = 0; i < m * k; i++) diff += fq[i] != fp8_e4m3_to_f32(y[i]) * sc[(size_t)(i / k) * kb + (i % k) / 128];
+        CHECK_MSG(diff == 0, "act_fake_quant/%s: %d of %d values differ", fi ? "ue8m0" : "default", diff, m * k);
+        free(y);
+        free(sc);
+        free(fq);
+    }
     st_close(f);
     return t_done("fp8_kernels");
 }

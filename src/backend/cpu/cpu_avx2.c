@@ -10,6 +10,7 @@
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "quant.h"
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -135,8 +136,10 @@ static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, in
 AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                       bool ue8m0)
 {
-    if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) {
-        cpu_ref_ops.matmul(y, x, n, w, row0, rows, gemm, ue8m0);
+    if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) { /* as avx512_matmul: the input rounded as act_quant does */
+        float *xq = act_fake_quant_copy(x, n, w->cols, ue8m0);
+        if (xq) avx2_matmul(y, xq, n, w, row0, rows, DS_GEMM_BF16, ue8m0);
+        free(xq);
         return;
     }
     int K = w->cols, ngroups = (rows + 3) / 4;

@@ -25,6 +25,7 @@
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "quant.h"
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -502,13 +503,44 @@ AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weigh
     decode_many(&j, 1);
 }
 
+/* The FP8 GEMM path (gemm_impl fp8): the reference quantises a product's input
+ * (act_quant) and runs its block-scaled fp8_gemm. Here the input is rounded as
+ * act_quant rounds it (act_fake_quant) and the usual kernels follow: they compute
+ * sum_b s_w sum_k (q_x s_x) q_w, the reference's sum_b s_x s_w sum_k q_x q_w but for
+ * float rounding. */
+static bool fp8q(ds_gemm_impl gemm, const ds_weight *w) { return gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8; }
+
 AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
 {
-    bool each = false;
-    for (int i = 0; i < n_jobs; i++)
-        each |= jobs[i].n >= cpu_gemm_min_tokens || (gemm == DS_GEMM_FP8 && jobs[i].w->fmt == DS_W_FP8);
-    if (!each) {
+    bool each = false, q = false;
+    for (int i = 0; i < n_jobs; i++) {
+        each |= jobs[i].n >= cpu_gemm_min_tokens;
+        q |= fp8q(gemm, jobs[i].w);
+    }
+    if (!each && !q) {
         decode_many(jobs, n_jobs);
+        return;
+    }
+    if (!each) { /* the FP8-weight jobs' inputs rounded, once per distinct input */
+        ds_matmul_job *qj = malloc(sizeof(ds_matmul_job) * (size_t)n_jobs);
+        float **own = calloc((size_t)n_jobs, sizeof(float *));
+        bool ok = qj && own;
+        if (!ok) cpu_fail_oom("FP8 GEMM jobs", sizeof(ds_matmul_job) * (size_t)n_jobs);
+        for (int i = 0; ok && i < n_jobs; i++) {
+            qj[i] = jobs[i];
+            if (!fp8q(gemm, jobs[i].w)) continue;
+            for (int p = 0; p < i && !own[i]; p++)
+                if (own[p] && jobs[p].x == jobs[i].x && jobs[p].n == jobs[i].n && jobs[p].w->cols == jobs[i].w->cols)
+                    qj[i].x = qj[p].x;
+            if (qj[i].x == jobs[i].x) {
+                ok = (own[i] = act_fake_quant_copy(jobs[i].x, jobs[i].n, jobs[i].w->cols, ue8m0)) != NULL;
+                qj[i].x = own[i];
+            }
+        }
+        if (ok) decode_many(qj, n_jobs);
+        for (int i = 0; own && i < n_jobs; i++) free(own[i]);
+        free(own);
+        free(qj);
         return;
     }
     /* batched GEMMs are long enough to have a parallel region each */
@@ -759,13 +791,11 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
 AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                           bool ue8m0)
 {
-    if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) {
-        /* the activation-quantised path exists for fidelity to the reference */
-        cpu_ref_ops.matmul(y, x, n, w, row0, rows, gemm, ue8m0);
-        return;
-    }
-    if (n >= cpu_gemm_min_tokens) avx512_matmul_gemm(y, x, n, w, row0, rows);
-    else avx512_matmul_decode(y, x, n, w, row0, rows);
+    float *xq = fp8q(gemm, w) ? act_fake_quant_copy(x, n, w->cols, ue8m0) : NULL;
+    if (fp8q(gemm, w) && !xq) return; /* the failure is recorded */
+    if (n >= cpu_gemm_min_tokens) avx512_matmul_gemm(y, xq ? xq : x, n, w, row0, rows);
+    else avx512_matmul_decode(y, xq ? xq : x, n, w, row0, rows);
+    free(xq);
 }
 
 /* ---- transpose matmul: y[t][c] = sum_r x[t][r] W[row0 + r][c] ----------- */

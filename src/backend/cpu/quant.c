@@ -4,9 +4,11 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "backend/backend.h"
 #include "base/numeric.h"
+#include "cpu_ref.h"
 
 float act_quant_scale(float amax, bool ue8m0)
 {
@@ -36,6 +38,34 @@ void act_quant_ref(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m
             for (int j = k0; j < k1; j++) y[(size_t)i * k + j] = f32_to_fp8_e4m3(x[(size_t)i * k + j] / sc);
         }
     }
+}
+
+void act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0)
+{
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    #pragma omp parallel for schedule(static) if ((size_t)m * k >= 65536)
+    for (int i = 0; i < m; i++)
+        for (int b = 0; b < kb; b++) {
+            const float *xi = x + (size_t)i * k;
+            float *yi = y + (size_t)i * k;
+            int k0 = b * DS_BLOCK, k1 = k0 + DS_BLOCK < k ? k0 + DS_BLOCK : k;
+            float amax = 0;
+            for (int j = k0; j < k1; j++) amax = fmaxf(amax, fabsf(xi[j]));
+            float sc = act_quant_scale(amax, ue8m0);
+            for (int j = k0; j < k1; j++) yi[j] = f32_round_fp8_e4m3(xi[j] / sc) * sc;
+        }
+}
+
+float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0)
+{
+    size_t bytes = sizeof(float) * (size_t)m * k;
+    float *y = malloc(bytes ? bytes : 1);
+    if (!y) {
+        cpu_fail_oom("FP8 GEMM activations", bytes);
+        return NULL;
+    }
+    act_fake_quant(x, m, k, y, ue8m0);
+    return y;
 }
 
 void fp8_gemm_ref(const uint8_t *y, const float *s, const uint8_t *w, const float *ws, int m, int n, int k,

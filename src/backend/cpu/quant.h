@@ -13,6 +13,16 @@
 /* x [m][k] -> y [m][k] e4m3 bytes, s [m][ceil(k/128)]. */
 void act_quant_ref(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m0);
 
+/* x [m][k] -> y [m][k]: each value as act_quant_ref rounds it, its code times its
+ * block's scale (y may be x). The exact-dequantisation kernels on y compute fp8_gemm's
+ * sum_b s_x s_w sum_k q_x q_w as sum_b s_w sum_k (q_x s_x) q_w: the same but for float
+ * rounding. Rows split over threads when there are many. */
+void act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0);
+
+/* act_fake_quant of x into a new buffer (free it); NULL, with the failure
+ * recorded, when out of memory. */
+float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0);
+
 /* The scale for one block's amax, as act_quant computes it. */
 float act_quant_scale(float amax, bool ue8m0);
 
