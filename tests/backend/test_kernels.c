@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_ref.h"
 #include "backend/cpu/cpu_simd.h"
+#include "backend/cpu/quant.h"
 #include "base/numeric.h"
 #include "test.h"
 
@@ -466,8 +467,11 @@ static void check_fp8q(void)
                 free(got);
                 free_weight(&w);
             }
-    /* matmul_many: jobs 0 and 1 share an input, job 2 (BF16) is not quantised */
-    for (int n = 1; n <= 4; n += 3) {
+    /* matmul_many: jobs 0 and 1 share an input, job 2 (BF16) is not quantised; 20
+     * tokens take the GEMM path */
+    static const int many_ns[] = {1, 4, 20};
+    for (size_t mi = 0; mi < sizeof many_ns / sizeof *many_ns; mi++) {
+        int n = many_ns[mi];
         int shape[3][4] = {{300, 256, 7, 250}, {130, 256, 0, 130}, {64, 256, 0, 64}};
         tweight w[3] = {make_weight(DS_W_FP8, 300, 256), make_weight(DS_W_FP8, 130, 256), make_weight(DS_W_BF16, 64, 256)};
         float *x = rand_vec((size_t)n * 256), *ref[3], *got[3];
@@ -490,6 +494,31 @@ static void check_fp8q(void)
         }
         free(x);
     }
+}
+
+/* avx512_act_fake_quant = act_fake_quant, bit for bit: rows of random values over many
+ * magnitudes, a partial last block, and zeros, -0, float32 subnormals, 448 and beyond,
+ * infinities and NaN among them; default and ue8m0 scales. */
+static void check_fake_quant(void)
+{
+    int m = 9, k = 1157;
+    float *x = rand_vec((size_t)m * k), *want = malloc(sizeof(float) * (size_t)m * k),
+          *got = malloc(sizeof(float) * (size_t)m * k);
+    for (int i = 0; i < m * k; i++) x[i] *= ldexpf(1.0f, (int)(urand() * 60) - 30);
+    const float special[] = {0.0f, -0.0f, 1e-40f, -3e-39f, 448.0f, -449.0f, 470.0f, 1e30f, INFINITY, -INFINITY, NAN};
+    for (int i = 0; i < (int)(sizeof special / sizeof *special); i++) x[(size_t)(i % m) * k + 37 * i + 5] = special[i];
+    for (int i = 0; i < k; i++) x[(size_t)7 * k + i] = (float)(i % 11) * 1e-3f; /* a row of ties and steps */
+    for (int u = 0; u < 2; u++) {
+        act_fake_quant(x, m, k, want, u);
+        avx512_act_fake_quant(x, m, k, got, u);
+        int bad = 0;
+        for (int i = 0; i < m * k; i++) bad += !(memcmp(&want[i], &got[i], 4) == 0 || (isnan(want[i]) && isnan(got[i])));
+        CHECK_MSG(bad == 0, "avx512_act_fake_quant%s: %d of %d values differ from the scalar", u ? " (ue8m0)" : "", bad,
+                  m * k);
+    }
+    free(x);
+    free(want);
+    free(got);
 }
 
 /* Every e4m3 code through the decode kernel's vdpbf16ps path: row i of a
@@ -539,6 +568,7 @@ int main(void)
     check_heads();
     check_moe_gemm(DS_GEMM_BF16);
     check_moe_gemm(DS_GEMM_FP8);
+    check_fake_quant();
     check_fp8q();
     return t_done("backend_kernels");
 }

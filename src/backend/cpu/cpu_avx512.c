@@ -510,6 +510,57 @@ AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weigh
  * float rounding. */
 static bool fp8q(ds_gemm_impl gemm, const ds_weight *w) { return gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8; }
 
+/* f32_round_fp8_e4m3 on 16 lanes: the step 2^(ue-3) from the exponent (vgetexpps, at
+ * least -6; -inf for 0), a / step rounded to nearest even, saturated at 448, the sign
+ * put back; NaN lanes stay NaN. */
+AVX512 INLINE __m512 round_e4m3(__m512 v)
+{
+    const __m512 sign = _mm512_set1_ps(-0.0f);
+    __m512 a = _mm512_andnot_ps(sign, v);
+    __m512 e = _mm512_max_ps(_mm512_getexp_ps(a), _mm512_set1_ps(-6.0f));
+    __m512 q = _mm512_roundscale_ps(_mm512_scalef_ps(a, _mm512_sub_ps(_mm512_set1_ps(3.0f), e)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_min_ps(_mm512_scalef_ps(q, _mm512_sub_ps(e, _mm512_set1_ps(3.0f))), _mm512_set1_ps(448.0f));
+    r = _mm512_or_ps(r, _mm512_and_ps(v, sign));
+    return _mm512_mask_mov_ps(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+}
+
+AVX512 void avx512_act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0)
+{
+    int kb = (k + DS_BLOCK - 1) / DS_BLOCK;
+    #pragma omp parallel for schedule(static) if ((size_t)m * k >= 65536)
+    for (int i = 0; i < m; i++)
+        for (int b = 0; b < kb; b++) {
+            const float *xi = x + (size_t)i * k;
+            float *yi = y + (size_t)i * k;
+            int k0 = b * DS_BLOCK, k1 = MIN(k0 + DS_BLOCK, k);
+            __m512 mx = _mm512_setzero_ps();
+            for (int j = k0; j < k1; j += 16) {
+                __mmask16 msk = mask16(k1 - j);
+                /* vmaxps gives its second operand when either is NaN: NaN in x is skipped,
+                 * as fmaxf skips it in the scalar amax */
+                mx = _mm512_max_ps(_mm512_abs_ps(_mm512_maskz_loadu_ps(msk, xi + j)), mx);
+            }
+            __m512 sv = _mm512_set1_ps(act_quant_scale(_mm512_reduce_max_ps(mx), ue8m0));
+            for (int j = k0; j < k1; j += 16) {
+                __mmask16 msk = mask16(k1 - j);
+                __m512 v = _mm512_div_ps(_mm512_maskz_loadu_ps(msk, xi + j), sv);
+                _mm512_mask_storeu_ps(yi + j, msk, _mm512_mul_ps(round_e4m3(v), sv));
+            }
+        }
+}
+
+/* avx512_act_fake_quant into a new buffer (free it); NULL, with the failure recorded,
+ * when out of memory. */
+static float *fq_copy(const float *x, int m, int k, bool ue8m0)
+{
+    size_t bytes = sizeof(float) * (size_t)m * k;
+    float *y = malloc(bytes ? bytes : 1);
+    if (!y) cpu_fail_oom("FP8 GEMM activations", bytes);
+    else avx512_act_fake_quant(x, m, k, y, ue8m0);
+    return y;
+}
+
 AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
 {
     bool each = false, q = false;
@@ -521,7 +572,7 @@ AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_im
         decode_many(jobs, n_jobs);
         return;
     }
-    if (!each) { /* the FP8-weight jobs' inputs rounded, once per distinct input */
+    if (q) { /* the FP8-weight jobs' inputs rounded, once per distinct input */
         ds_matmul_job *qj = malloc(sizeof(ds_matmul_job) * (size_t)n_jobs);
         float **own = calloc((size_t)n_jobs, sizeof(float *));
         bool ok = qj && own;
@@ -533,11 +584,14 @@ AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_im
                 if (own[p] && jobs[p].x == jobs[i].x && jobs[p].n == jobs[i].n && jobs[p].w->cols == jobs[i].w->cols)
                     qj[i].x = qj[p].x;
             if (qj[i].x == jobs[i].x) {
-                ok = (own[i] = act_fake_quant_copy(jobs[i].x, jobs[i].n, jobs[i].w->cols, ue8m0)) != NULL;
+                ok = (own[i] = fq_copy(jobs[i].x, jobs[i].n, jobs[i].w->cols, ue8m0)) != NULL;
                 qj[i].x = own[i];
             }
         }
-        if (ok) decode_many(qj, n_jobs);
+        if (ok && !each) decode_many(qj, n_jobs);
+        for (int i = 0; ok && each && i < n_jobs; i++) /* inputs rounded above: the exact-dequantisation path */
+            avx512_matmul(qj[i].y, qj[i].x, qj[i].n, qj[i].w, qj[i].row0, qj[i].rows,
+                          fp8q(gemm, qj[i].w) ? DS_GEMM_BF16 : gemm, ue8m0);
         for (int i = 0; own && i < n_jobs; i++) free(own[i]);
         free(own);
         free(qj);
@@ -791,7 +845,7 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
 AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                           bool ue8m0)
 {
-    float *xq = fp8q(gemm, w) ? act_fake_quant_copy(x, n, w->cols, ue8m0) : NULL;
+    float *xq = fp8q(gemm, w) ? fq_copy(x, n, w->cols, ue8m0) : NULL;
     if (fp8q(gemm, w) && !xq) return; /* the failure is recorded */
     if (n >= cpu_gemm_min_tokens) avx512_matmul_gemm(y, xq ? xq : x, n, w, row0, rows);
     else avx512_matmul_decode(y, xq ? xq : x, n, w, row0, rows);

@@ -34,6 +34,8 @@ void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w, int ro
 void avx512_attention(const ds_attn_args *a, ds_attn_impl impl);
 void avx512_silu_mul(float *a, const float *b, size_t n);
 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+/* act_fake_quant (quant.h) on AVX-512, the same values bit for bit. */
+void avx512_act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0);
 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                          int hstride, int rows);
 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
