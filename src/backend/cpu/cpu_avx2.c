@@ -137,7 +137,7 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
                       bool ue8m0)
 {
     if (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) { /* as avx512_matmul: the input rounded as act_quant does */
-        float *xq = act_fake_quant_copy(x, n, w->cols, ue8m0);
+        float *xq = act_fake_quant_copy(x, n, w->cols, ue8m0, act_fake_quant);
         if (xq) avx2_matmul(y, xq, n, w, row0, rows, DS_GEMM_BF16, ue8m0);
         free(xq);
         return;

@@ -550,17 +550,6 @@ AVX512 void avx512_act_fake_quant(const float *x, int m, int k, float *y, bool u
         }
 }
 
-/* avx512_act_fake_quant into a new buffer (free it); NULL, with the failure recorded,
- * when out of memory. */
-static float *fq_copy(const float *x, int m, int k, bool ue8m0)
-{
-    size_t bytes = sizeof(float) * (size_t)m * k;
-    float *y = malloc(bytes ? bytes : 1);
-    if (!y) cpu_fail_oom("FP8 GEMM activations", bytes);
-    else avx512_act_fake_quant(x, m, k, y, ue8m0);
-    return y;
-}
-
 AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
 {
     bool each = false, q = false;
@@ -584,7 +573,7 @@ AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_im
                 if (own[p] && jobs[p].x == jobs[i].x && jobs[p].n == jobs[i].n && jobs[p].w->cols == jobs[i].w->cols)
                     qj[i].x = qj[p].x;
             if (qj[i].x == jobs[i].x) {
-                ok = (own[i] = fq_copy(jobs[i].x, jobs[i].n, jobs[i].w->cols, ue8m0)) != NULL;
+                ok = (own[i] = act_fake_quant_copy(jobs[i].x, jobs[i].n, jobs[i].w->cols, ue8m0, avx512_act_fake_quant)) != NULL;
                 qj[i].x = own[i];
             }
         }
@@ -845,7 +834,7 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
 AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                           bool ue8m0)
 {
-    float *xq = fp8q(gemm, w) ? fq_copy(x, n, w->cols, ue8m0) : NULL;
+    float *xq = fp8q(gemm, w) ? act_fake_quant_copy(x, n, w->cols, ue8m0, avx512_act_fake_quant) : NULL;
     if (fp8q(gemm, w) && !xq) return; /* the failure is recorded */
     if (n >= cpu_gemm_min_tokens) avx512_matmul_gemm(y, xq ? xq : x, n, w, row0, rows);
     else avx512_matmul_decode(y, xq ? xq : x, n, w, row0, rows);

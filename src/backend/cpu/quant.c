@@ -56,7 +56,7 @@ void act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0)
         }
 }
 
-float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0)
+float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0, act_fake_quant_fn fq)
 {
     size_t bytes = sizeof(float) * (size_t)m * k;
     float *y = malloc(bytes ? bytes : 1);
@@ -64,7 +64,7 @@ float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0)
         cpu_fail_oom("FP8 GEMM activations", bytes);
         return NULL;
     }
-    act_fake_quant(x, m, k, y, ue8m0);
+    fq(x, m, k, y, ue8m0);
     return y;
 }
 

@@ -19,9 +19,10 @@ void act_quant_ref(const float *x, int m, int k, uint8_t *y, float *s, bool ue8m
  * rounding. Rows split over threads when there are many. */
 void act_fake_quant(const float *x, int m, int k, float *y, bool ue8m0);
 
-/* act_fake_quant of x into a new buffer (free it); NULL, with the failure
- * recorded, when out of memory. */
-float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0);
+/* fq (act_fake_quant, or a faster version of it) of x into a new buffer (free it);
+ * NULL, with the failure recorded, when out of memory. */
+typedef void (*act_fake_quant_fn)(const float *x, int m, int k, float *y, bool ue8m0);
+float *act_fake_quant_copy(const float *x, int m, int k, bool ue8m0, act_fake_quant_fn fq);
 
 /* The scale for one block's amax, as act_quant computes it. */
 float act_quant_scale(float amax, bool ue8m0);
