@@ -694,6 +694,30 @@ static void test_moved(void)
  * whole 16-byte chunks for BF16 / FP8: run op by op after the routed experts). */
 static int g_moe_shared;
 
+/* moe_route alone with scores (and bias) from four values, so that most choices are
+ * ties: the lowest index must win, as in the reference's first strict maximum. */
+static void test_route_ties(int n, int E, int K, bool sigmoid, int groups, int limited)
+{
+    char label[160];
+    snprintf(label, sizeof label, "moe_route ties %s n=%d E=%d K=%d groups %d/%d", sigmoid ? "sigmoid+bias" : "softmax",
+             n, E, K, limited, groups);
+    float *sc = malloc(sizeof(float) * n * E), *bias = sigmoid ? malloc(sizeof(float) * E) : NULL;
+    for (int i = 0; i < n * E; i++) sc[i] = (float)((int)(4 * (frand() + 1)) % 4);
+    for (int e = 0; bias && e < E; e++) bias[e] = (float)(e % 2) * 0.25f;
+    float *gsc = gcopy(sc, (size_t)n * E), *gbias = bias ? gcopy(bias, (size_t)E) : NULL;
+    int *ri = malloc(sizeof(int) * n * K), *gi = G->alloc(sizeof(int) * n * K);
+    float *rw = malloc(sizeof(float) * n * K), *gw = gbuf((size_t)n * K);
+    C->moe_route(ri, rw, sc, bias, n, E, K, groups, limited, sigmoid, 2.5f);
+    G->moe_route(gi, gw, gsc, gbias, n, E, K, groups, limited, sigmoid, 2.5f);
+    G->sync();
+    int same = 0;
+    for (int i = 0; i < n * K; i++) same += ri[i] == gi[i];
+    CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
+    compare(label, gw, rw, (size_t)n * K, 1e-6);
+    G->free(gi), G->free(gw), G->free(gsc), G->free(gbias);
+    free(sc), free(bias), free(ri), free(rw);
+}
+
 /* moe_route (softmax / sigmoid with bias and groups) then moe_experts over a local expert range. */
 static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm, int dim, int inter)
 {
@@ -788,6 +812,10 @@ static void test_prefill_products(void)
     test_attention_dense(3, 160, 16, 17, 25);
     test_attention_dense(2, 96, 0, 33, 0);
     unsetenv("DSV3_CUDA_ATTN_CHUNK");
+    test_route_ties(5, 64, 6, false, 1, 1);     /* 16B */
+    test_route_ties(3, 256, 8, true, 8, 4);     /* V3 */
+    test_route_ties(2, 1024, 32, true, 16, 8);  /* the most experts and choices */
+    test_route_ties(4, 40, 3, false, 4, 2);
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
     test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_BF16);
     /* odd token counts, experts with more than one 64-token tile, rows not a multiple of the tiles */

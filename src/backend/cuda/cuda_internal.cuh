@@ -330,19 +330,28 @@ __device__ __forceinline__ float cu_block_sum(float v, float *part)
     return part[0];
 }
 
+/* The unsigned integer that orders as the float v does (for v not NaN; -0 below +0). */
+__device__ __forceinline__ unsigned cu_float_key(float v)
+{
+    unsigned b = __float_as_uint(v);
+    return b ^ ((unsigned)((int)b >> 31) | 0x80000000u);
+}
+
 /* Gate.forward for one token by one warp (moe_route's kernel, and the last block of
  * the fused gate kernel): sc (E scores, overwritten with the softmax / sigmoid) -> the
- * K <= 32 experts ix and weights w. biased (E floats) and gs (G floats) are the warp's
- * shared scratch; bias (E floats or NULL) may be global or shared memory. sc is read
- * once (bypassing L1: other blocks may have written it) into biased, and the chosen
- * probabilities are read back once at the end, one lane each: every dependent global
- * round trip is a few hundred cycles of a latency-bound launch.
+ * K <= 32 experts ix and weights w. biased and probs (E floats each) and gs (G floats)
+ * are the warp's shared scratch; bias (E floats or NULL) may be global or shared memory.
+ * sc is read once (bypassing L1: other blocks may have written it) into biased, and the
+ * chosen probabilities come from probs, not sc: every dependent global round trip is a
+ * few hundred cycles of a latency-bound launch.
  * Softmax / sigmoid with warp reductions, group scores one lane per group, then K
  * rounds of a warp argmax over the experts not taken (ties to the lowest index, as the
- * reference's first strict maximum). */
+ * reference's first strict maximum): each lane's best, then the largest key and the
+ * lowest index holding it, each one redux instruction (five dependent shuffle steps
+ * before: the rounds were most of the routing's time). */
 __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, const float *__restrict__ bias,
-                                              float *biased, float *gs, int E, int K, int G, int limited, bool sigmoid,
-                                              float rscale)
+                                              float *biased, float *probs, float *gs, int E, int K, int G, int limited,
+                                              bool sigmoid, float rscale)
 {
     int lane = threadIdx.x % 32;
     #pragma unroll 8
@@ -360,6 +369,7 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
     for (int e = lane; e < E; e += 32) {
         float v = sigmoid ? 1.0f / (1.0f + expf(-biased[e])) : expf(biased[e] - mx) / den;
         sc[e] = v;
+        probs[e] = v;
         biased[e] = bias ? v + bias[e] : v;
     }
     __syncwarp();
@@ -398,16 +408,13 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
         float bv = 0;
         for (int e = lane, i = 0; e < E; e += 32, i++)
             if (!(taken >> i & 1) && (best < 0 || biased[e] > bv)) best = e, bv = biased[e];
-        #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            int ob = __shfl_xor_sync(0xffffffffu, best, o);
-            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) best = ob, bv = ov;
-        }
+        /* key 0: no expert left in this lane (every real score's key is above it) */
+        unsigned key = best < 0 ? 0u : cu_float_key(bv), top = __reduce_max_sync(0xffffffffu, key);
+        best = (int)__reduce_min_sync(0xffffffffu, best >= 0 && key == top ? (unsigned)best : 0xffffffffu);
         if (best % 32 == lane) taken |= 1u << (best / 32);
         if (lane == k) mine = best;
     }
-    float v = lane < K ? sc[mine] : 0.0f; /* this warp's own writes, ordered by __syncwarp */
+    float v = lane < K ? probs[mine] : 0.0f; /* written by this warp before __syncwarp */
     float sum = sigmoid ? cu_warp_sum(v) : 1.0f;
     if (lane < K) {
         ix[lane] = mine;

@@ -1224,9 +1224,9 @@ gate_route_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, i
     if (threadIdx.x == 0) *counter = 0; /* ready for the next launch */
     __threadfence();
     for (int t = warp; t < n; t += GATE_THREADS / 32) {
-        float *biased = sm + (size_t)warp * (E + G);
-        cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc + (size_t)t * E, bias, biased, biased + E, E, K, G,
-                      limited, sigmoid, rscale);
+        float *biased = sm + (size_t)warp * (2 * E + G);
+        cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc + (size_t)t * E, bias, biased, biased + E,
+                      biased + 2 * E, E, K, G, limited, sigmoid, rscale);
     }
 }
 
@@ -1251,7 +1251,7 @@ template <int F>
 static void launch_gate(int *idx, float *wt, float *sc, const float *x, int n, const cu_weight *w, int k, int E,
                         const float *bias, int K, int G, int limited, bool sigmoid, float rscale, unsigned *counter)
 {
-    size_t smem = sizeof(float) * (GATE_THREADS / 32) * ((size_t)E + G);
+    size_t smem = sizeof(float) * (GATE_THREADS / 32) * (2 * (size_t)E + G);
     if (n == 1) cu_launch(gate_route_kernel<F, 1>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);
     else if (n <= 4) cu_launch(gate_route_kernel<F, 4>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);
     else cu_launch(gate_route_kernel<F, GATE_NMAX>, dim3((unsigned)E), GATE_THREADS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, counter);

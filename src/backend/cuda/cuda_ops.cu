@@ -1695,16 +1695,16 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
 __global__ void __launch_bounds__(32) moe_route_kernel(int *idx, float *wt, float *sc_all, const float *__restrict__ bias,
                                                        int E, int K, int G, int limited, bool sigmoid, float rscale)
 {
-    extern __shared__ float sm[]; /* [E] biased scores, [G] group scores, [E] the bias */
-    float *bs = bias ? sm + E + G : nullptr;
+    extern __shared__ float sm[]; /* [E] biased scores, [E] probabilities, [G] group scores, [E] the bias */
+    float *bs = bias ? sm + 2 * E + G : nullptr;
     if (bias) /* a weight: read before the wait, while the gate product drains */
         for (int e = threadIdx.x; e < E; e += 32) bs[e] = bias[e];
     cu_pdl_wait();
     cu_pdl_launch();
     __syncwarp();
     int t = blockIdx.x;
-    cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc_all + (size_t)t * E, bs, sm, sm + E, E, K, G, limited,
-                  sigmoid, rscale);
+    cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc_all + (size_t)t * E, bs, sm, sm + E, sm + 2 * E, E, K,
+                  G, limited, sigmoid, rscale);
 }
 
 void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
@@ -1716,7 +1716,7 @@ void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int 
     int *di = (int *)cu_out(&io, idx, sizeof(int) * (size_t)n * K, false);
     float *dw = (float *)cu_out(&io, wt, sizeof(float) * (size_t)n * K, false);
     const float *db = (const float *)cu_in(&io, bias, sizeof(float) * (size_t)E);
-    size_t smem = sizeof(float) * ((size_t)E + groups + (bias ? E : 0));
+    size_t smem = sizeof(float) * (2 * (size_t)E + groups + (bias ? E : 0));
     if (E > ROUTE_MAXE || K > 32 || K > E)
         cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts, or more than 32 (or E) chosen");
     else if (dsc && di && dw && (db || !bias))
