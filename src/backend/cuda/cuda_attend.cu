@@ -5,17 +5,20 @@
  * before, and at short depth each is a few dependent L2 round trips. Here a thread
  * block cluster of AT_C blocks takes one (token, head). Block r of the cluster:
  *   1. multiplies its slice of the head's nope rows of wkv_b by q_nope, a partial q_c
- *      (R floats), and shares it in shared memory;
- *   2. sums the cluster's partials into the whole q_c (read from the other blocks'
- *      shared memory), then walks positions r, r + AT_C, ... <= pos[t] with an online
- *      softmax, one position per warp at a time, and shares its partial (max, sum,
- *      unnormalised o_c);
+ *      (R floats), and writes it into every block's shared memory;
+ *   2. sums the cluster's partials into the whole q_c, then walks positions r,
+ *      r + AT_C, ... <= pos[t] with an online softmax, one position per warp at a time,
+ *      and writes its partial (max, sum, unnormalised o_c) into every block;
  *   3. merges the cluster's partials into o_c;
  *   4. multiplies o_c by its slice of the head's vdim rows of wkv_b.
  * Every sum runs in a fixed order, so every block of a cluster holds the same q_c and
  * o_c and the result does not depend on timing. The weights of steps 1 and 4 come into
- * registers before the PDL wait. Each head reads the whole cache, so this is for short
- * contexts: the launcher takes a problem only when a->pos_bound says so. */
+ * shared memory before the PDL wait. Each head reads the whole cache, so this is for
+ * short contexts: the launcher takes a problem only when a->pos_bound says so.
+ * Session 12 (NOTES.md stage 18): the partials pushed to every block instead of each
+ * block reading the others' (a round trip per read), the weights by cp.async instead of
+ * registers (spilled), q_pe asked for with q_nope: 9.2 -> 6.8 us a kernel, FP8 batch 1
+ * 1.43-1.47 -> 1.40-1.41 ms. */
 #include <cooperative_groups.h>
 #include <math.h>
 
@@ -43,13 +46,17 @@ typedef struct {
 } at_p;
 
 struct at_smem {
-    float xq[AT_RMAX];                 /* step 1: this block's partial q_c (read by the cluster) */
-    float bo[AT_RMAX];                 /* step 2: this block's unnormalised o_c (read by the cluster) */
-    float bm, bl;                      /* step 2: its max and sum */
+    float xq[AT_C][AT_RMAX];           /* step 1: each block's partial q_c (pushed by that block) */
+    float bo[AT_C][AT_RMAX];           /* step 2: each block's unnormalised o_c (pushed) */
+    float bm[AT_C], bl[AT_C];          /* step 2: each block's max and sum (pushed) */
     float qc[AT_RMAX];                 /* q_c, then o_c */
     float qpe[AT_ROPE];
     float wm[AT_WARPS], wl[AT_WARPS];  /* step 2: per-warp max and sum (then merge factors) */
-    float red[AT_WARPS * AT_RMAX];     /* step 1: partials per row group; step 2: per-warp o_c */
+    union {
+        uint4 w1[AT_PRE][AT_THREADS];  /* step 1's weight chunks, each thread's own */
+        float red[AT_WARPS * AT_RMAX]; /* step 1: partials per row group; step 2: per-warp o_c */
+    };
+    uint4 w4[AT_PRE][AT_THREADS];      /* step 4's weight chunks, each thread's own */
 };
 
 /* The FP8 scale of weight row wr at column c (1 for other formats). */
@@ -62,15 +69,22 @@ __device__ __forceinline__ float at_scale(const at_p &p, int wr, int c)
 }
 
 template <int F>
-__device__ __forceinline__ uint4 at_chunk(const at_p &p, int wr, int c)
+__device__ __forceinline__ const uint4 &at_chunk(const at_p &p, int wr, int c)
 {
     return *(const uint4 *)((const uint8_t *)p.w + ((size_t)wr * p.R + c) * cu_wsize<F>::v);
 }
 
-/* oc . weight row wr, summed over the warp: lane's chunks lane + 32 u (u < u4), from
+/* 16 bytes global -> shared without registers (cp.async, L2 only). */
+__device__ __forceinline__ void at_copy16(uint4 *dst, const uint4 *src)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+
+/* This lane's part of oc . weight row wr: its chunks lane + 32 u (u < u4), from
  * registers (w, sc: U4 chunks and their scales) or, with w NULL, from memory. */
 template <int F, int U4>
-__device__ __forceinline__ float at_row(const float *oc, const uint4 *w, const float *sc, const at_p &p, int wr,
+__device__ __forceinline__ float at_row_part(const float *oc, const uint4 *w, const float *sc, const at_p &p, int wr,
                                        int lane, int u4)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
@@ -86,12 +100,15 @@ __device__ __forceinline__ float at_row(const float *oc, const uint4 *w, const f
         for (int e = 0; e < E; e++) part += oc[c + e] * wv[e];
         a += part * (w ? sc[u] : at_scale<F>(p, wr, c));
     }
-    return cu_warp_sum(a);
+    return a;
 }
 
+/* A cluster barrier in two halves: arrive at the start (relaxed: nothing to publish),
+ * wait before the first write into another block's shared memory, which is allowed only
+ * once every block of the cluster has started. */
 __device__ __forceinline__ void at_cluster_arrive(void)
 {
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 
 __device__ __forceinline__ void at_cluster_wait(void)
@@ -99,15 +116,17 @@ __device__ __forceinline__ void at_cluster_wait(void)
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-/* Two blocks per SM (registers capped at 128; the FP8 form spills 48 bytes): with one,
+/* Two blocks per SM (registers capped at 128; 66 KB of shared memory each): with one,
  * fewer clusters of 8 fit on the GPU at once than the 16 of a 16-head layer, and FP8
- * batch 1 took 1.725 ms against 1.599. */
+ * batch 1 took 1.725 ms against 1.599 (stage 12). */
 template <int F, int PER>
 __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
 {
     constexpr int E = 16 / cu_wsize<F>::v; /* columns per 16-byte chunk */
-    __shared__ at_smem sm;
+    extern __shared__ __align__(16) unsigned char at_raw[];
+    at_smem &sm = *(at_smem *)at_raw;
     cg::cluster_group cluster = cg::this_cluster();
+    at_cluster_arrive();
     const int R = PER * 32, nch = R / E, G = AT_THREADS / nch; /* chunks per row, row groups */
     int r = (int)cluster.block_rank(), h = blockIdx.x / AT_C, t = blockIdx.y;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, hrow = h * (p.nope + p.vd);
@@ -120,37 +139,45 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
     constexpr int U4 = (AT_RMAX / E + 31) / 32; /* step 4: chunks per lane and row, at most */
     static_assert(AT_PRE % U4 == 0, "step 4 preloads whole rows");
     const int u4 = (nch + 31) / 32;
-    uint4 w1[AT_PRE] = {}, w4[AT_PRE] = {};
+    /* the weight chunks go to shared memory by cp.async, each into a slot of the thread
+     * that reads it (no barrier before use): in registers, the FP8 form spilled them,
+     * and the spill stores waited for the loads (1.2 us before the wait) and each step-4
+     * row reloaded them (0.8 us a row) */
     float s1[AT_PRE], s4[AT_PRE];
     #pragma unroll
     for (int k = 0; k < AT_PRE; k++) {
         int d = d0 + g + G * k;
         s1[k] = 0;
         if (d < d1) {
-            w1[k] = at_chunk<F>(p, hrow + d, c1 * E);
+            at_copy16(&sm.w1[k][tid], &at_chunk<F>(p, hrow + d, c1 * E));
             s1[k] = at_scale<F>(p, hrow + d, c1 * E);
         }
         int i = warp + AT_WARPS * (k / U4), u = k % U4, j = v0 + i, c = (lane + 32 * u) * E;
         s4[k] = 0;
         if (u < u4 && j < v1 && c < R) {
-            w4[k] = at_chunk<F>(p, hrow + p.nope + j, c);
+            at_copy16(&sm.w4[k][tid], &at_chunk<F>(p, hrow + p.nope + j, c));
             s4[k] = at_scale<F>(p, hrow + p.nope + j, c);
         }
     }
+    asm volatile("cp.async.commit_group;" ::: "memory");
     cu_pdl_wait();
     cu_pdl_launch();
 
     /* ---- 1. partial q_c over this block's nope rows */
     const float *qn = p.q + ((size_t)t * p.H + h) * p.qk;
+    /* q_pe (the prologue's) asked for now, so that its round trip overlaps q_nope's */
+    float qpe = tid < p.rope ? p.qp[((size_t)t * p.H + h) * p.rope + tid] : 0.0f;
     float acc[E];
     #pragma unroll
     for (int e = 0; e < E; e++) acc[e] = 0;
+    asm volatile("cp.async.wait_all;" ::: "memory");
     #pragma unroll
     for (int k = 0; k < AT_PRE; k++) {
         int d = d0 + g + G * k;
         if (d >= d1) break;
         float wv[E], f = qn[d] * s1[k];
-        cu_wload16<F>(&w1[k], 0, wv);
+        uint4 wk = sm.w1[k][tid];
+        cu_wload16<F>(&wk, 0, wv);
         #pragma unroll
         for (int e = 0; e < E; e++) acc[e] += f * wv[e];
     }
@@ -160,14 +187,20 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         #pragma unroll
         for (int e = 0; e < E; e++) acc[e] += f * wv[e];
     }
+    __syncthreads(); /* red overlays the step-1 chunks */
     #pragma unroll
     for (int e = 0; e < E; e++) sm.red[g * R + c1 * E + e] = acc[e];
-    if (tid < p.rope) sm.qpe[tid] = p.qp[((size_t)t * p.H + h) * p.rope + tid];
+    if (tid < p.rope) sm.qpe[tid] = qpe;
     __syncthreads();
+    /* pushed into every block of the cluster (stores do not wait for an answer; the
+     * barrier's release makes them visible): after it each block sums from its own
+     * shared memory, where reading the others' took a round trip each */
+    at_cluster_wait();
     for (int i = tid; i < R; i += AT_THREADS) {
         float v = 0;
         for (int gi = 0; gi < G; gi++) v += sm.red[gi * R + i];
-        sm.xq[i] = v;
+        #pragma unroll
+        for (int b = 0; b < AT_C; b++) cluster.map_shared_rank(&sm.xq[r][0], b)[i] = v;
     }
     cluster.sync();
 
@@ -175,7 +208,7 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
     for (int i = tid; i < R; i += AT_THREADS) {
         float v = 0;
         #pragma unroll
-        for (int b = 0; b < AT_C; b++) v += cluster.map_shared_rank(sm.xq, b)[i];
+        for (int b = 0; b < AT_C; b++) v += sm.xq[b][i];
         sm.qc[i] = v;
     }
     __syncthreads();
@@ -231,9 +264,9 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         float sum = cu_warp_sum(lane < AT_WARPS ? sm.wl[lane] * f : 0.0f);
         __syncwarp();
         if (lane < AT_WARPS) sm.wm[lane] = f;
-        if (lane == 0) {
-            sm.bm = mx;
-            sm.bl = sum;
+        if (lane < AT_C) { /* lane b pushes them to block b */
+            cluster.map_shared_rank(sm.bm, lane)[r] = mx;
+            cluster.map_shared_rank(sm.bl, lane)[r] = sum;
         }
     }
     __syncthreads();
@@ -242,52 +275,70 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         #pragma unroll
         for (int w = 0; w < AT_WARPS; w++)
             if (sm.wm[w] != 0.0f) v += sm.red[w * R + i] * sm.wm[w];
-        sm.bo[i] = v;
+        #pragma unroll
+        for (int b = 0; b < AT_C; b++) cluster.map_shared_rank(&sm.bo[r][0], b)[i] = v;
     }
     cluster.sync();
 
-    /* ---- 3. o_c from the cluster's partials (position 0 is block 0's: the max is finite) */
+    /* ---- 3. o_c from the cluster's partials, all in this block's shared memory now
+     * (position 0 is block 0's: the max is finite) */
     float f[AT_C], mx = -INFINITY, sum = 0;
     #pragma unroll
-    for (int b = 0; b < AT_C; b++) mx = fmaxf(mx, *cluster.map_shared_rank(&sm.bm, b));
+    for (int b = 0; b < AT_C; b++) mx = fmaxf(mx, sm.bm[b]);
     #pragma unroll
     for (int b = 0; b < AT_C; b++) {
-        float bm = *cluster.map_shared_rank(&sm.bm, b);
-        f[b] = bm == -INFINITY ? 0.0f : expf(bm - mx);
-        sum += *cluster.map_shared_rank(&sm.bl, b) * f[b];
+        f[b] = sm.bm[b] == -INFINITY ? 0.0f : expf(sm.bm[b] - mx);
+        sum += sm.bl[b] * f[b];
     }
     for (int i = tid; i < R; i += AT_THREADS) {
         float v = 0;
         #pragma unroll
         for (int b = 0; b < AT_C; b++)
-            if (f[b] != 0.0f) v += cluster.map_shared_rank(sm.bo, b)[i] * f[b];
+            if (f[b] != 0.0f) v += sm.bo[b][i] * f[b];
         sm.qc[i] = v / sum;
     }
-    at_cluster_arrive(); /* this block's reads of the others are done */
-    __syncthreads();
+    __syncthreads(); /* no block touches another's shared memory after the second barrier */
 
     /* ---- 4. this block's rows of the output: the preloaded ones, then the rest */
     float *out = p.out + ((size_t)t * p.H + h) * p.vd;
+    constexpr int NR = AT_PRE / U4; /* preloaded rows per warp: their sums side by side */
+    float a[NR];
     #pragma unroll
-    for (int i = 0; i < AT_PRE / U4; i++) {
+    for (int i = 0; i < NR; i++) {
         int jr = v0 + warp + AT_WARPS * i;
-        if (jr >= v1) break;
-        float a = at_row<F, U4>(sm.qc, &w4[i * U4], &s4[i * U4], p, hrow + p.nope + jr, lane, u4);
-        if (lane == 0) out[jr] = a;
+        uint4 wr[U4];
+        #pragma unroll
+        for (int u = 0; u < U4; u++) wr[u] = sm.w4[i * U4 + u][tid];
+        a[i] = jr < v1 ? at_row_part<F, U4>(sm.qc, wr, &s4[i * U4], p, hrow + p.nope + jr, lane, u4) : 0.0f;
     }
-    for (int jr = v0 + warp + AT_WARPS * (AT_PRE / U4); jr < v1; jr += AT_WARPS) {
-        float a = at_row<F, U4>(sm.qc, NULL, NULL, p, hrow + p.nope + jr, lane, u4);
-        if (lane == 0) out[jr] = a;
+    #pragma unroll
+    for (int i = 0; i < NR; i++) {
+        int jr = v0 + warp + AT_WARPS * i;
+        a[i] = cu_warp_sum(a[i]);
+        if (lane == 0 && jr < v1) out[jr] = a[i];
     }
-    at_cluster_wait(); /* no block leaves while another may read its shared memory */
+    for (int jr = v0 + warp + AT_WARPS * NR; jr < v1; jr += AT_WARPS) {
+        float b = cu_warp_sum(at_row_part<F, U4>(sm.qc, NULL, NULL, p, hrow + p.nope + jr, lane, u4));
+        if (lane == 0) out[jr] = b;
+    }
 }
 
 template <int F>
 static void launch_attend(dim3 grid, const at_p &p)
 {
-    if (p.R == 128) cu_launch_cluster(mla_attend_kernel<F, 4>, grid, AT_THREADS, AT_C, 0, p);
-    else if (p.R == 256) cu_launch_cluster(mla_attend_kernel<F, 8>, grid, AT_THREADS, AT_C, 0, p);
-    else cu_launch_cluster(mla_attend_kernel<F, 16>, grid, AT_THREADS, AT_C, 0, p);
+    static bool ready; /* the shared memory above the 48 KB a launch gets unasked, once */
+    const size_t smem = sizeof(at_smem);
+    if (!ready)
+        ready = cu_check(cudaFuncSetAttribute(mla_attend_kernel<F, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "mla_attend: shared memory") &&
+                cu_check(cudaFuncSetAttribute(mla_attend_kernel<F, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "mla_attend: shared memory") &&
+                cu_check(cudaFuncSetAttribute(mla_attend_kernel<F, 16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                         "mla_attend: shared memory");
+    if (!ready) return;
+    if (p.R == 128) cu_launch_cluster(mla_attend_kernel<F, 4>, grid, AT_THREADS, AT_C, smem, p);
+    else if (p.R == 256) cu_launch_cluster(mla_attend_kernel<F, 8>, grid, AT_THREADS, AT_C, smem, p);
+    else cu_launch_cluster(mla_attend_kernel<F, 16>, grid, AT_THREADS, AT_C, smem, p);
 }
 
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
