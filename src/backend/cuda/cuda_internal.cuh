@@ -408,7 +408,9 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
         float bv = 0;
         for (int e = lane, i = 0; e < E; e += 32, i++)
             if (!(taken >> i & 1) && (best < 0 || biased[e] > bv)) best = e, bv = biased[e];
-        /* key 0: no expert left in this lane (every real score's key is above it) */
+        /* key 0: no expert left in this lane (every real score's key is above it). The
+         * keys order -0 below +0, where floats tie; no biased score is -0 (softmax and
+         * sigmoid give +0 at least, masked groups -inf) */
         unsigned key = best < 0 ? 0u : cu_float_key(bv), top = __reduce_max_sync(0xffffffffu, key);
         best = (int)__reduce_min_sync(0xffffffffu, best >= 0 && key == top ? (unsigned)best : 0xffffffffu);
         if (best % 32 == lane) taken |= 1u << (best / 32);
