@@ -1462,6 +1462,30 @@ static void test_stage12(void)
     free_weight(&w2);
 }
 
+/* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
+ * column counts), on and off. Partial
+ * 64-column slices, heads across 128-row scale blocks, and the shapes it refuses (odd
+ * columns, 136-row heads) for the other kernels. */
+static void test_stage19(void)
+{
+    static const int ns[] = {1, 2, 3, 5, 8};
+    for (int pass = 0; pass < 2; pass++) {
+        const char *v = pass ? "0" : NULL;
+        printf("-- stage 19 per-head products %s\n", pass ? "off" : "on");
+        set_variant("HEADS_T3", v);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++)
+            for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+                test_heads((ds_wfmt)f, 16, 128, 128, 512, ns[i]); /* 16B shapes */
+                test_heads((ds_wfmt)f, 3, 128, 128, 160, ns[i]);  /* a half slice */
+                test_heads((ds_wfmt)f, 5, 48, 40, 208, ns[i]);    /* heads across scale blocks */
+                test_heads((ds_wfmt)f, 2, 136, 64, 200, ns[i]);   /* 136 rows: refused */
+            }
+        test_heads(DS_W_BF16, 3, 64, 32, 201, 4); /* odd columns: refused */
+        test_heads(DS_W_F32, 2, 100, 30, 202, 7);
+    }
+    set_variant("HEADS_T3", NULL);
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -1569,6 +1593,7 @@ int main(void)
     set_variant("WGMMA", NULL);
 
     test_stage7();
+    test_stage19();
     test_combine3();
     test_matmul_many();
     test_stage8();

@@ -503,6 +503,8 @@ struct cu_variants {
                   * kernel on Hopper, ~3% faster, ~3x the error); 0: gq_kernel */
     int ksplit; /* DSV3_CUDA_KSPLIT: k splits of the dense prefill products by whole waves
                  * (gf_ksplit); 0: enough splits for two blocks per SM (stage 13) */
+    int heads_t3; /* DSV3_CUDA_HEADS_T3 (stage 19): matmul_heads_t of 1..8 tokens by heads_t3_kernel
+                   * (weights in registers before the wait, every token in one pass); on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
