@@ -1189,10 +1189,18 @@ static void test_stage8(void)
     test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
     set_variant("MOE_DEVSORT", NULL);
-    for (int pass = 0; pass < 2; pass++) { /* one launch (GATE, default) and matmul + moe_route */
-        printf("-- stage 8 gate %s\n", pass ? "two launches" : "fused");
-        set_variant("GATE", pass ? "0" : "1");
+    /* one launch: a cluster (GATE_CL, default) or the last block routing (GATE, default);
+     * and matmul + moe_route */
+    for (int pass = 0; pass < 3; pass++) {
+        printf("-- stage 8 gate %s\n", pass == 2 ? "two launches" : pass ? "fused, last block routes" : "fused, cluster");
+        set_variant("GATE", pass == 2 ? "0" : "1");
+        set_variant("GATE_CL", pass == 1 ? "0" : NULL);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            /* stage 19's cluster: E <= 128, rows of at most 16 chunks a lane, 1..8 tokens */
+            test_gate((ds_wfmt)f, 8, 128, 1024, 8, true, 8, 3);
+            test_gate((ds_wfmt)f, 4, 64, 4096, 6, false, 1, 1);  /* BF16 16 chunks; F32 refused */
+            test_gate((ds_wfmt)f, 2, 129, 512, 6, false, 1, 1);  /* 17 warps: refused */
+            test_gate((ds_wfmt)f, 7, 17, 96, 3, true, 1, 1);     /* a partial last block */
             test_gate((ds_wfmt)f, 1, 64, 2048, 6, false, 1, 1);    /* 16B */
             test_gate((ds_wfmt)f, 3, 256, 7168, 8, true, 8, 4);   /* V3 */
             test_gate((ds_wfmt)f, 8, 160, 1536, 6, false, 1, 1);  /* V2 */
@@ -1202,6 +1210,7 @@ static void test_stage8(void)
         }
     }
     set_variant("GATE", NULL);
+    set_variant("GATE_CL", NULL);
 }
 
 /* Stage 8 (COMBINE3): decode attention whose last split block merges the splits, on

@@ -103,19 +103,6 @@ __device__ __forceinline__ float at_row_part(const float *oc, const uint4 *w, co
     return a;
 }
 
-/* A cluster barrier in two halves: arrive at the start (relaxed: nothing to publish),
- * wait before the first write into another block's shared memory, which is allowed only
- * once every block of the cluster has started. */
-__device__ __forceinline__ void at_cluster_arrive(void)
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-
-__device__ __forceinline__ void at_cluster_wait(void)
-{
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
 /* Two blocks per SM (registers capped at 128; 66 KB of shared memory each): with one,
  * fewer clusters of 8 fit on the GPU at once than the 16 of a 16-head layer, and FP8
  * batch 1 took 1.725 ms against 1.599 (stage 12). */
@@ -126,7 +113,7 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
     extern __shared__ __align__(16) unsigned char at_raw[];
     at_smem &sm = *(at_smem *)at_raw;
     cg::cluster_group cluster = cg::this_cluster();
-    at_cluster_arrive();
+    cu_cluster_arrive_relaxed();
     const int R = PER * 32, nch = R / E, G = AT_THREADS / nch; /* chunks per row, row groups */
     int r = (int)cluster.block_rank(), h = blockIdx.x / AT_C, t = blockIdx.y;
     int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, hrow = h * (p.nope + p.vd);
@@ -195,7 +182,7 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
     /* pushed into every block of the cluster (stores do not wait for an answer; the
      * barrier's release makes them visible): after it each block sums from its own
      * shared memory, where reading the others' took a round trip each */
-    at_cluster_wait();
+    cu_cluster_wait();
     for (int i = tid; i < R; i += AT_THREADS) {
         float v = 0;
         for (int gi = 0; gi < G; gi++) v += sm.red[gi * R + i];

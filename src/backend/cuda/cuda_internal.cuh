@@ -349,13 +349,16 @@ __device__ __forceinline__ unsigned cu_float_key(float v)
  * reference's first strict maximum): each lane's best, then the largest key and the
  * lowest index holding it, each one redux instruction (five dependent shuffle steps
  * before: the rounds were most of the routing's time). */
+template <bool IN_SMEM = false>
 __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, const float *__restrict__ bias,
                                               float *biased, float *probs, float *gs, int E, int K, int G, int limited,
                                               bool sigmoid, float rscale)
 {
     int lane = threadIdx.x % 32;
-    #pragma unroll 8
-    for (int e = lane; e < E; e += 32) biased[e] = __ldcg(&sc[e]);
+    if (!IN_SMEM) { /* IN_SMEM: the scores are in biased already (sc is still written) */
+        #pragma unroll 8
+        for (int e = lane; e < E; e += 32) biased[e] = __ldcg(&sc[e]);
+    }
     __syncwarp();
     float mx = 0, den = 1;
     if (!sigmoid) {
@@ -422,6 +425,19 @@ __device__ __forceinline__ void cu_route_warp(int *ix, float *w, float *sc, cons
         ix[lane] = mine;
         w[lane] = v / sum * rscale;
     }
+}
+
+/* A cluster barrier in two halves: arrive at a kernel's start (relaxed: nothing to
+ * publish), wait before the first write into another block's shared memory, which is
+ * allowed only once every block of the cluster has started. */
+__device__ __forceinline__ void cu_cluster_arrive_relaxed(void)
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void cu_cluster_wait(void)
+{
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
 /* prefetch.global.L2 of the 128-byte lines over [p, p + bytes): line i by caller t when
@@ -505,6 +521,8 @@ struct cu_variants {
                  * (gf_ksplit); 0: enough splits for two blocks per SM (stage 13) */
     int heads_t3; /* DSV3_CUDA_HEADS_T3 (stage 19): matmul_heads_t of 1..8 tokens by heads_t3_kernel
                    * (weights in registers before the wait, every token in one pass); on unless 0 */
+    int gate_cl; /* DSV3_CUDA_GATE_CL (stage 19): the gate and routing by one cluster of 8 blocks
+                  * (gate_cluster_kernel) where the gate fits in its registers; on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
