@@ -1566,6 +1566,11 @@ int main(void)
     unsetenv("DSV3_CUDA_ATTN_MQ");
     test_attention_dense(4, 128, 32, 40, 0);  /* prefill from position 0 */
     test_attention_dense(3, 160, 16, 17, 25); /* a later chunk of a prompt */
+    /* stage 19's vectorised pack and softmax: a row longer than 1024, a rope part of 6
+     * (the scalar pack), rows of 4 k + 2 (the scalar softmax) */
+    test_attention_dense(2, 64, 16, 20, 1100);
+    test_attention_dense(2, 96, 6, 24, 0);
+    test_attention_dense(3, 64, 8, 18, 0);
     test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 70);
     test_attention(DS_ATTN_NAIVE, 2, 0, 64, 128, 128, 300);
     test_elementwise(1001);

@@ -715,6 +715,41 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
     if (lo) lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
 }
 
+/* bf16 hi of a, b as one bf16x2 word, *lo (when lo) their remainders' the same way */
+__device__ __forceinline__ uint32_t bf16x2_split(float a, float b, uint32_t *lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    if (lo) {
+        float2 f = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(a - f.x, b - f.y);
+        *lo = *(uint32_t *)&l;
+    }
+    return *(uint32_t *)&h;
+}
+
+/* split_bf16_kernel four elements a thread (stage 19): n4 float4s of x */
+__global__ void split_bf16x4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = x[i];
+    uint2 h, l;
+    h.x = bf16x2_split(v.x, v.y, lo ? &l.x : NULL);
+    h.y = bf16x2_split(v.z, v.w, lo ? &l.y : NULL);
+    hi[i] = h;
+    if (lo) lo[i] = l;
+}
+
+/* x (n floats) -> bf16 hi (and lo, the remainders, when lo), four a thread where sizes
+ * and alignment allow */
+static void launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, size_t n)
+{
+    if (n % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)hi % 8 == 0 && (uintptr_t)lo % 8 == 0)
+        split_bf16x4_kernel<<<cu_blocks(n / 4, 256), 256, 0, cu_s>>>((uint2 *)hi, (uint2 *)lo, (const float4 *)x, n / 4);
+    else
+        split_bf16_kernel<<<cu_blocks(n, 256), 256, 0, cu_s>>>(hi, lo, x, n);
+}
+
 __global__ void dequant_bf16_kernel(__nv_bfloat16 *out, const uint8_t *__restrict__ w, const float *__restrict__ s,
                                     int row0, int rows, int cols)
 {
@@ -764,7 +799,7 @@ static bool blas_product(cu_io *io, float *y, const float *x, int n, const ds_we
         wb = t;
     }
     if (!xb) return false;
-    split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+    launch_split_bf16(xb, g_split ? xb + nx : NULL, x, nx);
     const float one = 1.0f, zero = 0.0f;
     /* column-major: Y^T (rows x n) = W (k x rows)^T X^T (k x n), hi then (split) += the lo half */
     for (int half = 0; half < (g_split ? 2 : 1); half++) {
@@ -1198,6 +1233,52 @@ __global__ void e4m3_bf16_kernel(__nv_bfloat16 *out, const uint8_t *__restrict__
     if (i < n) out[i] = __float2bfloat16_rn(cu_e4m3(w[i]));
 }
 
+/* e4m3_bf16_kernel eight codes a thread (stage 19): n8 groups of 8 */
+__global__ void e4m3_bf16x8_kernel(uint4 *out, const uint2 *__restrict__ w, size_t n8)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n8) return;
+    uint2 v = w[i];
+    uint32_t c[2] = {v.x, v.y}, o[4];
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t b = c[k / 2] >> (16 * (k % 2));
+        __nv_bfloat162 h = __floats2bfloat162_rn(cu_e4m3((uint8_t)b), cu_e4m3((uint8_t)(b >> 8)));
+        o[k] = *(uint32_t *)&h;
+    }
+    out[i] = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+/* split_scaled_kernel / scale_heads_out_kernel four elements a thread (stage 19; rows of
+ * xs floats, xs % 4 == 0: the four share a row and a 128-column block) */
+__global__ void split_scaled4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4, int xs, int H,
+                                     int cols, const float *__restrict__ s, int kb, int row0, int hstride)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    size_t e = 4 * i;
+    int c = (int)(e % xs), h = (int)(e / xs % H);
+    float f = c < cols ? s[(size_t)((row0 + h * hstride) / DS_BLOCK) * kb + c / DS_BLOCK] : 1.0f;
+    float4 v = x[i];
+    uint2 hv, lv;
+    hv.x = bf16x2_split(v.x * f, v.y * f, lo ? &lv.x : NULL);
+    hv.y = bf16x2_split(v.z * f, v.w * f, lo ? &lv.y : NULL);
+    hi[i] = hv;
+    if (lo) lo[i] = lv;
+}
+
+__global__ void scale_heads_out4_kernel(float4 *y, size_t n4, int ys, int H, const float *__restrict__ s, int kb,
+                                        int row0, int hstride)
+{
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    size_t e = 4 * i;
+    int c = (int)(e % ys), h = (int)(e / ys % H);
+    float f = s[(size_t)((row0 + h * hstride) / DS_BLOCK) * kb + c / DS_BLOCK];
+    float4 v = y[i];
+    y[i] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+}
+
 /* x (n*H rows of xs) * the scale of head h's row block at column c, split into bf16 hi (+ lo) */
 __global__ void split_scaled_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *__restrict__ x, size_t n,
                                     int xs, int H, int cols, const float *__restrict__ s, int kb, int row0, int hstride)
@@ -1243,13 +1324,21 @@ static bool blas_heads(cu_io *io, bool trans, float *y, int ys, const float *x, 
     __nv_bfloat16 *w8 = fp8 ? (__nv_bfloat16 *)cu_tmp(io, sizeof(__nv_bfloat16) * (size_t)w->rows * cols) : NULL;
     if (!xb || (fp8 && !w8)) return false;
     if (fp8) {
-        e4m3_bf16_kernel<<<cu_blocks((size_t)w->rows * cols, 256), 256, 0, cu_s>>>(w8, (const uint8_t *)dw->data,
-                                                                                (size_t)w->rows * cols);
-        if (!trans)
-            split_scaled_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx, xs, H, cols,
-                                                                      dw->scale, kb, row0, hstride);
+        size_t nw = (size_t)w->rows * cols;
+        if (nw % 8 == 0 && (uintptr_t)dw->data % 8 == 0 && (uintptr_t)w8 % 16 == 0)
+            e4m3_bf16x8_kernel<<<cu_blocks(nw / 8, 256), 256, 0, cu_s>>>((uint4 *)w8, (const uint2 *)dw->data, nw / 8);
+        else
+            e4m3_bf16_kernel<<<cu_blocks(nw, 256), 256, 0, cu_s>>>(w8, (const uint8_t *)dw->data, nw);
+        __nv_bfloat16 *xl = g_split ? xb + nx : NULL;
+        if (!trans && xs % 4 == 0 && cols % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)xb % 8 == 0 && (uintptr_t)xl % 8 == 0)
+            split_scaled4_kernel<<<cu_blocks(nx / 4, 256), 256, 0, cu_s>>>((uint2 *)xb, (uint2 *)xl, (const float4 *)x,
+                                                                          nx / 4, xs, H, cols, dw->scale, kb, row0,
+                                                                          hstride);
+        else if (!trans)
+            split_scaled_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, xl, x, nx, xs, H, cols, dw->scale, kb, row0,
+                                                                      hstride);
     }
-    if (!fp8 || trans) split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+    if (!fp8 || trans) launch_split_bf16(xb, g_split ? xb + nx : NULL, x, nx);
     const __nv_bfloat16 *wb = (fp8 ? w8 : (const __nv_bfloat16 *)dw->data) + (size_t)row0 * cols;
     const float one = 1.0f, zero = 0.0f;
     for (int half = 0; half < (g_split ? 2 : 1); half++) { /* hi, then (split) += the lo half */
@@ -1268,9 +1357,12 @@ static bool blas_heads(cu_io *io, bool trans, float *y, int ys, const float *x, 
             return true;
         }
     }
-    if (fp8 && trans)
-        scale_heads_out_kernel<<<cu_blocks((size_t)n * H * ys, 256), 256, 0, cu_s>>>(y, (size_t)n * H * ys, ys, H,
-                                                                                    dw->scale, kb, row0, hstride);
+    size_t ny = (size_t)n * H * ys;
+    if (fp8 && trans && ys % 4 == 0 && (uintptr_t)y % 16 == 0)
+        scale_heads_out4_kernel<<<cu_blocks(ny / 4, 256), 256, 0, cu_s>>>((float4 *)y, ny / 4, ys, H, dw->scale, kb,
+                                                                         row0, hstride);
+    else if (fp8 && trans)
+        scale_heads_out_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, ny, ys, H, dw->scale, kb, row0, hstride);
     return true;
 }
 /* heads_t_kernel<F, HW, RB> for the weight's format F. */
@@ -1375,7 +1467,7 @@ bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const 
             hp[ng + g] = xb + (size_t)half * nx + (size_t)off[p] * k; /* B: x_p^T, k x cnt_p */
             hp[2 * ng + g] = y2 + (size_t)half * ny + (size_t)off[p] * rows;
         }
-        split_bf16_kernel<<<cu_blocks(nx, 256), 256, 0, cu_s>>>(xb, g_split ? xb + nx : NULL, x, nx);
+        launch_split_bf16(xb, g_split ? xb + nx : NULL, x, nx);
         ok = cu_check(cudaMemcpyAsync(ptr, hp, sizeof(void *) * 3 * (size_t)ng, cudaMemcpyHostToDevice, cu_s),
                       "grouped product: pointers");
         /* column-major per problem: Y_p^T (rows x cnt_p) = W_p^T' (rows x k) X_p^T (k x cnt_p) */
@@ -1421,6 +1513,32 @@ __global__ void attn_pack_kernel(__nv_bfloat16 *__restrict__ dst, long long seg,
     }
 }
 
+/* attn_pack_kernel four columns a thread (stage 19): d1, d2, ss1, ss2, ld and seg
+ * multiples of 4, sources 16-byte and dst 8-byte aligned */
+__global__ void attn_pack4_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                                  const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
+                                  int d2)
+{
+    size_t i = blockIdx.x;
+    for (int c = 4 * threadIdx.x; c < d1 + d2; c += 4 * blockDim.x) {
+        float4 v = c < d1 ? *(const float4 *)(s1 + i * ss1 + c) : *(const float4 *)(s2 + i * ss2 + c - d1);
+        uint2 h, l;
+        h.x = bf16x2_split(v.x, v.y, &l.x);
+        h.y = bf16x2_split(v.z, v.w, &l.y);
+        for (int k = 0; k < nseg; k++) *(uint2 *)(dst + k * seg + i * ld + c) = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+static void launch_attn_pack(unsigned rows, __nv_bfloat16 *dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                             const float *s1, int ss1, int d1, const float *s2, int ss2, int d2)
+{
+    if (d1 % 4 == 0 && d2 % 4 == 0 && ss1 % 4 == 0 && ss2 % 4 == 0 && ld % 4 == 0 && seg % 4 == 0 &&
+        (uintptr_t)s1 % 16 == 0 && (uintptr_t)s2 % 16 == 0 && (uintptr_t)dst % 8 == 0)
+        attn_pack4_kernel<<<rows, 128, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
+    else
+        attn_pack_kernel<<<rows, 256, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
+}
+
 /* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale,
  * zeros beyond, written as bf16 to p[i][k * L + j] for k < nseg (hi, or lo for bit k of lo_mask). */
 __global__ void causal_softmax_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p, int L, int H,
@@ -1454,6 +1572,63 @@ __global__ void causal_softmax_kernel(const float *__restrict__ s, __nv_bfloat16
     }
 }
 
+/* causal_softmax_kernel with the row in registers (stage 19): thread k holds the V
+ * float4s at 4 (k + 256 u), L <= 1024 V, L % 4 == 0; one read of the row, one exp per
+ * score, 8-byte stores of the bf16 parts */
+template <int V>
+__global__ void __launch_bounds__(256) causal_softmax4_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p,
+                                                              int L, int H, int pos0, float scale, int nseg,
+                                                              unsigned lo_mask)
+{
+    __shared__ float red[8];
+    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float4 *row = (const float4 *)(s + (size_t)i * L);
+    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
+    float v[V][4], mx = -INFINITY;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        float4 f = j < L ? row[j / 4] : make_float4(0, 0, 0, 0);
+        v[u][0] = f.x * scale, v[u][1] = f.y * scale, v[u][2] = f.z * scale, v[u][3] = f.w * scale;
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (j + e < len) mx = fmaxf(mx, v[u][e]);
+    }
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    #pragma unroll
+    for (int w = 1; w < 8; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            v[u][e] = j + e < len ? expf(v[u][e] - mx) : 0.0f;
+            sum += v[u][e];
+        }
+    }
+    sum = cu_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0;
+    #pragma unroll
+    for (int w = 0; w < 8; w++) sum += red[w];
+    float inv = 1.0f / sum;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        if (j >= L) continue;
+        uint2 h, l;
+        h.x = bf16x2_split(v[u][0] * inv, v[u][1] * inv, &l.x);
+        h.y = bf16x2_split(v[u][2] * inv, v[u][3] * inv, &l.y);
+        for (int k = 0; k < nseg; k++) *(uint2 *)(prow + (size_t)k * L + j) = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
 bool cu_attention_dense(const ds_attn_args *a)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope;
@@ -1479,9 +1654,9 @@ bool cu_attention_dense(const ds_attn_args *a)
     const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
     const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
     if (ok) {
-        attn_pack_kernel<<<(unsigned)(n * H), 256, 0, cu_s>>>(Q, D, KD, nseg, q_lo, a->q_c, R, R, a->q_pe, rp, rp);
-        attn_pack_kernel<<<(unsigned)Lmax, 256, 0, cu_s>>>(Kp, D, KD, nseg, k_lo, kv, R, R, pe, rp, rp);
-        attn_pack_kernel<<<(unsigned)Lmax, 256, 0, cu_s>>>(V, (long long)Lmax * R, R, nseg, k_lo, kv, R, R, NULL, 0, 0);
+        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, a->q_c, R, R, a->q_pe, rp, rp);
+        launch_attn_pack((unsigned)Lmax, Kp, D, KD, nseg, k_lo, kv, R, R, pe, rp, rp);
+        launch_attn_pack((unsigned)Lmax, V, (long long)Lmax * R, R, nseg, k_lo, kv, R, R, NULL, 0, 0);
     } else { /* no memory for the tensor-core form: the attention kernel */
         cu_free(S);
         cu_free(P);
@@ -1498,7 +1673,11 @@ bool cu_attention_dense(const ds_attn_args *a)
         ok = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, KD, &one, Kp, CUDA_R_16BF, KD,
                           Q + (size_t)t0 * H * KD, CUDA_R_16BF, KD, &zero, S, CUDA_R_32F, L, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-        if (ok)
+        if (ok && L % 4 == 0 && L <= 1024)
+            causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+        else if (ok && L % 4 == 0 && L <= 4096)
+            causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+        else if (ok)
             causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
         /* out^T (R x rows) = V' (R x nseg L) P'^T (nseg L x rows): V' segment k at column k * L;
          * the values are laid out with Lmax rows per segment, so one product per segment
