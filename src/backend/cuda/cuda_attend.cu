@@ -74,13 +74,6 @@ __device__ __forceinline__ const uint4 &at_chunk(const at_p &p, int wr, int c)
     return *(const uint4 *)((const uint8_t *)p.w + ((size_t)wr * p.R + c) * cu_wsize<F>::v);
 }
 
-/* 16 bytes global -> shared without registers (cp.async, L2 only). */
-__device__ __forceinline__ void at_copy16(uint4 *dst, const uint4 *src)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
-
 /* This lane's part of oc . weight row wr: its chunks lane + 32 u (u < u4), from
  * registers (w, sc: U4 chunks and their scales) or, with w NULL, from memory. */
 template <int F, int U4>
@@ -136,13 +129,13 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         int d = d0 + g + G * k;
         s1[k] = 0;
         if (d < d1) {
-            at_copy16(&sm.w1[k][tid], &at_chunk<F>(p, hrow + d, c1 * E));
+            cu_cp16(&sm.w1[k][tid], &at_chunk<F>(p, hrow + d, c1 * E), true);
             s1[k] = at_scale<F>(p, hrow + d, c1 * E);
         }
         int i = warp + AT_WARPS * (k / U4), u = k % U4, j = v0 + i, c = (lane + 32 * u) * E;
         s4[k] = 0;
         if (u < u4 && j < v1 && c < R) {
-            at_copy16(&sm.w4[k][tid], &at_chunk<F>(p, hrow + p.nope + j, c));
+            cu_cp16(&sm.w4[k][tid], &at_chunk<F>(p, hrow + p.nope + j, c), true);
             s4[k] = at_scale<F>(p, hrow + p.nope + j, c);
         }
     }

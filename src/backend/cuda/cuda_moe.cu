@@ -1178,6 +1178,20 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
 #define GATE_NMAX 8
 #define GATE_MAXE 1024 /* moe_route's limit */
 
+/* acc[t] += the EL gate weights wv . columns c .. c + EL of token t's x, t < n (<= NT) */
+template <int EL, int NT>
+__device__ __forceinline__ void gate_acc(float *acc, const float *wv, const float *__restrict__ x, int n, int k, int c)
+{
+    #pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= n) break;
+        float xv[EL];
+        moe_xload<EL>(x + (size_t)t * k + c, xv);
+        #pragma unroll
+        for (int j = 0; j < EL; j++) acc[t] += xv[j] * wv[j];
+    }
+}
+
 /* Block e: row e of the gate against every token (4 warps splitting K, 16-byte loads,
  * the row started towards L2 before the wait, as the gemv). The last block to finish
  * (ticket from a device counter, reset by that block) routes the tokens, a warp each. */
@@ -1200,14 +1214,7 @@ gate_route_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, i
     for (int c = threadIdx.x * EL; c < k; c += GATE_THREADS * EL) {
         float wv[EL];
         cu_wload16<F>(w, (size_t)e * k + c, wv);
-        #pragma unroll
-        for (int i = 0; i < NT; i++) {
-            if (i >= n) break;
-            float xv[EL];
-            moe_xload<EL>(x + (size_t)i * k + c, xv);
-            #pragma unroll
-            for (int j = 0; j < EL; j++) acc[i] += xv[j] * wv[j];
-        }
+        gate_acc<EL, NT>(acc, wv, x, n, k, c);
     }
     #pragma unroll
     for (int i = 0; i < NT; i++) {
@@ -1272,14 +1279,7 @@ gate_cluster_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x,
         if (c >= k) break;
         float wv[EL];
         cu_wload16<F>(&wr[u], 0, wv);
-        #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= n) break;
-            float xv[EL];
-            moe_xload<EL>(x + (size_t)t * k + c, xv);
-            #pragma unroll
-            for (int j = 0; j < EL; j++) acc[t] += xv[j] * wv[j];
-        }
+        gate_acc<EL, NT>(acc, wv, x, n, k, c);
     }
     #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = cu_warp_sum(acc[t]);
