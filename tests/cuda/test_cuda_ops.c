@@ -1182,6 +1182,23 @@ static void test_stage8(void)
     test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
     g_moe_shared = 0;
     set_variant("MOE_EARLY", NULL);
+    for (int pass = 0; pass < 2; pass++) { /* x copied to shared memory, before and after the wait */
+        printf("-- stage 20 decode MoE: moe_up reads x from shared memory at 1..8 tokens%s\n",
+               pass ? ", shared tiles after the wait" : "");
+        set_variant("MOE_XS", "8");
+        set_variant("MOE_EARLY", pass ? "0" : NULL);
+        test_moe_decode_cases();
+        for (int mode = 0; mode <= 1; mode++) {
+            g_moe_shared = mode;
+            test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
+            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
+            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 7168, 256); /* 224 KB of x */
+            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 1040, 272);
+        }
+        g_moe_shared = 0;
+    }
+    set_variant("MOE_XS", NULL);
+    set_variant("MOE_EARLY", NULL);
     printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
     set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
     test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);

@@ -523,6 +523,9 @@ struct cu_variants {
                    * (weights in registers before the wait, every token in one pass); on unless 0 */
     int gate_cl; /* DSV3_CUDA_GATE_CL (stage 19): the gate and routing by one cluster of 8 blocks
                   * (gate_cluster_kernel) where the gate fits in its registers; on unless 0 */
+    int moe_xs; /* DSV3_CUDA_MOE_XS (stage 20): moe_up_warp_kernel reads x from a copy in shared
+                 * memory (each block copies it once) at up to this many tokens (unset: 1 for FP8
+                 * weights, 0 for others); 0: from L2 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
