@@ -280,7 +280,15 @@ AVX512 static void fp8_fix(__m512 *corr, int T, const uint8_t *p, int n, const f
  * end, was 15% faster from L2 but ~15% slower from memory (two streams per
  * thread), whatever the prefetch distance; BF16 weights through this tile
  * (no widening at all) were 20-30% faster from L2, level from 1 GiB of
- * memory, and ~10% slower in the model than gemv_tile's float32 FMAs. */
+ * memory, and ~10% slower in the model than gemv_tile's float32 FMAs.
+ * Where the arithmetic stands (session 14, this machine's Zen 5 cores at ~3.5 GHz, a
+ * standalone copy of the one-token loop): vdpbf16ps issues once a cycle (latency 6),
+ * float32 FMA twice (latency 4). The loop takes 8.8 cycles per 128 codes from L1, 7.9
+ * with the activations in registers and no conversion or subnormal test: the 8
+ * vdpbf16ps (high and low parts) are the bound, ~56 GB/s a core. The same codes widened
+ * to float32 (vcvtph2ps, FMA) take 14.8 cycles. In the model's traffic the kernel reaches
+ * ~80% of the read bandwidth on 1 GiB (bench/matvec.sh); prefetching 24 KiB ahead
+ * instead of 6 was +2-6% there but slower in the model (shorter streams). */
 AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy)
 {
