@@ -196,6 +196,16 @@ typedef struct ds_ops {
      *   a->out[t][h*vdim + j] = o_c . wkv_b[h*(nope+vdim) + nope + j], j < vdim.
      * a->q_c is not read; a->pos_bound lets a backend take only short contexts. */
     bool (*mla_attend)(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
+    /* The residual norm folded into the products that read it (NULL, or false returned
+     * with nothing queued: the model runs rmsnorm_rows, then matmul_many and matmul):
+     * matmul_many_normed is matmul_many with every job's x taken as
+     *   rmsnorm(h + r) * w (eps), as rmsnorm_rows computes it, not stored (jobs' x unused);
+     * h and r are left as they are. matmul_carry is matmul(y, x, n, w, 0, w->rows, ...)
+     * that first adds y's old contents to h (h[i] += y[i]). */
+    bool (*matmul_many_normed)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0, const float *h,
+                               const float *r, const float *w, float eps);
+    bool (*matmul_carry)(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0,
+                         float *h);
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

@@ -106,8 +106,11 @@ static void absorb_out(const ds_model *m, const ds_layer *l, int n, const float 
     }
 }
 
-/* MLA.forward: x (n, dim) -> out (n, dim). */
-static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const float *x, float *out)
+/* MLA.forward: x (n, dim) -> out (n, dim). pend (may be NULL): x is not made yet; it is
+ * attn_norm(pend + out), pend the residual stream and out the previous block's output,
+ * and pend += out is due as well. The products fold both in where the backend can
+ * (matmul_many_normed, then matmul_carry for wo); else rmsnorm_rows makes x first. */
+static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, float *x, float *out, float *pend)
 {
     const ds_config *c = &m->cfg;
     const ds_layer *l = &m->layers[li];
@@ -129,10 +132,16 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
     /* wq (or wq_a) and wkv_a read the same x: one matmul_many for both when the backend has it */
     float *qx = c->q_lora_rank ? qa : q;
     const ds_weight *wqx = c->q_lora_rank ? &l->wq_a : &l->wq;
+    bool folded = false; /* pend's norm went into the products: wo does its residual add */
     if (ops->matmul_many) {
         ds_matmul_job jobs[2] = {{qx, x, n, wqx, 0, wqx->rows}, {kvx, x, n, &l->wkv_a, 0, l->wkv_a.rows}};
-        ops->matmul_many(jobs, 2, m->opt.gemm, c->scale_ue8m0);
+        if (pend)
+            folded = ops->matmul_many_normed &&
+                     ops->matmul_many_normed(jobs, 2, m->opt.gemm, c->scale_ue8m0, pend, out, l->attn_norm, EPS);
+        if (pend && !folded) ops->rmsnorm_rows(x, c->dim, NULL, pend, c->dim, out, l->attn_norm, n, c->dim, EPS);
+        if (!folded) ops->matmul_many(jobs, 2, m->opt.gemm, c->scale_ue8m0);
     } else {
+        if (pend) ops->rmsnorm_rows(x, c->dim, NULL, pend, c->dim, out, l->attn_norm, n, c->dim, EPS);
         linear(m, qx, x, n, wqx);
     }
     if (c->q_lora_rank) {
@@ -214,7 +223,12 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, const 
         ops->attention(&a, DS_ATTN_NAIVE);
     }
     /* wo: RowParallelLinear, summed over ranks */
-    linear(m, out, ov, n, &l->wo);
+    if (folded && !(ops->matmul_carry &&
+                    ops->matmul_carry(out, ov, n, &l->wo, m->opt.gemm, c->scale_ue8m0, pend))) {
+        ops->add(pend, out, (size_t)n * c->dim);
+        folded = false;
+    }
+    if (!folded) linear(m, out, ov, n, &l->wo);
     s = all_reduce(m, out, (size_t)n * c->dim);
 done:
     ops->free(q);
@@ -402,10 +416,14 @@ static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, co
     void (*rr)(float *, int, const int *, float *, int, const float *, const float *, int, int, float) =
         m->ops->rmsnorm_rows;
     bool normed = false; /* x already holds this layer's attn_norm(h) */
+    /* the layer's residual add and attention norm left to mla (h += y; x = attn_norm(h)),
+     * so that a backend can fold them into the products */
+    bool fold = rr && m->ops->matmul_many && m->ops->matmul_many_normed && m->ops->matmul_carry, pend = false;
     for (int li = 0; li < c->n_layers; li++) {
         const ds_layer *l = &m->layers[li];
-        if (!normed) m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
-        if ((s = mla(m, kv, li, &b, x, y))) goto done;
+        if (!normed && !pend) m->ops->rmsnorm(x, h, l->attn_norm, n, dim, EPS);
+        if ((s = mla(m, kv, li, &b, x, y, pend ? h : NULL))) goto done;
+        pend = false;
         if (rr) {
             rr(x, dim, NULL, h, dim, y, l->ffn_norm, n, dim, EPS);
         } else {
@@ -416,7 +434,9 @@ static ds_status forward_queue(ds_model *m, ds_kvcache *kv, int n, int n_out, co
         if (!s && !l->moe) s = all_reduce(m, y, (size_t)n * dim);
         if (s) goto done;
         normed = false;
-        if (rr && li + 1 < c->n_layers) {
+        if (fold && li + 1 < c->n_layers) {
+            pend = true;
+        } else if (rr && li + 1 < c->n_layers) {
             rr(x, dim, NULL, h, dim, y, m->layers[li + 1].attn_norm, n, dim, EPS);
             normed = true;
         } else if (rr && n_out == n) { /* every row wanted, in order: the final norm too */

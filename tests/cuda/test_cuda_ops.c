@@ -1019,6 +1019,104 @@ static void test_many_case(const many_job *mj, int nj, int n, ds_gemm_impl gemm,
     }
 }
 
+/* Stage 20 (NFOLD): matmul_many_normed against rmsnorm_rows then matmul on the CPU (h left
+ * as it was), and matmul_carry against add then matmul; both decline (returning false,
+ * nothing queued) what they do not take: n > 1, FP8 rows whose bytes are not a multiple of 16. */
+static void test_norm_fold_case(const many_job *mj, int nj, int n, bool taken)
+{
+    int k = mj[0].cols;
+    float eps = 1e-6f;
+    ds_weight w[MANY_MAX];
+    float *gy[MANY_MAX], *ref[MANY_MAX];
+    ds_matmul_job jobs[MANY_MAX];
+    float *h = hrand((size_t)n * k, 2.0f), *r = hrand((size_t)n * k, 1.0f), *g = hrand((size_t)k, 1.5f);
+    float *gh = gcopy(h, (size_t)n * k), *gr = gcopy(r, (size_t)n * k), *gg = gcopy(g, (size_t)k);
+    float *hs = malloc(sizeof(float) * (size_t)n * k), *x = malloc(sizeof(float) * (size_t)n * k);
+    memcpy(hs, h, sizeof(float) * (size_t)n * k);
+    C->rmsnorm_rows(x, k, NULL, hs, k, r, g, n, k, eps);
+    for (int j = 0; j < nj; j++) {
+        w[j] = make_weight(mj[j].fmt, mj[j].rows, k);
+        size_t ny = (size_t)n * mj[j].nrows;
+        ref[j] = malloc(sizeof(float) * ny);
+        C->matmul(ref[j], x, n, &w[j], mj[j].row0, mj[j].nrows, DS_GEMM_BF16, false);
+        gy[j] = gbuf(ny);
+        jobs[j] = (ds_matmul_job){gy[j], NULL, n, &w[j], mj[j].row0, mj[j].nrows};
+    }
+    bool got = G->matmul_many_normed(jobs, nj, DS_GEMM_BF16, false, gh, gr, gg, eps);
+    G->sync();
+    char label[160];
+    snprintf(label, sizeof label, "matmul_many_normed %s %dx%d + %d jobs n=%d", fmt_name(mj[0].fmt), mj[0].rows, k,
+             nj - 1, n);
+    CHECK_MSG(got == taken, "%s: taken %d, expected %d", label, got, taken);
+    if (got) {
+        for (int j = 0; j < nj; j++) {
+            size_t ny = (size_t)n * mj[j].nrows;
+            compare(label, gy[j], ref[j], ny, 1e-5);
+            check_guard(label, gy[j], ny);
+        }
+        CHECK_MSG(!memcmp(gh, h, sizeof(float) * (size_t)n * k), "%s: h changed", label);
+    }
+    /* matmul_carry with the first job's weight (all rows): h += y's old contents, y = W x */
+    {
+        ds_weight *w0 = &w[0];
+        size_t ny = (size_t)n * w0->rows;
+        float *y0 = hrand(ny, 1.0f), *yref = malloc(sizeof(float) * ny), *hc = hrand(ny, 1.0f);
+        float *gy0 = gcopy(y0, ny), *ghc = gcopy(hc, ny), *gx = gcopy(x, (size_t)n * k);
+        C->matmul(yref, x, n, w0, 0, w0->rows, DS_GEMM_BF16, false);
+        bool took = G->matmul_carry(gy0, gx, n, w0, DS_GEMM_BF16, false, ghc);
+        G->sync();
+        snprintf(label, sizeof label, "matmul_carry %s %dx%d n=%d", fmt_name(w0->fmt), w0->rows, k, n);
+        CHECK_MSG(took == (n == 1), "%s: taken %d", label, took);
+        if (took) {
+            compare(label, gy0, yref, ny, 1e-5);
+            int bad = 0;
+            for (size_t i = 0; i < ny; i++) bad += ghc[i] != hc[i] + y0[i];
+            CHECK_MSG(bad == 0, "%s: %d residual sums differ from h + y", label, bad);
+            check_guard(label, ghc, ny);
+        }
+        G->free(gy0);
+        G->free(ghc);
+        G->free(gx);
+        free(y0);
+        free(yref);
+        free(hc);
+    }
+    for (int j = nj - 1; j >= 0; j--) {
+        G->free(gy[j]);
+        free(ref[j]);
+        free_weight(&w[j]);
+    }
+    G->free(gh);
+    G->free(gr);
+    G->free(gg);
+    free(h);
+    free(r);
+    free(g);
+    free(hs);
+    free(x);
+}
+
+static void test_norm_fold(void)
+{
+    printf("-- stage 20 the attention norm folded into its products (NFOLD=1)\n");
+    set_variant("NFOLD", "1"); /* unset: BF16 weights only */
+    for (int f = DS_W_BF16; f <= DS_W_FP8; f++) {
+        ds_wfmt w = (ds_wfmt)f;
+        many_job qkv[2] = {{w, 3072, 2048, 0, 3072}, {w, 576, 2048, 0, 576}};
+        many_job lora[2] = {{w, 1536, 7168, 0, 1536}, {w, 576, 7168, 0, 576}};
+        many_job odd[2] = {{w, 600, 512, 7, 577}, {w, 64, 512, 0, 64}};
+        many_job one[1] = {{w, 33, 256, 0, 33}};
+        many_job ragged[1] = {{w, 70, 520, 0, 70}}; /* FP8: 520 bytes a row, no 16-byte loads */
+        test_norm_fold_case(qkv, 2, 1, true);
+        test_norm_fold_case(lora, 2, 1, true);
+        test_norm_fold_case(odd, 2, 1, true);
+        test_norm_fold_case(one, 1, 1, true);
+        test_norm_fold_case(ragged, 1, 1, w == DS_W_BF16);
+        test_norm_fold_case(odd, 2, 3, false);
+    }
+    set_variant("NFOLD", NULL);
+}
+
 /* Stage 8 (MANY): the jobs of a decode step in one gemv launch, on and off. Shapes
  * cover the launch forms for the rows of all jobs together: 4-row blocks of 8 warps
  * (3072 + 576 rows, 1 token), one row per block (short matrices), 4-row XR blocks
@@ -1627,6 +1725,7 @@ int main(void)
     test_stage19();
     test_combine3();
     test_matmul_many();
+    test_norm_fold();
     test_stage8();
     test_attn_hg();
 

@@ -526,6 +526,8 @@ struct cu_variants {
     int moe_xs; /* DSV3_CUDA_MOE_XS (stage 20): moe_up_warp_kernel reads x from a copy in shared
                  * memory (each block copies it once) at up to this many tokens (unset: 1 for FP8
                  * weights, 0 for others); 0: from L2 */
+    int nfold; /* DSV3_CUDA_NFOLD (stage 20): matmul_many_normed / matmul_carry taken at one token
+                * (unset: BF16 weights only; 0 never; 1 FP8 too) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -600,6 +602,10 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
  * weight format, 16-byte loads, not the FP8 act_quant path, DSV3_CUDA_MANY on);
  * else cu_matmul per job. */
 void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+/* ds_ops.matmul_many_normed and matmul_carry at one token (stage 20, DSV3_CUDA_NFOLD). */
+bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0, const float *h,
+                           const float *r, const float *g, float eps);
+bool cu_matmul_carry(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0, float *h);
 void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
                      int rows);

@@ -27,7 +27,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0, 1, 0, 1, 2, 1, 1, 1, -1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 0, 1, 0, 1, 2, 1, 1, 1, -1, -1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -76,6 +76,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.heads_t3 = cu_env_flag("DSV3_CUDA_HEADS_T3", 1) != 0;
     cu_v.gate_cl = cu_env_flag("DSV3_CUDA_GATE_CL", 1) != 0;
     cu_v.moe_xs = cu_env_flag("DSV3_CUDA_MOE_XS", -1);
+    cu_v.nfold = cu_env_flag("DSV3_CUDA_NFOLD", -1);
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -1750,6 +1751,8 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.free = cu_free;
         g_ops.matmul = cu_matmul;
         g_ops.matmul_many = cu_matmul_many;
+        g_ops.matmul_many_normed = cu_matmul_many_normed;
+        g_ops.matmul_carry = cu_matmul_carry;
         g_ops.matmul_t = cu_matmul_t;
         g_ops.rmsnorm = cu_rmsnorm;
         g_ops.rope = cu_rope;
