@@ -193,25 +193,24 @@ AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, s
 AVX512 static void prep_fp8_acts(float *xs, uint16_t *xq, const float *x, int n, const ds_weight *w, int rb)
 {
     int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K64 = K / 64 * 64;
+    const float *srow = w->scale + (size_t)rb * kb;
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
     for (int t = 0; t < n; t++) {
         const float *xi = x + (size_t)t * K;
         float *o = xs + (size_t)t * K;
-        for (int b = 0; b < kb; b++) {
-            __m512 sv = _mm512_set1_ps(w->scale[(size_t)rb * kb + b] * DP_XSHIFT);
-            for (int k = b * DS_BLOCK; k < MIN(K, (b + 1) * DS_BLOCK); k += 16) {
-                __mmask16 m = mask16(K - k);
-                _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
-            }
-        }
         uint16_t *q = xq + (size_t)t * K64 * 2;
-        const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
         for (int k = 0; k < K64; k += 64) {
-            __m512 f0 = _mm512_loadu_ps(o + k), f1 = _mm512_loadu_ps(o + k + 16);
-            __m512 f2 = _mm512_loadu_ps(o + k + 32), f3 = _mm512_loadu_ps(o + k + 48);
+            __m512 sv = _mm512_set1_ps(srow[k / DS_BLOCK] * DP_XSHIFT);
+            __m512 f[4];
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                f[i] = _mm512_mul_ps(_mm512_loadu_ps(xi + k + 16 * i), sv);
+                _mm512_storeu_ps(o + k + 16 * i, f[i]);
+            }
             /* the even-numbered columns of the 64, then the odd ones (fp8x64_to_bf16's order) */
-            __m512 part[2][2] = {{_mm512_permutex2var_ps(f0, ev, f1), _mm512_permutex2var_ps(f2, ev, f3)},
-                                 {_mm512_permutex2var_ps(f0, od, f1), _mm512_permutex2var_ps(f2, od, f3)}};
+            __m512 part[2][2] = {{_mm512_permutex2var_ps(f[0], ev, f[1]), _mm512_permutex2var_ps(f[2], ev, f[3])},
+                                 {_mm512_permutex2var_ps(f[0], od, f[1]), _mm512_permutex2var_ps(f[2], od, f[3])}};
             for (int h = 0; h < 2; h++) {
                 __m512 a = part[h][0], b = part[h][1];
                 __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
@@ -220,6 +219,11 @@ AVX512 static void prep_fp8_acts(float *xs, uint16_t *xq, const float *x, int n,
                 _mm512_storeu_si512(q + 2 * k + 64 * h, hi);
                 _mm512_storeu_si512(q + 2 * k + 64 * h + 32, lo);
             }
+        }
+        for (int k = K64; k < K; k += 16) { /* the float32 tail */
+            __mmask16 m = mask16(K - k);
+            __m512 sv = _mm512_set1_ps(srow[k / DS_BLOCK] * DP_XSHIFT);
+            _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xi + k), sv));
         }
     }
 }
@@ -281,24 +285,27 @@ AVX512 static void fp8_fix(__m512 *corr, int T, const uint8_t *p, int n, const f
  * thread), whatever the prefetch distance; BF16 weights through this tile
  * (no widening at all) were 20-30% faster from L2, level from 1 GiB of
  * memory, and ~10% slower in the model than gemv_tile's float32 FMAs.
- * Where the arithmetic stands (session 14, this machine's Zen 5 cores at ~3.5 GHz, a
- * standalone copy of the one-token loop): vdpbf16ps issues once a cycle (latency 6),
- * float32 FMA twice (latency 4). The loop takes 8.8 cycles per 128 codes from L1, 7.9
- * with the activations in registers and no conversion or subnormal test: the 8
- * vdpbf16ps (high and low parts) are the bound, ~56 GB/s a core. The same codes widened
- * to float32 (vcvtph2ps, FMA) take 14.8 cycles. In the model's traffic the kernel reaches
- * ~80% of the read bandwidth on 1 GiB (bench/matvec.sh); prefetching 24 KiB ahead
- * instead of 6 was +2-6% there but slower in the model (shorter streams). */
+ * Where the arithmetic stands (this machine's Zen 5 cores at ~3.4 GHz): vdpbf16ps and
+ * float32 FMA both issue twice a cycle, with latencies of 6 and 4 (session 15; session 14
+ * read the 8-chain loop's latency bound as an issue rate of one). A standalone copy of
+ * the one-token loop takes 8.8 cycles per 128 codes from L1, and 16 chains instead of 8
+ * did not shorten it (from L2: ~41 GB/s a core either way), so the 8 vdpbf16ps share
+ * the vector pipes with the widening and the subnormal test rather than wait on their
+ * latency. At two tokens 8 chains a token (was 4) are ~10% faster from L2. The same
+ * codes widened to float32 (vcvtph2ps, FMA) take 14.8 cycles. In the model's traffic
+ * the kernel reaches ~80% of the read bandwidth on 1 GiB (bench/matvec.sh); prefetching
+ * 24 KiB ahead instead of 6 was +2-6% there but slower in the model (shorter streams). */
 AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy)
 {
     int K = w->cols, K64 = K / 64 * 64, K128 = K / 128 * 128;
     const uint8_t *row = w_row(w, r);
     const __m512i e8 = _mm512_set1_epi8(0x78);
-    /* vdpbf16ps has a long latency: 8 independent chains at one token, 4 per
+    /* vdpbf16ps issues twice a cycle with a latency of 6: 8 independent chains
+     * a token at one or two tokens (one token measured no faster with 16), 4 a
      * token beyond */
     enum { NC = 8 };
-    const int C = T == 1 ? 8 : 4;
+    const int C = T <= 2 ? 8 : 4;
     __m512 acc[NC][4], corr[4];
     bool fixed = false; /* corr holds something: skip its sum when not */
     #pragma GCC unroll 16
@@ -485,7 +492,11 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     int nu = 0;
     decode_unit *units = decode_units(jobs, nj, &nu);
     if (!units) return; /* decode_units recorded the failure */
-    uint64_t shares[MAX_SHARES];
+    /* one cache line each: the owner's and a thief's updates would otherwise
+     * move the line between cores on every unit */
+    struct {
+        _Alignas(64) uint64_t v;
+    } shares[MAX_SHARES];
     #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
         int nt = MIN(omp_get_num_threads(), MAX_SHARES), me = omp_get_thread_num();
@@ -505,16 +516,26 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
                 }
                 off += (double)row_bytes(jobs[i].w) * (units[u].b - units[u].a);
             }
-            shares[me] = (uint64_t)(uint32_t)b << 32 | (uint32_t)(f < b ? f : b);
+            shares[me].v = (uint64_t)(uint32_t)b << 32 | (uint32_t)(f < b ? f : b);
+            /* the FP8 scale rows of the share (a unit is within one), which would
+             * otherwise each cost prep_fp8_acts a round trip to memory */
+            for (int i = f; i < b; i++) {
+                const ds_matmul_job *j = &jobs[units[i].job];
+                if (j->w->fmt != DS_W_FP8) continue;
+                int kb = (j->w->cols + DS_BLOCK - 1) / DS_BLOCK;
+                const float *sr = j->w->scale + (size_t)((j->row0 + units[i].a) / DS_BLOCK) * kb;
+                for (uintptr_t a = (uintptr_t)sr & ~(uintptr_t)63; a < (uintptr_t)(sr + kb); a += 64)
+                    _mm_prefetch((const char *)a, _MM_HINT_T0);
+            }
         }
         #pragma omp barrier
         const ds_matmul_job *cj = NULL;
         int crb = -1, u;
         if (me < nt) {
-            while (take_unit(&shares[me], true, &u))
+            while (take_unit(&shares[me].v, true, &u))
                 if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
             for (int k = 1; k < nt; k++)
-                while (take_unit(&shares[(me + k) % nt], false, &u))
+                while (take_unit(&shares[(me + k) % nt].v, false, &u))
                     if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
         }
     }
