@@ -331,9 +331,13 @@ static void check_heads(void)
 {
     static const int ns[] = {1, 2, 5, 20};
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
-    int H = 5, nope = 24, vd = 40, R = 160, hs = nope + vd;
+    /* H, nope, vd, R: the second and third take the one-token FP8 form of heads_t
+     * (R a multiple of 256), with heads that start inside scale blocks */
+    static const int shapes[][4] = {{5, 24, 40, 160}, {3, 137, 40, 512}, {4, 9, 7, 256}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
     for (size_t fi = 0; fi < 3; fi++)
         for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+            int H = shapes[si][0], nope = shapes[si][1], vd = shapes[si][2], R = shapes[si][3], hs = nope + vd;
             int n = ns[ni], xs = nope + 8, ys = R + 3;
             tweight w = make_weight(fmts[fi], H * hs, R);
             /* heads_t: q_c[t][h] (R) = q_nope[t][h] (nope) @ W[h*hs .. + nope] */
@@ -342,7 +346,7 @@ static void check_heads(void)
             cpu_ref_ops.matmul_heads_t(ref, ys, x, xs, n, H, &w.w, 0, hs, nope);
             avx512_matmul_heads_t(got, ys, x, xs, n, H, &w.w, 0, hs, nope);
             double e = rel_err(got, ref, (size_t)n * H * ys);
-            CHECK_MSG(e <= 1e-5, "matmul_heads_t fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
+            CHECK_MSG(e <= 1e-5, "matmul_heads_t fmt %d n %d R %d: error %.3g", (int)fmts[fi], n, R, e);
             CHECK(sentinels_ok(got, (size_t)n * H * ys));
             free(x);
             free(ref);
@@ -356,7 +360,7 @@ static void check_heads(void)
             cpu_ref_ops.matmul_heads(ref, oys, x, oxs, n, H, &w.w, nope, hs, vd);
             avx512_matmul_heads(got, oys, x, oxs, n, H, &w.w, nope, hs, vd);
             e = rel_err(got, ref, (size_t)n * H * oys);
-            CHECK_MSG(e <= 1e-5, "matmul_heads fmt %d n %d: error %.3g", (int)fmts[fi], n, e);
+            CHECK_MSG(e <= 1e-5, "matmul_heads fmt %d n %d R %d: error %.3g", (int)fmts[fi], n, R, e);
             CHECK(sentinels_ok(got, (size_t)n * H * oys));
             free(x);
             free(ref);

@@ -76,7 +76,9 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
                         ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows;
-    const ds_ops *ops = cpu_backend(true); /* its alloc keeps freed buffers for reuse */
+    /* its alloc_scratch reuses freed buffers and does not zero them: every
+     * buffer below is written before it is read */
+    const ds_ops *ops = cpu_backend(true);
     memset(y, 0, sizeof(float) * (size_t)n * dim);
     moe_bufs b = {0};
     b.n = n;
@@ -90,9 +92,9 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
     }
     if (shared) {
         size_t si = (size_t)shared->w1->rows;
-        b.sa = ops->alloc(sizeof(float) * (size_t)n * si);
-        b.sg = ops->alloc(sizeof(float) * (size_t)n * si);
-        b.sy = ops->alloc(sizeof(float) * (size_t)n * dim);
+        b.sa = ops->alloc_scratch(sizeof(float) * (size_t)n * si);
+        b.sg = ops->alloc_scratch(sizeof(float) * (size_t)n * si);
+        b.sy = ops->alloc_scratch(sizeof(float) * (size_t)n * dim);
         if (!b.sa || !b.sg || !b.sy) {
             cpu_fail_oom("shared expert activations", sizeof(float) * (size_t)n * (2 * si + (size_t)dim));
             goto done;
@@ -121,10 +123,10 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
     free(fill);
     if (b.first[ne]) {
         size_t cap = (size_t)(maxcnt > MOE_CHUNK ? maxcnt : MOE_CHUNK);
-        b.xs = ops->alloc(sizeof(float) * cap * dim);
-        b.ys = ops->alloc(sizeof(float) * cap * dim);
-        b.a = ops->alloc(sizeof(float) * cap * inter);
-        b.g = ops->alloc(sizeof(float) * cap * inter);
+        b.xs = ops->alloc_scratch(sizeof(float) * cap * dim);
+        b.ys = ops->alloc_scratch(sizeof(float) * cap * dim);
+        b.a = ops->alloc_scratch(sizeof(float) * cap * inter);
+        b.g = ops->alloc_scratch(sizeof(float) * cap * inter);
         bool ok = b.xs && b.ys && b.a && b.g; /* (64 + busiest expert) rows */
         if (!ok) cpu_fail_oom("expert activations", sizeof(float) * cap * 2 * ((size_t)dim + inter));
         for (int lo = 0, hi; ok && lo < ne; lo = hi) {
