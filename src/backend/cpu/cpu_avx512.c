@@ -948,31 +948,45 @@ AVX512 void avx512_matmul_t(float *y, const float *x, int n, const ds_weight *w,
 
 /* ---- per-head products (absorb attention), all heads in one region ------ */
 
-/* y[c] = sum_r x[r] w[row0 + r][c] for one token, FP8 weights, C a multiple of
- * 256: two passes of 256 columns over the head's rows, 16 accumulators each.
- * The codes widen through fp8x64_to_bf16 (bf16 of the value times 2^-120, which
- * as the high half of a float32 is exact, subnormal codes included) and one
- * shift or mask per 16, instead of fp8x16_to_f32's conversion through f16.
- * Accumulator 4g + k, lane i holds column 64 g + 4 i + (0, 2, 1, 3)[k]. The
- * first pass fetches whole rows 8 ahead for the second. */
-AVX512 static void heads_t_fp8_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+/* y[c] = sum_r x[r] w[row0 + r][c] for one token, FP8 or BF16 weights, C a
+ * multiple of 256: two passes of 256 columns over the head's rows, 16
+ * accumulators each, every element widened by one shift or mask of a 32-bit
+ * lane. FP8 codes go through fp8x64_to_bf16 first (bf16 of the value times
+ * 2^-120, exact as the high half of a float32, subnormal codes included), so
+ * x carries the block scale times 2^56 and the sums 2^64 back. Accumulator
+ * 4g + k, lane i holds column 64 g + (FP8: 4 i + (0, 2, 1, 3)[k]; BF16:
+ * 32 (k / 2) + 2 i + k % 2). The first pass fetches whole rows 8 ahead for
+ * the second. */
+AVX512 INLINE void heads_t_1(ds_wfmt f, float *y, const float *x, const ds_weight *w, int row0, int rows)
 {
-    int C = w->cols, cb = C / DS_BLOCK;
+    bool fp8 = f == DS_W_FP8;
+    int C = w->cols, cb = C / DS_BLOCK, esz = fp8 ? 1 : 2;
     const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);
     for (int c0 = 0; c0 < C; c0 += 256) {
         __m512 acc[16];
         #pragma GCC unroll 16
         for (int i = 0; i < 16; i++) acc[i] = _mm512_setzero_ps();
         for (int r = 0; r < rows; r++) {
-            const uint8_t *row = w_row(w, row0 + r);
+            const uint8_t *row = (const uint8_t *)w_row(w, row0 + r) + (size_t)c0 * esz;
             if (c0 == 0 && r + 8 < rows)
-                for (int o = 0; o < C; o += 64) _mm_prefetch((const char *)w_row(w, row0 + r + 8) + o, _MM_HINT_T0);
-            const float *sr = w->scale + (size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK;
-            __m512 xb[2] = {_mm512_set1_ps(x[r] * sr[0] * DP_XSHIFT), _mm512_set1_ps(x[r] * sr[1] * DP_XSHIFT)};
+                for (int o = 0; o < C * esz; o += 64) _mm_prefetch((const char *)w_row(w, row0 + r + 8) + o, _MM_HINT_T0);
+            __m512 xb[2];
+            if (fp8) {
+                const float *sr = w->scale + (size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK;
+                xb[0] = _mm512_set1_ps(x[r] * sr[0] * DP_XSHIFT);
+                xb[1] = _mm512_set1_ps(x[r] * sr[1] * DP_XSHIFT);
+            } else {
+                xb[0] = xb[1] = _mm512_set1_ps(x[r]);
+            }
             #pragma GCC unroll 4
             for (int g = 0; g < 4; g++) {
                 __m512i E, O;
-                fp8x64_to_bf16(_mm512_loadu_si512(row + c0 + 64 * g), &E, &O);
+                if (fp8) {
+                    fp8x64_to_bf16(_mm512_loadu_si512(row + 64 * g), &E, &O);
+                } else {
+                    E = _mm512_loadu_si512(row + 128 * g);
+                    O = _mm512_loadu_si512(row + 128 * g + 64);
+                }
                 __m512 b = xb[g / 2];
                 acc[4 * g + 0] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(E, 16)), b, acc[4 * g + 0]);
                 acc[4 * g + 1] = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_and_si512(E, hm)), b, acc[4 * g + 1]);
@@ -981,13 +995,24 @@ AVX512 static void heads_t_fp8_1(float *y, const float *x, const ds_weight *w, i
             }
         }
         float v[16][16];
+        __m512 back = _mm512_set1_ps(fp8 ? 18446744073709551616.0f : 1.0f); /* 2^64 */
         #pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) _mm512_storeu_ps(v[i], _mm512_mul_ps(acc[i], _mm512_set1_ps(18446744073709551616.0f)));
-        static const int off[4] = {0, 2, 1, 3};
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(v[i], _mm512_mul_ps(acc[i], back));
         for (int g = 0; g < 4; g++)
             for (int k = 0; k < 4; k++)
-                for (int i = 0; i < 16; i++) y[c0 + 64 * g + 4 * i + off[k]] = v[4 * g + k][i];
+                for (int i = 0; i < 16; i++)
+                    y[c0 + 64 * g + (fp8 ? 4 * i + (k == 1 ? 2 : k == 2 ? 1 : k) : 32 * (k / 2) + 2 * i + k % 2)] =
+                        v[4 * g + k][i];
     }
+}
+
+AVX512 static void heads_t_fp8_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+{
+    heads_t_1(DS_W_FP8, y, x, w, row0, rows);
+}
+AVX512 static void heads_t_bf16_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+{
+    heads_t_1(DS_W_BF16, y, x, w, row0, rows);
 }
 
 AVX512 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w,
@@ -995,9 +1020,12 @@ AVX512 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int 
 {
     int C = w->cols, nc = (C + 127) / 128, ng = (n + 2) / 3;
     size_t ldx = (size_t)H * xs, ldy = (size_t)H * ys;
-    if (n == 1 && w->fmt == DS_W_FP8 && C % 256 == 0) {
+    if (n == 1 && (w->fmt == DS_W_FP8 || w->fmt == DS_W_BF16) && C % 256 == 0) {
         #pragma omp parallel for schedule(static) if (H > 1)
-        for (int h = 0; h < H; h++) heads_t_fp8_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+        for (int h = 0; h < H; h++) {
+            if (w->fmt == DS_W_FP8) heads_t_fp8_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+            else heads_t_bf16_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+        }
         return;
     }
     #pragma omp parallel for schedule(static) if (H * nc * ng > 1)
