@@ -29,6 +29,7 @@
 #include "cmds.h"
 #include "device.h"
 #include "model/model.h"
+#include "model/sampler.h"
 #ifdef DSV3_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -168,10 +169,7 @@ static double run_tg(bench_ctx *b, int n, int d)
     for (int i = 0; i < n; i++) {
         int pos = d + i, seq = 0;
         if (model_forward(b->m, b->kv, 1, &t, &seq, &pos, &want, b->logits)) return -1;
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (b->logits[v] > b->logits[best]) best = v;
-        t = best;
+        t = sampler_argmax(b->logits, V);
     }
     return now() - t0;
 }

@@ -16,10 +16,12 @@ ds_status sampler_init(ds_sampler *s, const ds_sampling *p, uint64_t seed, int v
     if (isnan(p->temperature)) return ds_errorf(DS_ERR_ARG, "temperature is not a number");
     s->p = *p;
     s->vocab = vocab;
-    rng_init(&s->rng, seed, 0x5a3b1e);
+    rng_init(&s->rng, seed, SAMPLER_STREAM);
     s->probs = malloc(sizeof(float) * (size_t)vocab);
     s->order = malloc(sizeof(int) * (size_t)vocab);
-    if (!s->probs || !s->order) {
+    s->cand = malloc(sizeof(int) * (size_t)vocab);
+    s->stamp = calloc((size_t)vocab, sizeof(uint32_t));
+    if (!s->probs || !s->order || !s->cand || !s->stamp) {
         sampler_free(s);
         return ds_errorf(DS_ERR_NOMEM, "out of memory for a sampler over %d tokens", vocab);
     }
@@ -30,16 +32,30 @@ void sampler_free(ds_sampler *s)
 {
     free(s->probs);
     free(s->order);
+    free(s->cand);
+    free(s->stamp);
     s->probs = NULL;
     s->order = NULL;
+    s->cand = NULL;
+    s->stamp = NULL;
 }
 
-static int argmax(const float *x, int n)
+/* The largest value, NaNs skipped unless x[0] is one. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static float max_value(const float *x, int n)
 {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
+    float m = x[0];
+    #pragma omp simd reduction(max : m)
+    for (int i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+int sampler_argmax(const float *x, int n)
+{
+    if (x[0] != x[0]) return 0; /* a NaN in x[0] stands */
+    float m = max_value(x, n);
+    for (int i = 0; i < n; i++)
+        if (x[i] == m) return i;
+    return 0; /* not reached: m is one of x */
 }
 
 static const float *g_sort_key;
@@ -50,52 +66,126 @@ static int by_prob_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
 }
 
+/* Each distinct token of the history once (a token's stamp says it was done in
+ * this call), CTRL's rule. */
+static void penalise(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+{
+    if (++s->epoch == 0) { /* wrapped: old stamps could match */
+        memset(s->stamp, 0, sizeof(uint32_t) * (size_t)s->vocab);
+        s->epoch = 1;
+    }
+    for (int i = 0; i < n_history; i++) {
+        int t = history[i];
+        if (t < 0 || t >= s->vocab || s->stamp[t] == s->epoch) continue;
+        s->stamp[t] = s->epoch;
+        float *l = &logits[t];
+        *l = *l > 0 ? *l / s->p.repetition_penalty : *l * s->p.repetition_penalty;
+    }
+}
+
+/* How many of the most likely tokens top-k and top-p keep, given the m most likely
+ * of the nc candidates in order (order[0..m)); -1 if that cannot be told without
+ * more of them. */
+static int kept_count(const ds_sampler *s, int m, int nc)
+{
+    int n = nc;
+    if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
+    if (s->p.top_p < 1) {
+        float acc = 0;
+        for (int i = 0; i < n && i < m; i++) {
+            acc += s->probs[s->order[i]];
+            if (acc >= s->p.top_p) return i + 1;
+        }
+    }
+    return n <= m ? n : -1;
+}
+
+/* e^z for z in [-87, 0]: z = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial
+ * in r (relative error ~2e-7) times 2^n built in the exponent bits. Branch-free
+ * and without library calls, so that the loop below vectorises. */
+static inline float exp_neg(float z)
+{
+    z = z < -87.0f ? -87.0f : z;
+    float t = z * 1.44269504f + 12582912.0f; /* 1.5 * 2^23: rounds z / ln2 to an integer */
+    float n = t - 12582912.0f;
+    float r = (z - n * 0.693359375f) + n * 2.12194440e-4f; /* ln2 in two parts */
+    float p = 1.0f / 720;
+    p = p * r + 1.0f / 120;
+    p = p * r + 1.0f / 24;
+    p = p * r + 1.0f / 6;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+/* e[i] = exp((l[i] - mx) / t), or 0 where (l[i] - mx) / t < SAMPLER_CUT (a NaN
+ * included); returns the sum. One clone per instruction set, picked at load. */
+__attribute__((target_clones("avx512f", "avx2", "default"))) static float exp_all(float *e, const float *l, int n,
+                                                                                   float mx, float inv_t)
+{
+    float sum = 0;
+    #pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; i++) {
+        float z = (l[i] - mx) * inv_t;
+        float v = z >= SAMPLER_CUT ? exp_neg(z) : 0.0f;
+        e[i] = v;
+        sum += v;
+    }
+    return sum;
+}
+
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
 {
     int V = s->vocab;
-    if (s->p.repetition_penalty != 1.0f)
-        for (int i = 0; i < n_history; i++) {
-            int t = history[i];
-            if (t < 0 || t >= V) continue;
-            float *l = &logits[t];
-            /* applied once per distinct token: mark by comparing to a sentinel pass */
-            bool seen = false;
-            for (int j = 0; j < i && !seen; j++) seen = history[j] == t;
-            if (!seen) *l = *l > 0 ? *l / s->p.repetition_penalty : *l * s->p.repetition_penalty;
-        }
-    if (!(s->p.temperature > 0)) return argmax(logits, V);
-    float mx = logits[argmax(logits, V)], sum = 0;
-    for (int i = 0; i < V; i++) sum += (s->probs[i] = expf((logits[i] - mx) / s->p.temperature));
-    for (int i = 0; i < V; i++) s->probs[i] /= sum;
-    int n = V;
+    if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
+    int best = sampler_argmax(logits, V);
+    if (!(s->p.temperature > 0)) return best;
+    float *e = s->probs, sum = exp_all(e, logits, V, logits[best], 1.0f / s->p.temperature);
+    if (!(sum >= 1 && sum < INFINITY)) return best; /* a NaN or an infinite logit */
     if (s->p.top_k > 0 || s->p.top_p < 1) {
-        for (int i = 0; i < V; i++) s->order[i] = i;
-        g_sort_key = s->probs;
-        qsort(s->order, (size_t)V, sizeof(int), by_prob_desc);
-        if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
-        if (s->p.top_p < 1) {
-            float acc = 0;
-            for (int i = 0; i < n; i++) {
-                acc += s->probs[s->order[i]];
-                if (acc >= s->p.top_p) {
-                    n = i + 1;
-                    break;
-                }
+        /* the candidates (e > 0, ids ascending), as probabilities */
+        int *cand = s->cand, nc = 0;
+        float inv = 1.0f / sum;
+        for (int i = 0; i < V; i++)
+            if (e[i] > 0) {
+                e[i] *= inv;
+                cand[nc++] = i;
             }
+        /* The candidates at or above a threshold come first in the order
+         * (probability descending, then id): sort only them, lowering the
+         * threshold until they decide top-k and top-p. The last round (0)
+         * takes every candidate. */
+        float pmax = e[best];
+        int n = -1;
+        for (float tau = pmax * 0x1p-2f; n < 0; tau = tau > 0x1p-60f ? tau * 0x1p-4f : 0) {
+            int m = 0;
+            for (int i = 0; i < nc; i++)
+                if (e[cand[i]] >= tau) s->order[m++] = cand[i];
+            g_sort_key = e;
+            qsort(s->order, (size_t)m, sizeof(int), by_prob_desc);
+            n = kept_count(s, m, nc);
         }
         float kept = 0;
-        for (int i = 0; i < n; i++) kept += s->probs[s->order[i]];
+        for (int i = 0; i < n; i++) kept += e[s->order[i]];
         double u = rng_uniform(&s->rng) * kept, c = 0;
         for (int i = 0; i < n; i++) {
-            c += s->probs[s->order[i]];
+            c += e[s->order[i]];
             if (u < c) return s->order[i];
         }
         return s->order[n - 1];
     }
-    double u = rng_uniform(&s->rng), c = 0;
-    for (int i = 0; i < V; i++) {
-        c += s->probs[i];
-        if (u < c) return i;
-    }
-    return argmax(logits, V);
+    /* inverse CDF over the unnormalised weights, ids ascending */
+    double u = rng_uniform(&s->rng) * sum, c = 0;
+    int last = best;
+    for (int i = 0; i < V; i++)
+        if (e[i] > 0) {
+            c += e[i];
+            last = i;
+            if (u < c) return i;
+        }
+    return last;
 }

@@ -6,7 +6,13 @@
  * division by the temperature, top-k, top-p (the smallest set of tokens whose
  * probability reaches p), then a draw from the renormalised distribution. The
  * reference's draw (softmax, then argmax of p / Exp(1)) is the same
- * distribution; --seed makes the draws reproducible. */
+ * distribution; --seed makes the draws reproducible.
+ *
+ * Tokens more than SAMPLER_CUT below the best after the temperature (a
+ * probability under e^-40 of the best one's, 4e-18) count as 0: all of them
+ * together weigh less than float's rounding of the sum, and skipping them
+ * spares most of the vocabulary's exps. Ties in probability keep the lower
+ * token id first. */
 #ifndef DS_SAMPLER_H
 #define DS_SAMPLER_H
 
@@ -15,6 +21,12 @@
 
 #include "base/rng.h"
 #include "base/status.h"
+
+#define SAMPLER_CUT (-40.0f)
+/* A pick at temperature > 0 takes one rng_uniform() of the stream (seed,
+ * SAMPLER_STREAM) and walks the kept tokens (ids ascending without top-k and
+ * top-p, else in their order) until their running sum passes it. */
+#define SAMPLER_STREAM 0x5a3b1e
 
 typedef struct {
     float temperature;        /* 0: greedy */
@@ -28,7 +40,8 @@ typedef struct {
     rng_state rng;
     int vocab;
     float *probs;             /* scratch (vocab) */
-    int *order;               /* scratch (vocab) */
+    int *order, *cand;        /* scratch (vocab) */
+    uint32_t *stamp, epoch;   /* repetition penalty: stamp[t] == epoch once t is done */
 } ds_sampler;
 
 /* Returns DS_ERR_ARG for impossible settings (negative temperature is allowed
@@ -39,5 +52,9 @@ void sampler_free(ds_sampler *s);
 /* Picks a token. logits (vocab) may be modified. history: tokens seen so far
  * in this sequence (for the repetition penalty). */
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history);
+
+/* The first index of the largest of x[0..n), n >= 1 (NaNs never win; a NaN in
+ * x[0] stands). */
+int sampler_argmax(const float *x, int n);
 
 #endif
