@@ -89,8 +89,8 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
 
 ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks)
 {
-    int *pos = malloc(sizeof(int) * (size_t)n);
-    bool *want = malloc((size_t)n);
+    int *pos = calloc((size_t)n, sizeof(int));
+    bool *want = calloc((size_t)n, 1);
     float *lg = malloc(sizeof(float) * (size_t)n * g->vocab);
     ds_status s = DS_OK;
     if (!pos || !want || !lg) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
@@ -99,9 +99,7 @@ ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks)
         want[i] = true;
         if (pos[i] >= g->ctx) s = ds_errorf(DS_ERR_RANGE, "sequence %d reached the context end (%d tokens)", seqs[i], g->ctx);
     }
-    double t0 = now_s();
     if (!s) s = model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
-    g->decode_s += now_s() - t0;
     for (int i = 0; !s && i < n; i++) {
         memcpy(g->logits + (size_t)seqs[i] * g->vocab, lg + (size_t)i * g->vocab, sizeof(float) * (size_t)g->vocab);
         g->cached[seqs[i]][g->n_cached[seqs[i]]++] = toks[i];
@@ -128,6 +126,9 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
     for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
     int n_active = 0;
     for (int i = 0; i < n; i++) active[n_active++] = i;
+    /* decode time is the loop's wall time: the forward passes, the sampling and
+     * the streaming of each token, as a user waits for them */
+    double t0 = now_s();
     for (int step = 0; !s && step < max_new && n_active > 0; step++) {
         int k = 0;
         for (int a = 0; a < n_active; a++) {
@@ -143,6 +144,7 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
         n_active = k;
         if (n_active) s = gen_step(g, n_active, active, next);
     }
+    g->decode_s += now_s() - t0;
     free(active);
     free(next);
     return s;

@@ -21,7 +21,9 @@ ds_status sampler_init(ds_sampler *s, const ds_sampling *p, uint64_t seed, int v
     s->order = malloc(sizeof(int) * (size_t)vocab);
     s->cand = malloc(sizeof(int) * (size_t)vocab);
     s->stamp = calloc((size_t)vocab, sizeof(uint32_t));
-    if (!s->probs || !s->order || !s->cand || !s->stamp) {
+    s->hcount = malloc(sizeof(int) * SAMPLER_BUCKETS);
+    s->hmass = malloc(sizeof(double) * SAMPLER_BUCKETS);
+    if (!s->probs || !s->order || !s->cand || !s->stamp || !s->hcount || !s->hmass) {
         sampler_free(s);
         return ds_errorf(DS_ERR_NOMEM, "out of memory for a sampler over %d tokens", vocab);
     }
@@ -34,10 +36,14 @@ void sampler_free(ds_sampler *s)
     free(s->order);
     free(s->cand);
     free(s->stamp);
+    free(s->hcount);
+    free(s->hmass);
     s->probs = NULL;
     s->order = NULL;
     s->cand = NULL;
     s->stamp = NULL;
+    s->hcount = NULL;
+    s->hmass = NULL;
 }
 
 /* The largest value, NaNs skipped unless x[0] is one. */
@@ -83,23 +89,6 @@ static void penalise(ds_sampler *s, float *logits, const int32_t *history, int n
     }
 }
 
-/* How many of the most likely tokens top-k and top-p keep, given the m most likely
- * of the nc candidates in order (order[0..m)); -1 if that cannot be told without
- * more of them. */
-static int kept_count(const ds_sampler *s, int m, int nc)
-{
-    int n = nc;
-    if (s->p.top_k > 0 && s->p.top_k < n) n = s->p.top_k;
-    if (s->p.top_p < 1) {
-        float acc = 0;
-        for (int i = 0; i < n && i < m; i++) {
-            acc += s->probs[s->order[i]];
-            if (acc >= s->p.top_p) return i + 1;
-        }
-    }
-    return n <= m ? n : -1;
-}
-
 /* e^z for z in [-87, 0]: z = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial
  * in r (relative error ~2e-7) times 2^n built in the exponent bits. Branch-free
  * and without library calls, so that the loop below vectorises. */
@@ -138,6 +127,51 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) static float exp_al
     return sum;
 }
 
+/* p's bucket: its float bits (p in (0, 1], so the sign is 0) without the 19 low
+ * mantissa bits. Larger p, same or larger bucket. */
+static inline int bucket(float p)
+{
+    uint32_t b;
+    memcpy(&b, &p, sizeof b);
+    return (int)(b >> 19);
+}
+
+/* The last token top-k and top-p keep, in the order probability descending then
+ * id: every token before it is kept. The tokens are the nc candidates' ids
+ * (probabilities p); a histogram of buckets finds the one where the count or
+ * the mass passes the limit, and only that bucket's tokens are sorted. */
+static int last_kept(ds_sampler *s, const float *p, const int *cand, int nc)
+{
+    int *cnt = s->hcount;
+    double *mass = s->hmass;
+    memset(cnt, 0, sizeof(int) * SAMPLER_BUCKETS);
+    memset(mass, 0, sizeof(double) * SAMPLER_BUCKETS);
+    for (int i = 0; i < nc; i++) {
+        int k = bucket(p[cand[i]]);
+        cnt[k]++;
+        mass[k] += p[cand[i]];
+    }
+    long k_left = s->p.top_k > 0 ? s->p.top_k : nc; /* tokens still to keep */
+    double p_left = s->p.top_p < 1 ? s->p.top_p : 2; /* mass still to reach */
+    int B = -1; /* the boundary's bucket; the lowest one if no limit is met before */
+    for (int b = SAMPLER_BUCKETS - 1; b >= 0; b--) {
+        if (!cnt[b]) continue;
+        B = b;
+        if (cnt[b] >= k_left || mass[b] >= p_left) break;
+        k_left -= cnt[b];
+        p_left -= mass[b];
+    }
+    int m = 0;
+    for (int i = 0; i < nc; i++)
+        if (bucket(p[cand[i]]) == B) s->order[m++] = cand[i];
+    g_sort_key = p;
+    qsort(s->order, (size_t)m, sizeof(int), by_prob_desc);
+    int q = 0;
+    double acc = 0;
+    while (q < m - 1 && q + 1 < k_left && (acc += p[s->order[q]]) < p_left) q++;
+    return s->order[q];
+}
+
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
 {
     int V = s->vocab;
@@ -146,46 +180,38 @@ int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n
     if (!(s->p.temperature > 0)) return best;
     float *e = s->probs, sum = exp_all(e, logits, V, logits[best], 1.0f / s->p.temperature);
     if (!(sum >= 1 && sum < INFINITY)) return best; /* a NaN or an infinite logit */
-    if (s->p.top_k > 0 || s->p.top_p < 1) {
-        /* the candidates (e > 0, ids ascending), as probabilities */
-        int *cand = s->cand, nc = 0;
-        float inv = 1.0f / sum;
-        for (int i = 0; i < V; i++)
-            if (e[i] > 0) {
-                e[i] *= inv;
-                cand[nc++] = i;
-            }
-        /* The candidates at or above a threshold come first in the order
-         * (probability descending, then id): sort only them, lowering the
-         * threshold until they decide top-k and top-p. The last round (0)
-         * takes every candidate. */
-        float pmax = e[best];
-        int n = -1;
-        for (float tau = pmax * 0x1p-2f; n < 0; tau = tau > 0x1p-60f ? tau * 0x1p-4f : 0) {
-            int m = 0;
-            for (int i = 0; i < nc; i++)
-                if (e[cand[i]] >= tau) s->order[m++] = cand[i];
-            g_sort_key = e;
-            qsort(s->order, (size_t)m, sizeof(int), by_prob_desc);
-            n = kept_count(s, m, nc);
-        }
-        float kept = 0;
-        for (int i = 0; i < n; i++) kept += e[s->order[i]];
-        double u = rng_uniform(&s->rng) * kept, c = 0;
-        for (int i = 0; i < n; i++) {
-            c += e[s->order[i]];
-            if (u < c) return s->order[i];
-        }
-        return s->order[n - 1];
-    }
-    /* inverse CDF over the unnormalised weights, ids ascending */
-    double u = rng_uniform(&s->rng) * sum, c = 0;
-    int last = best;
-    for (int i = 0; i < V; i++)
-        if (e[i] > 0) {
+    if (!(s->p.top_k > 0 || s->p.top_p < 1)) {
+        /* the inverse CDF over the weights, ids ascending (a cut token's 0 moves nothing) */
+        double u = rng_uniform(&s->rng) * sum, c = 0;
+        int last = best;
+        for (int i = 0; i < V; i++) {
             c += e[i];
-            last = i;
+            last = e[i] > 0 ? i : last;
             if (u < c) return i;
         }
+        return last;
+    }
+    /* as probabilities; the candidates (e > 0) ids ascending, without branches
+     * (a flat distribution would mispredict every other one) */
+    float inv = 1.0f / sum;
+    int *cand = s->cand, nc = 0;
+    for (int i = 0; i < V; i++) e[i] *= inv;
+    for (int i = 0; i < V; i++) {
+        cand[nc] = i;
+        nc += e[i] > 0;
+    }
+    /* kept: every token up to the last one top-k and top-p keep */
+    int it = last_kept(s, e, cand, nc);
+    float pt = e[it];
+    double kept = 0;
+    for (int i = 0; i < V; i++) kept += e[i] > pt || (e[i] == pt && i <= it) ? e[i] : 0.0f;
+    double u = rng_uniform(&s->rng) * kept, c = 0;
+    int last = it;
+    for (int i = 0; i < V; i++) { /* the kept tokens, ids ascending */
+        bool in = e[i] > pt || (e[i] == pt && i <= it);
+        c += in ? e[i] : 0.0f;
+        last = in ? i : last;
+        if (in && u < c) return i;
+    }
     return last;
 }

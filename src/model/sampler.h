@@ -24,9 +24,10 @@
 
 #define SAMPLER_CUT (-40.0f)
 /* A pick at temperature > 0 takes one rng_uniform() of the stream (seed,
- * SAMPLER_STREAM) and walks the kept tokens (ids ascending without top-k and
- * top-p, else in their order) until their running sum passes it. */
+ * SAMPLER_STREAM) and walks the kept tokens, ids ascending, until their
+ * running sum passes it. */
 #define SAMPLER_STREAM 0x5a3b1e
+#define SAMPLER_BUCKETS 2048 /* probabilities in (0, 1] by their float bits >> 19 */
 
 typedef struct {
     float temperature;        /* 0: greedy */
@@ -42,6 +43,8 @@ typedef struct {
     float *probs;             /* scratch (vocab) */
     int *order, *cand;        /* scratch (vocab) */
     uint32_t *stamp, epoch;   /* repetition penalty: stamp[t] == epoch once t is done */
+    int *hcount;              /* top-k / top-p histogram (SAMPLER_BUCKETS) */
+    double *hmass;
 } ds_sampler;
 
 /* Returns DS_ERR_ARG for impossible settings (negative temperature is allowed

@@ -190,24 +190,18 @@ static void check_draws(const char *what, const float *logits, int V, const ds_s
 }
 
 /* Each pick against the oracle's inverse CDF for the same uniform (the
- * sampler's stream, replayed): walking the kept tokens in the sampler's order,
- * with a window of 1e-5 around the uniform for the float sums. This checks
- * the probabilities themselves to ~1e-5, which draws counted could not. */
+ * sampler's stream, replayed), walking the kept tokens ids ascending, with a
+ * window of 1e-5 around the uniform for the float sums. This checks the
+ * probabilities themselves to ~1e-5, which counting draws could not. */
+static int by_id(const void *a, const void *b) { return ((const tp *)a)->id - ((const tp *)b)->id; }
+
 static void check_inverse_cdf(const char *what, const float *logits, int V, const ds_sampling *p, int picks)
 {
     tp *kept = malloc(sizeof(tp) * (size_t)V);
     float *w = malloc(sizeof(float) * (size_t)V);
     int *pos = malloc(sizeof(int) * (size_t)V);
     int lo, n = oracle_kept(logits, V, p, kept, &lo);
-    bool sorted = p->top_k > 0 || p->top_p < 1;
-    if (!sorted) { /* ids ascending */
-        for (int i = 0; i < V; i++) kept[i].p = 0;
-        double mx = -INFINITY, sum = 0;
-        for (int i = 0; i < V; i++) mx = fmax(mx, logits[i]);
-        for (int i = 0; i < V; i++) sum += exp(((double)logits[i] - mx) / p->temperature);
-        for (int i = 0; i < V; i++) kept[i] = (tp){i, exp(((double)logits[i] - mx) / p->temperature) / sum};
-        n = V;
-    }
+    qsort(kept, (size_t)n, sizeof(tp), by_id);
     for (int i = 0; i < V; i++) pos[i] = -1;
     for (int i = 0; i < n; i++) pos[kept[i].id] = i;
     ds_sampler s;
