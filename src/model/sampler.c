@@ -1,6 +1,7 @@
 /* sampler.c - greedy, temperature, top-k, top-p and repetition penalty. */
 #include "sampler.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,7 +140,8 @@ static inline int bucket(float p)
 /* The last token top-k and top-p keep, in the order probability descending then
  * id: every token before it is kept. The tokens are the nc candidates' ids
  * (probabilities p); a histogram of buckets finds the one where the count or
- * the mass passes the limit, and only that bucket's tokens are sorted. */
+ * the mass passes the limit, and only that bucket's tokens are sorted. -1 if
+ * neither limit is met within the candidates (all of them would be kept). */
 static int last_kept(ds_sampler *s, const float *p, const int *cand, int nc)
 {
     int *cnt = s->hcount;
@@ -151,16 +153,16 @@ static int last_kept(ds_sampler *s, const float *p, const int *cand, int nc)
         cnt[k]++;
         mass[k] += p[cand[i]];
     }
-    long k_left = s->p.top_k > 0 ? s->p.top_k : nc; /* tokens still to keep */
-    double p_left = s->p.top_p < 1 ? s->p.top_p : 2; /* mass still to reach */
-    int B = -1; /* the boundary's bucket; the lowest one if no limit is met before */
-    for (int b = SAMPLER_BUCKETS - 1; b >= 0; b--) {
-        if (!cnt[b]) continue;
-        B = b;
-        if (cnt[b] >= k_left || mass[b] >= p_left) break;
-        k_left -= cnt[b];
-        p_left -= mass[b];
+    long k_left = s->p.top_k > 0 ? s->p.top_k : LONG_MAX; /* tokens still to keep */
+    double p_left = s->p.top_p < 1 ? s->p.top_p : 2;      /* mass still to reach */
+    int B = SAMPLER_BUCKETS - 1;
+    for (; B >= 0; B--) {
+        if (!cnt[B]) continue;
+        if (cnt[B] >= k_left || mass[B] >= p_left) break;
+        k_left -= cnt[B];
+        p_left -= mass[B];
     }
+    if (B < 0) return -1;
     int m = 0;
     for (int i = 0; i < nc; i++)
         if (bucket(p[cand[i]]) == B) s->order[m++] = cand[i];
@@ -170,6 +172,18 @@ static int last_kept(ds_sampler *s, const float *p, const int *cand, int nc)
     double acc = 0;
     while (q < m - 1 && q + 1 < k_left && (acc += p[s->order[q]]) < p_left) q++;
     return s->order[q];
+}
+
+/* The ids ascending of the tokens with p[i] >= lim (> 0 if lim is 0), without
+ * branches: a flat distribution would mispredict every other one. */
+static int candidates(int *cand, const float *p, int V, float lim)
+{
+    int nc = 0;
+    for (int i = 0; i < V; i++) {
+        cand[nc] = i;
+        nc += lim > 0 ? p[i] >= lim : p[i] > 0;
+    }
+    return nc;
 }
 
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
@@ -191,27 +205,37 @@ int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n
         }
         return last;
     }
-    /* as probabilities; the candidates (e > 0) ids ascending, without branches
-     * (a flat distribution would mispredict every other one) */
+    /* as probabilities. The boundary is looked for among the tokens within 2^-20
+     * of the best first (few, for a peaked distribution), else among all: the
+     * tokens left out come after every one taken in the order. */
     float inv = 1.0f / sum;
-    int *cand = s->cand, nc = 0;
     for (int i = 0; i < V; i++) e[i] *= inv;
-    for (int i = 0; i < V; i++) {
-        cand[nc] = i;
-        nc += e[i] > 0;
-    }
-    /* kept: every token up to the last one top-k and top-p keep */
+    int *cand = s->cand, nc = candidates(cand, e, V, e[best] * 0x1p-20f);
     int it = last_kept(s, e, cand, nc);
+    if (it < 0) {
+        nc = candidates(cand, e, V, 0);
+        it = last_kept(s, e, cand, nc);
+        if (it < 0) { /* neither limit met: all kept, up to the least likely */
+            it = cand[nc - 1];
+            for (int i = 0; i < nc; i++)
+                if (e[cand[i]] < e[it] || (e[cand[i]] == e[it] && cand[i] > it)) it = cand[i];
+        }
+    }
+    /* the kept tokens (up to it in the order), ids ascending: all among cand */
     float pt = e[it];
     double kept = 0;
-    for (int i = 0; i < V; i++) kept += e[i] > pt || (e[i] == pt && i <= it) ? e[i] : 0.0f;
+    for (int i = 0; i < nc; i++) {
+        float pi = e[cand[i]];
+        kept += pi > pt || (pi == pt && cand[i] <= it) ? pi : 0.0f;
+    }
     double u = rng_uniform(&s->rng) * kept, c = 0;
     int last = it;
-    for (int i = 0; i < V; i++) { /* the kept tokens, ids ascending */
-        bool in = e[i] > pt || (e[i] == pt && i <= it);
-        c += in ? e[i] : 0.0f;
-        last = in ? i : last;
-        if (in && u < c) return i;
+    for (int i = 0; i < nc; i++) {
+        float pi = e[cand[i]];
+        bool in = pi > pt || (pi == pt && cand[i] <= it);
+        c += in ? pi : 0.0f;
+        last = in ? cand[i] : last;
+        if (in && u < c) return cand[i];
     }
     return last;
 }

@@ -195,15 +195,46 @@ static void check_draws(const char *what, const float *logits, int V, const ds_s
  * probabilities themselves to ~1e-5, which counting draws could not. */
 static int by_id(const void *a, const void *b) { return ((const tp *)a)->id - ((const tp *)b)->id; }
 
+/* The kept set's n tokens (the first n of sorted[]) ids ascending, renormalised. */
+static void walk_list(const tp *sorted, int n, tp *out, int *pos, int V)
+{
+    double kept = 0;
+    for (int i = 0; i < n; i++) kept += sorted[i].p;
+    for (int i = 0; i < n; i++) out[i] = (tp){sorted[i].id, sorted[i].p / kept};
+    qsort(out, (size_t)n, sizeof(tp), by_id);
+    for (int i = 0; i < V; i++) pos[i] = -1;
+    for (int i = 0; i < n; i++) pos[out[i].id] = i;
+}
+
+/* Whether t is what walking list (n tokens) gives for u, within 1e-5 of u. */
+static bool walk_matches(const tp *list, const int *pos, int n, double u, int t)
+{
+    int at[2] = {n - 1, n - 1}; /* positions for u - 1e-5 and u + 1e-5 */
+    for (int k = 0; k < 2; k++) {
+        double c = 0, uk = u + (k ? 1e-5 : -1e-5);
+        for (int i = 0; i < n; i++)
+            if (uk < (c += list[i].p)) {
+                at[k] = i;
+                break;
+            }
+    }
+    return pos[t] >= at[0] && pos[t] <= at[1];
+}
+
 static void check_inverse_cdf(const char *what, const float *logits, int V, const ds_sampling *p, int picks)
 {
-    tp *kept = malloc(sizeof(tp) * (size_t)V);
+    tp *sorted = malloc(sizeof(tp) * (size_t)V), *list[2];
     float *w = malloc(sizeof(float) * (size_t)V);
-    int *pos = malloc(sizeof(int) * (size_t)V);
-    int lo, n = oracle_kept(logits, V, p, kept, &lo);
-    qsort(kept, (size_t)n, sizeof(tp), by_id);
-    for (int i = 0; i < V; i++) pos[i] = -1;
-    for (int i = 0; i < n; i++) pos[kept[i].id] = i;
+    int *pos[2];
+    int lo, n = oracle_kept(logits, V, p, sorted, &lo);
+    /* the kept set with n tokens, and with lo where top-p's boundary is within rounding */
+    for (int k = 0; k < 2; k++) {
+        list[k] = malloc(sizeof(tp) * (size_t)V);
+        pos[k] = malloc(sizeof(int) * (size_t)V);
+    }
+    /* oracle_kept renormalised sorted[0..n): undo that for the lo-token list */
+    walk_list(sorted, n, list[0], pos[0], V);
+    walk_list(sorted, lo, list[1], pos[1], V);
     ds_sampler s;
     CHECK_OK(sampler_init(&s, p, 5, V));
     rng_state r;
@@ -211,24 +242,20 @@ static void check_inverse_cdf(const char *what, const float *logits, int V, cons
     int bad = 0;
     for (int d = 0; d < picks; d++) {
         double u = rng_uniform(&r);
-        int at[2] = {n - 1, n - 1}; /* positions for u - 1e-5 and u + 1e-5 */
-        for (int k = 0; k < 2; k++) {
-            double c = 0, uk = u + (k ? 1e-5 : -1e-5);
-            for (int i = 0; i < n; i++)
-                if (uk < (c += kept[i].p)) {
-                    at[k] = i;
-                    break;
-                }
-        }
         memcpy(w, logits, sizeof(float) * (size_t)V);
         int t = sampler_pick(&s, w, NULL, 0);
-        if (t < 0 || t >= V || pos[t] < at[0] || pos[t] > at[1]) bad++;
+        bool ok = t >= 0 && t < V &&
+                  (walk_matches(list[0], pos[0], n, u, t) || (lo < n && walk_matches(list[1], pos[1], lo, u, t)));
+        bad += !ok;
     }
     CHECK_MSG(bad == 0, "%s: %d of %d picks off the oracle's inverse CDF", what, bad, picks);
     sampler_free(&s);
-    free(kept);
+    for (int k = 0; k < 2; k++) {
+        free(list[k]);
+        free(pos[k]);
+    }
+    free(sorted);
     free(w);
-    free(pos);
 }
 
 static void check_small(void)
@@ -260,6 +287,11 @@ static void check_small(void)
     for (int i = 0; i < V; i++) lv[i] = 2 * nrand();
     ds_sampling big[] = {{0.6f, 0, 1, 1}, {1.0f, 0, 1, 1}, {1.0f, 100, 1, 1}, {0.9f, 0, 0.8f, 1}};
     for (int i = 0; i < 4; i++) check_inverse_cdf("V 5000", lv, V, &big[i], 3000);
+    /* flat: the nucleus and the top-k reach far past the tokens near the best */
+    for (int i = 0; i < V; i++) lv[i] = (float)(urand() * 30);
+    ds_sampling flat[] = {{1.0f, 0, 0.99f, 1}, {1.0f, 4000, 1, 1}, {1.0f, 4990, 0.999f, 1}, {2.0f, 0, 0.999999f, 1}};
+    const char *fw[] = {"V 5000 flat top-p 0.99", "V 5000 flat top-k 4000", "V 5000 flat top-k 4990 top-p 0.999", "V 5000 flat T 2 top-p 0.999999"};
+    for (int i = 0; i < 4; i++) check_inverse_cdf(fw[i], lv, V, &flat[i], 3000);
     free(lv);
 }
 
