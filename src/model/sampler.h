@@ -10,9 +10,9 @@
  *
  * Tokens more than SAMPLER_CUT below the best after the temperature (a
  * probability under e^-40 of the best one's, 4e-18) count as 0: all of them
- * together weigh less than float's rounding of the sum, and skipping them
- * spares most of the vocabulary's exps. Ties in probability keep the lower
- * token id first. */
+ * together weigh less than float's rounding of the sum, and top-k, top-p and
+ * the draw then skip them. Ties in probability keep the lower token id
+ * first. */
 #ifndef DS_SAMPLER_H
 #define DS_SAMPLER_H
 
