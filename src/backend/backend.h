@@ -110,6 +110,10 @@ typedef struct ds_ops {
     /* Host -> alloc'd memory and back. download waits for the work queued before it. */
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
+    /* Optional (NULL: download the rows and take sampler_argmax on the host): for the
+     * rows i < n of x (n, V), host_out[i] = the first index of the row's largest value
+     * (NaNs never win; a NaN in column 0 stands). Waits as download does. */
+    void (*argmax_rows)(int32_t *host_out, const float *x, int n, int V);
     /* Waits until every queued op has finished. */
     void (*sync)(void);
     void (*zero)(void *p, size_t bytes);

@@ -10,6 +10,7 @@
 
 #include "base/numeric.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 #define EPS 1e-6f
 
@@ -466,8 +467,21 @@ done:
  * every later one uploads its token arrays to the recording's fixed buffer and
  * replays it. Returns false when the step must run eagerly instead (no graph
  * support, the recording failed, DSV3_GRAPH=0). */
+/* The n rows of logits in device (alloc'd) memory d to the caller: into logits, or
+ * when am is set only their argmaxes into am, on the device when the backend can
+ * (logits then unused). World size 1: the rows are the whole vocabulary. */
+static void deliver(const ds_model *m, const float *d, int n, float *logits, int32_t *am)
+{
+    if (am && m->ops->argmax_rows) {
+        m->ops->argmax_rows(am, d, n, m->vocab_local);
+        return;
+    }
+    m->ops->download(logits, d, sizeof(float) * (size_t)n * m->vocab_local);
+    for (int i = 0; am && i < n; i++) am[i] = sampler_argmax(logits + (size_t)i * m->vocab_local, m->vocab_local);
+}
+
 static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, float *logits,
-                          ds_status *s)
+                          int32_t *am, ds_status *s)
 {
     const ds_ops *ops = m->ops;
     const char *env = getenv("DSV3_GRAPH");
@@ -494,12 +508,14 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         if (*s) return true;
     }
     ops->graph_run(d->graph);
-    ops->download(logits, d->logits, sizeof(float) * nl);
+    deliver(m, d->logits, n, logits, am);
     return true;
 }
 
-ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                        const bool *want, float *logits)
+/* model_forward, or with am set model_forward_argmax (logits: the host rows, as
+ * scratch where the argmaxes are taken on the host). */
+static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                             const bool *want, float *logits, int32_t *am)
 {
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
     ds_status s = check_batch(m, kv, n, tok, seq, pos);
@@ -519,7 +535,7 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
         if (want[i]) ids[4 * n + j++] = i;
     }
-    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, logits, &s)) goto done;
+    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, logits, am, &s)) goto done;
     size_t nl = (size_t)n_out * m->vocab_local;
     if (!(ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n)) || (n_out && !(lg = scratch(m, nl))) ||
         (n_out && m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
@@ -531,9 +547,12 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
     bool one_run = true;
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
     if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL, pos_max + 1))) goto done;
-    if (n_out) {
-        m->ops->download(m->world_size > 1 ? part : logits, lg, sizeof(float) * nl);
-        if (m->world_size > 1) s = gather_logits(m, part, n_out, logits);
+    if (n_out && m->world_size == 1) {
+        deliver(m, lg, n_out, logits, am);
+    } else if (n_out) {
+        m->ops->download(part, lg, sizeof(float) * nl);
+        s = gather_logits(m, part, n_out, logits);
+        for (int i = 0; !s && am && i < n_out; i++) am[i] = sampler_argmax(logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size);
     } else {
         m->ops->sync();
     }
@@ -546,5 +565,28 @@ done:
     m->ops->free(ids_d);
     free(part);
     free(ids);
+    return s;
+}
+
+ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                        const bool *want, float *logits)
+{
+    return forward_run(m, kv, n, tok, seq, pos, want, logits, NULL);
+}
+
+ds_status model_forward_argmax(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                               const int *pos, int32_t *next)
+{
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
+    bool *want = malloc((size_t)n);
+    float *logits = NULL;
+    if (want) memset(want, 1, (size_t)n);
+    /* the rows reach the host only where the backend cannot take the argmax */
+    if (!m->ops->argmax_rows || m->world_size > 1) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
+    ds_status s = !want || ((!m->ops->argmax_rows || m->world_size > 1) && !logits)
+                      ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
+                      : forward_run(m, kv, n, tok, seq, pos, want, logits, next);
+    free(want);
+    free(logits);
     return s;
 }

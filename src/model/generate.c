@@ -30,9 +30,11 @@ ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx)
     g->cached = calloc((size_t)n_seq, sizeof *g->cached);
     g->n_cached = calloc((size_t)n_seq, sizeof *g->n_cached);
     g->logits = malloc(sizeof(float) * (size_t)n_seq * g->vocab);
+    g->next = calloc((size_t)n_seq, sizeof *g->next);
+    g->next_ok = calloc((size_t)n_seq, sizeof *g->next_ok);
     for (int i = 0; g->cached && i < n_seq; i++)
         if (!(g->cached[i] = malloc(sizeof(int32_t) * (size_t)ctx))) break;
-    if (!g->cached || !g->n_cached || !g->logits || !g->cached[n_seq - 1]) {
+    if (!g->cached || !g->n_cached || !g->logits || !g->next || !g->next_ok || !g->cached[n_seq - 1]) {
         gen_free(g);
         return ds_errorf(DS_ERR_NOMEM, "out of memory for %d sequences of %d tokens", n_seq, ctx);
     }
@@ -47,6 +49,8 @@ void gen_free(ds_gen *g)
     free(g->cached);
     free(g->n_cached);
     free(g->logits);
+    free(g->next);
+    free(g->next_ok);
     kvcache_free(g->kv);
     free(g);
 }
@@ -57,6 +61,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     if (n > g->ctx)
         return ds_errorf(DS_ERR_RANGE, "prompt of %d tokens exceeds the context of %d tokens%s", n, g->ctx,
                          g->ctx == g->m->cfg.max_seq_len ? " (max_seq_len)" : " (raise --ctx-size)");
+    g->next_ok[seq] = false; /* the pick comes from the logits below */
     int keep = 0, have = g->n_cached[seq];
     while (keep < have && keep < n && g->cached[seq][keep] == toks[keep]) keep++;
     if (keep == n) keep = n - 1; /* recompute the last token to get its logits */
@@ -87,27 +92,32 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     return s;
 }
 
-ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks)
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, bool greedy)
 {
     int *pos = calloc((size_t)n, sizeof(int));
     bool *want = calloc((size_t)n, 1);
-    float *lg = malloc(sizeof(float) * (size_t)n * g->vocab);
+    float *lg = greedy ? NULL : malloc(sizeof(float) * (size_t)n * g->vocab);
+    int32_t *am = greedy ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
     ds_status s = DS_OK;
-    if (!pos || !want || !lg) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    if (!pos || !want || (!lg && !am)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < n; i++) {
         pos[i] = g->n_cached[seqs[i]];
         want[i] = true;
         if (pos[i] >= g->ctx) s = ds_errorf(DS_ERR_RANGE, "sequence %d reached the context end (%d tokens)", seqs[i], g->ctx);
     }
-    if (!s) s = model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
+    if (!s) s = greedy ? model_forward_argmax(g->m, g->kv, n, toks, seqs, pos, am)
+                       : model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
     for (int i = 0; !s && i < n; i++) {
-        memcpy(g->logits + (size_t)seqs[i] * g->vocab, lg + (size_t)i * g->vocab, sizeof(float) * (size_t)g->vocab);
+        if (greedy) g->next[seqs[i]] = am[i];
+        else memcpy(g->logits + (size_t)seqs[i] * g->vocab, lg + (size_t)i * g->vocab, sizeof(float) * (size_t)g->vocab);
+        g->next_ok[seqs[i]] = greedy;
         g->cached[seqs[i]][g->n_cached[seqs[i]]++] = toks[i];
         g->decode_tokens++;
     }
     free(pos);
     free(want);
     free(lg);
+    free(am);
     return s;
 }
 
@@ -126,6 +136,11 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
     for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
     int n_active = 0;
     for (int i = 0; i < n; i++) active[n_active++] = i;
+    /* every sequence greedy: the steps return the next tokens themselves (the
+     * argmax on the device where the backend can, no logits downloaded) */
+    bool greedy = true;
+    for (int i = 0; i < n; i++)
+        greedy &= !(samplers[i].p.temperature > 0) && samplers[i].p.repetition_penalty == 1.0f;
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
     double t0 = now_s();
@@ -133,7 +148,9 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
         int k = 0;
         for (int a = 0; a < n_active; a++) {
             int i = active[a];
-            int32_t t = sampler_pick(&samplers[i], g->logits + (size_t)i * g->vocab, g->cached[i], g->n_cached[i]);
+            int32_t t = g->next_ok[i] ? g->next[i]
+                                      : sampler_pick(&samplers[i], g->logits + (size_t)i * g->vocab, g->cached[i],
+                                                     g->n_cached[i]);
             if (t == eos_id) continue;
             out[i][n_out[i]++] = t;
             int stop = on_token ? on_token(ud, i, t) : 0;
@@ -142,7 +159,7 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
             next[k++] = t;
         }
         n_active = k;
-        if (n_active) s = gen_step(g, n_active, active, next);
+        if (n_active) s = gen_step(g, n_active, active, next, greedy);
     }
     g->decode_s += now_s() - t0;
     free(active);

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "base/numeric.h"
 #include "io/safetensors.h"
+#include "model/sampler.h"
 #include "test.h"
 
 #define GUARD 64
@@ -1610,6 +1611,33 @@ static void test_stage19(void)
     set_variant("HEADS_T3", NULL);
 }
 
+/* argmax_rows against sampler_argmax: ties (few distinct values), NaNs, infinities,
+ * rows of every length around the block size, the V3 vocabulary. */
+static void test_argmax_rows(void)
+{
+    static const int Vs[] = {1, 7, 1023, 1024, 1025, 4099, 129280};
+    for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
+        for (int kind = 0; kind < 5; kind++) {
+            int V = Vs[vi], n = 8;
+            float *h = hrand((size_t)n * V, 1.0f);
+            for (size_t i = 0; i < (size_t)n * V; i++) {
+                if (kind == 1) h[i] = (float)(int)(h[i] * 3); /* many ties */
+                if (kind == 2 && i % 5 == 3) h[i] = NAN;      /* NaNs never win */
+                if (kind == 3) h[i] = -INFINITY;              /* all -inf: index 0 */
+                if (kind == 4 && i % 11 == 0) h[i] = INFINITY;
+            }
+            if (kind == 2) h[0] = NAN; /* row 0: a NaN in column 0 stands */
+            float *g = gcopy(h, (size_t)n * V);
+            int32_t got[8];
+            G->argmax_rows(got, g, n, V);
+            int bad = 0;
+            for (int r = 0; r < n; r++) bad += got[r] != sampler_argmax(h + (size_t)r * V, V);
+            CHECK_MSG(bad == 0, "argmax_rows V %d kind %d: %d of %d rows differ", V, kind, bad, n);
+            G->free(g);
+            free(h);
+        }
+}
+
 int main(void)
 {
     if (cuda_device_count() == 0) {
@@ -1621,6 +1649,7 @@ int main(void)
     C = cpu_backend(false);
     CHECK_MSG(G != NULL, "cuda_backend: %s", ds_last_error());
     if (!G) return t_done("cuda_ops");
+    test_argmax_rows();
 
     static const struct { int rows, cols, n, row0, nrows; } shapes[] = {
         {300, 200, 1, 0, 300},   /* decode; fp8 rows not 16-byte multiples */

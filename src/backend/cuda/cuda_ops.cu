@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <climits>
+
 #include "cuda_internal.cuh"
 
 extern "C" {
@@ -1689,6 +1691,52 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
     cu_end(&io, "embed");
 }
 
+/* ---- argmax_rows: a block of 1024 per row. (value, index) pairs reduce so that the
+ * larger value wins and equal ones go to the lower index; NaNs never win, and a NaN in
+ * column 0 stands (sampler_argmax's rules, so that greedy decoding on the device picks
+ * what the host would). */
+__device__ __forceinline__ void argmax_pair(float &bv, int &bi, float ov, int oi)
+{
+    if (ov > bv || (ov == bv && oi < bi)) {
+        bv = ov;
+        bi = oi;
+    }
+}
+
+__global__ void __launch_bounds__(1024) argmax_rows_kernel(int32_t *out, const float *__restrict__ x, int V)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    const float *r = x + (size_t)blockIdx.x * V;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) argmax_pair(bv, bi, r[j], j);
+    for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    if (!l) {
+        sv[w] = bv;
+        si[w] = bi;
+    }
+    __syncthreads();
+    if (w) return;
+    bv = l < (int)blockDim.x / 32 ? sv[l] : -INFINITY;
+    bi = l < (int)blockDim.x / 32 ? si[l] : INT_MAX;
+    for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
+    if (!l) out[blockIdx.x] = r[0] != r[0] || bi == INT_MAX ? 0 : bi;
+}
+
+static void cu_argmax_rows(int32_t *host_out, const float *x, int n, int V)
+{
+    if (n <= 0 || V <= 0) return;
+    int32_t *d = (int32_t *)cu_alloc(sizeof(int32_t) * (size_t)n);
+    if (!d) return; /* cu_alloc recorded the failure */
+    cu_launch(argmax_rows_kernel, dim3((unsigned)n), dim3(1024), 0, d, x, V);
+    cu_download(host_out, d, sizeof(int32_t) * (size_t)n);
+    cu_free(d);
+}
+
 /* ---- moe_route: one warp per token (profiled at 65 us per call with one thread doing
  * the top-k; now the lanes hold experts lane, lane + 32, ...). Softmax / sigmoid with warp
  * reductions, group scores one lane per group, then K rounds of a warp argmax over the
@@ -1761,6 +1809,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.add = cu_add;
         g_ops.upload = cu_upload;
         g_ops.download = cu_download;
+        g_ops.argmax_rows = cu_argmax_rows;
         g_ops.sync = cu_sync;
         g_ops.zero = cu_zero;
         g_ops.copy_rows = cu_copy_rows;
