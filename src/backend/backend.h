@@ -110,10 +110,12 @@ typedef struct ds_ops {
     /* Host -> alloc'd memory and back. download waits for the work queued before it. */
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
-    /* Optional (NULL: download the rows and take sampler_argmax on the host): for the
-     * rows i < n of x (n, V), host_out[i] = the first index of the row's largest value
-     * (NaNs never win; a NaN in column 0 stands). Waits as download does. */
-    void (*argmax_rows)(int32_t *host_out, const float *x, int n, int V);
+    /* Optional (NULL: download the rows and pick on the host): for the rows i < n of
+     * x (n, V), host_out[i] = sampler_draw(row i, V, temp[i], u[i]) (model/sampler.h:
+     * the argmax for temp[i] <= 0, else the inverse CDF at u[i] of softmax(row / temp)
+     * with its cut); temp and u are host arrays, NULL for all greedy. Waits as download
+     * does. */
+    void (*pick_rows)(int32_t *host_out, const float *x, int n, int V, const float *temp, const double *u);
     /* Waits until every queued op has finished. */
     void (*sync)(void);
     void (*zero)(void *p, size_t bytes);

@@ -467,21 +467,44 @@ done:
  * every later one uploads its token arrays to the recording's fixed buffer and
  * replays it. Returns false when the step must run eagerly instead (no graph
  * support, the recording failed, DSV3_GRAPH=0). */
-/* The n rows of logits in device (alloc'd) memory d to the caller: into logits, or
- * when am is set only their argmaxes into am, on the device when the backend can
- * (logits then unused). World size 1: the rows are the whole vocabulary. */
-static void deliver(const ds_model *m, const float *d, int n, float *logits, int32_t *am)
+/* sampler_draw for row i of the host rows (temp, u: NULL for greedy). */
+static int32_t pick_host(float *row, int V, const float *temp, const double *u, int i)
 {
-    if (am && m->ops->argmax_rows) {
-        m->ops->argmax_rows(am, d, n, m->vocab_local);
-        return;
-    }
-    m->ops->download(logits, d, sizeof(float) * (size_t)n * m->vocab_local);
-    for (int i = 0; am && i < n; i++) am[i] = sampler_argmax(logits + (size_t)i * m->vocab_local, m->vocab_local);
+    float t = temp ? temp[i] : 0.0f;
+    if (!(t > 0)) return sampler_argmax(row, V);
+    float *scratch = malloc(sizeof(float) * (size_t)V);
+    if (!scratch) return sampler_argmax(row, V);
+    int32_t k = sampler_draw(row, V, t, u ? u[i] : 0.0, scratch);
+    free(scratch);
+    return k;
 }
 
-static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, float *logits,
-                          int32_t *am, ds_status *s)
+/* The n rows of logits in device (alloc'd) memory d to the caller: into logits,
+ * or when next is set only the picks of sampler_draw (temp, u: see ds_ops.pick_rows)
+ * into next, on the device when the backend can (logits then unused; else the
+ * host's scratch). World size 1: the rows are the whole vocabulary. */
+static void deliver(const ds_model *m, const float *d, int n, float *logits, const float *temp, const double *u,
+                    int32_t *next)
+{
+    int V = m->vocab_local;
+    if (next && m->ops->pick_rows) {
+        m->ops->pick_rows(next, d, n, V, temp, u);
+        return;
+    }
+    m->ops->download(logits, d, sizeof(float) * (size_t)n * V);
+    for (int i = 0; next && i < n; i++) next[i] = pick_host(logits + (size_t)i * V, V, temp, u, i);
+}
+
+/* what a pass hands back: logits rows, or when next is set only the picks */
+typedef struct {
+    float *logits;
+    const float *temp;
+    const double *u;
+    int32_t *next;
+} fwd_out;
+
+static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, const fwd_out *o,
+                          ds_status *s)
 {
     const ds_ops *ops = m->ops;
     const char *env = getenv("DSV3_GRAPH");
@@ -508,15 +531,16 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         if (*s) return true;
     }
     ops->graph_run(d->graph);
-    deliver(m, d->logits, n, logits, am);
+    deliver(m, d->logits, n, o->logits, o->temp, o->u, o->next);
     return true;
 }
 
-/* model_forward, or with am set model_forward_argmax (logits: the host rows, as
- * scratch where the argmaxes are taken on the host). */
+/* model_forward, or with o->next set model_forward_pick (o->logits: the host rows,
+ * as scratch where the picks are made on the host). */
 static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                             const bool *want, float *logits, int32_t *am)
+                             const bool *want, const fwd_out *o)
 {
+    float *logits = o->logits;
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
     ds_status s = check_batch(m, kv, n, tok, seq, pos);
     if (s) return s;
@@ -535,7 +559,7 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
         if (want[i]) ids[4 * n + j++] = i;
     }
-    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, logits, am, &s)) goto done;
+    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, o, &s)) goto done;
     size_t nl = (size_t)n_out * m->vocab_local;
     if (!(ids_d = m->ops->alloc(sizeof(int32_t) * 5 * (size_t)n)) || (n_out && !(lg = scratch(m, nl))) ||
         (n_out && m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
@@ -548,11 +572,12 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
     if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL, pos_max + 1))) goto done;
     if (n_out && m->world_size == 1) {
-        deliver(m, lg, n_out, logits, am);
+        deliver(m, lg, n_out, logits, o->temp, o->u, o->next);
     } else if (n_out) {
         m->ops->download(part, lg, sizeof(float) * nl);
         s = gather_logits(m, part, n_out, logits);
-        for (int i = 0; !s && am && i < n_out; i++) am[i] = sampler_argmax(logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size);
+        for (int i = 0; !s && o->next && i < n_out; i++)
+            o->next[i] = pick_host(logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size, o->temp, o->u, i);
     } else {
         m->ops->sync();
     }
@@ -571,21 +596,22 @@ done:
 ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                         const bool *want, float *logits)
 {
-    return forward_run(m, kv, n, tok, seq, pos, want, logits, NULL);
+    fwd_out o = {logits, NULL, NULL, NULL};
+    return forward_run(m, kv, n, tok, seq, pos, want, &o);
 }
 
-ds_status model_forward_argmax(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
-                               const int *pos, int32_t *next)
+ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                             const float *temp, const double *u, int32_t *next)
 {
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
-    bool *want = malloc((size_t)n);
+    bool *want = malloc((size_t)n), host = !m->ops->pick_rows || m->world_size > 1;
     float *logits = NULL;
     if (want) memset(want, 1, (size_t)n);
-    /* the rows reach the host only where the backend cannot take the argmax */
-    if (!m->ops->argmax_rows || m->world_size > 1) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
-    ds_status s = !want || ((!m->ops->argmax_rows || m->world_size > 1) && !logits)
-                      ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
-                      : forward_run(m, kv, n, tok, seq, pos, want, logits, next);
+    /* the rows reach the host only where the backend cannot pick */
+    if (host) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
+    fwd_out o = {logits, temp, u, next};
+    ds_status s = !want || (host && !logits) ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
+                                             : forward_run(m, kv, n, tok, seq, pos, want, &o);
     free(want);
     free(logits);
     return s;

@@ -92,12 +92,13 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     return s;
 }
 
-ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, bool greedy)
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const float *temp, const double *u)
 {
+    bool pick = temp != NULL;
     int *pos = calloc((size_t)n, sizeof(int));
     bool *want = calloc((size_t)n, 1);
-    float *lg = greedy ? NULL : malloc(sizeof(float) * (size_t)n * g->vocab);
-    int32_t *am = greedy ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
+    float *lg = pick ? NULL : malloc(sizeof(float) * (size_t)n * g->vocab);
+    int32_t *am = pick ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
     ds_status s = DS_OK;
     if (!pos || !want || (!lg && !am)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < n; i++) {
@@ -105,12 +106,13 @@ ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, bool 
         want[i] = true;
         if (pos[i] >= g->ctx) s = ds_errorf(DS_ERR_RANGE, "sequence %d reached the context end (%d tokens)", seqs[i], g->ctx);
     }
-    if (!s) s = greedy ? model_forward_argmax(g->m, g->kv, n, toks, seqs, pos, am)
-                       : model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
+    if (!s)
+        s = pick ? model_forward_pick(g->m, g->kv, n, toks, seqs, pos, temp, u, am)
+                 : model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
     for (int i = 0; !s && i < n; i++) {
-        if (greedy) g->next[seqs[i]] = am[i];
+        if (pick) g->next[seqs[i]] = am[i];
         else memcpy(g->logits + (size_t)seqs[i] * g->vocab, lg + (size_t)i * g->vocab, sizeof(float) * (size_t)g->vocab);
-        g->next_ok[seqs[i]] = greedy;
+        g->next_ok[seqs[i]] = pick;
         g->cached[seqs[i]][g->n_cached[seqs[i]]++] = toks[i];
         g->decode_tokens++;
     }
@@ -136,11 +138,16 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
     for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
     int n_active = 0;
     for (int i = 0; i < n; i++) active[n_active++] = i;
-    /* every sequence greedy: the steps return the next tokens themselves (the
-     * argmax on the device where the backend can, no logits downloaded) */
-    bool greedy = true;
+    /* No sequence with top-k, top-p or a penalty: the steps return the next tokens
+     * themselves (picked on the device where the backend can, no logits
+     * downloaded). Each sequence's uniform for its next pick is drawn with the
+     * step, from the same stream and in the same order as sampler_pick would. */
+    bool pick = true;
     for (int i = 0; i < n; i++)
-        greedy &= !(samplers[i].p.temperature > 0) && samplers[i].p.repetition_penalty == 1.0f;
+        pick &= samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1 && samplers[i].p.repetition_penalty == 1.0f;
+    float *temp = pick ? malloc(sizeof(float) * (size_t)n) : NULL;
+    double *u = pick ? malloc(sizeof(double) * (size_t)n) : NULL;
+    if (pick && (!temp || !u)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
     double t0 = now_s();
@@ -159,9 +166,16 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
             next[k++] = t;
         }
         n_active = k;
-        if (n_active) s = gen_step(g, n_active, active, next, greedy);
+        for (int a = 0; pick && a < n_active; a++) {
+            ds_sampler *sm = &samplers[active[a]];
+            temp[a] = sm->p.temperature;
+            u[a] = sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0;
+        }
+        if (n_active) s = gen_step(g, n_active, active, next, temp, u);
     }
     g->decode_s += now_s() - t0;
+    free(temp);
+    free(u);
     free(active);
     free(next);
     return s;

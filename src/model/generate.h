@@ -17,7 +17,7 @@ typedef struct {
     int32_t **cached;      /* per sequence: the tokens whose KV is in the cache */
     int *n_cached;
     float *logits;         /* per sequence: logits after its last token (n_seq, vocab) */
-    int32_t *next;         /* per sequence, when next_ok: the greedy pick after its last token */
+    int32_t *next;         /* per sequence, when next_ok: the pick after its last token */
     bool *next_ok;         /* (a greedy step left that instead of the logits) */
     /* statistics for the tokens/s report */
     long prefill_tokens, decode_tokens;
@@ -32,9 +32,10 @@ void gen_free(ds_gen *g);
  * g->logits[seq]. A prompt longer than the context is DS_ERR_RANGE. */
 ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n);
 
-/* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. greedy: leave
- * each sequence's argmax in g->next (next_ok set) instead of its logits. */
-ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, bool greedy);
+/* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. With temp set:
+ * leave each sequence's next token, sampler_draw(logits, temp[i], u[i]), in
+ * g->next (next_ok set) instead of its logits. */
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const float *temp, const double *u);
 
 /* Called for each new token of sequence seq; return non-zero to stop it. */
 typedef int (*gen_token_fn)(void *ud, int seq, int32_t tok);

@@ -97,10 +97,11 @@ void kvcache_free(ds_kvcache *kv);
 ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
                         const int *pos, const bool *want, float *logits);
 
-/* As model_forward with every token wanted, but only each token's argmax (the
- * next token of greedy decoding, sampler_argmax's rules) into next: on the device
- * where the backend can, so that the logits need not be downloaded. */
-ds_status model_forward_argmax(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
-                               const int *pos, int32_t *next);
+/* As model_forward with every token wanted, but only each token's next token
+ * into next: sampler_draw(its logits, temp[i], u[i]) (model/sampler.h; temp and u
+ * NULL: all greedy). On the device where the backend can, so that the logits need
+ * not be downloaded. */
+ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                             const int *pos, const float *temp, const double *u, int32_t *next);
 
 #endif

@@ -186,25 +186,40 @@ static int candidates(int *cand, const float *p, int V, float lim)
     return nc;
 }
 
+/* The inverse CDF at u of the weights e (sum: theirs), ids ascending (a cut
+ * token's 0 moves nothing); best if rounding leaves u past the end. */
+static int draw_weights(const float *e, int V, float sum, double u, int best)
+{
+    double t = u * sum, c = 0;
+    int last = best;
+    for (int i = 0; i < V; i++) {
+        c += e[i];
+        last = e[i] > 0 ? i : last;
+        if (t < c) return i;
+    }
+    return last;
+}
+
+int sampler_draw(const float *logits, int V, float temperature, double u, float *scratch)
+{
+    int best = sampler_argmax(logits, V);
+    if (!(temperature > 0)) return best;
+    float sum = exp_all(scratch, logits, V, logits[best], 1.0f / temperature);
+    if (!(sum >= 1 && sum < INFINITY)) return best; /* a NaN or an infinite logit */
+    return draw_weights(scratch, V, sum, u, best);
+}
+
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
 {
     int V = s->vocab;
     if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
+    if (!(s->p.top_k > 0 || s->p.top_p < 1))
+        return s->p.temperature > 0 ? sampler_draw(logits, V, s->p.temperature, rng_uniform(&s->rng), s->probs)
+                                    : sampler_argmax(logits, V);
     int best = sampler_argmax(logits, V);
     if (!(s->p.temperature > 0)) return best;
     float *e = s->probs, sum = exp_all(e, logits, V, logits[best], 1.0f / s->p.temperature);
     if (!(sum >= 1 && sum < INFINITY)) return best; /* a NaN or an infinite logit */
-    if (!(s->p.top_k > 0 || s->p.top_p < 1)) {
-        /* the inverse CDF over the weights, ids ascending (a cut token's 0 moves nothing) */
-        double u = rng_uniform(&s->rng) * sum, c = 0;
-        int last = best;
-        for (int i = 0; i < V; i++) {
-            c += e[i];
-            last = e[i] > 0 ? i : last;
-            if (u < c) return i;
-        }
-        return last;
-    }
     /* as probabilities. The boundary is looked for among the tokens within 2^-20
      * of the best first (few, for a peaked distribution), else among all: the
      * tokens left out come after every one taken in the order. */

@@ -60,4 +60,9 @@ int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n
  * x[0] stands). */
 int sampler_argmax(const float *x, int n);
 
+/* A pick at temperature T without top-k, top-p or penalty, for the uniform u in
+ * [0, 1): what sampler_pick does with that u (greedy for T <= 0). scratch: V
+ * floats. */
+int sampler_draw(const float *logits, int V, float temperature, double u, float *scratch);
+
 #endif

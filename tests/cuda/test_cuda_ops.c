@@ -1611,30 +1611,56 @@ static void test_stage19(void)
     set_variant("HEADS_T3", NULL);
 }
 
-/* argmax_rows against sampler_argmax: ties (few distinct values), NaNs, infinities,
- * rows of every length around the block size, the V3 vocabulary. */
-static void test_argmax_rows(void)
+/* pick_rows against sampler_argmax (greedy: ties, NaNs, infinities) and against
+ * sampler_draw for the same uniform (temperature: the device sums in double, the
+ * host in float lanes, whose error over 129280 weights reaches ~1e-5 of the total,
+ * so a pick may be the host's pick for u - 1e-4 .. u + 1e-4 instead; a wrong exp
+ * or temperature is off by far more), rows of every length around the block size
+ * up to the V3 vocabulary. */
+static void test_pick_rows(void)
 {
     static const int Vs[] = {1, 7, 1023, 1024, 1025, 4099, 129280};
+    static const float temps[] = {0.2f, 0.7f, 1.0f, 3.0f};
     for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
         for (int kind = 0; kind < 5; kind++) {
             int V = Vs[vi], n = 8;
-            float *h = hrand((size_t)n * V, 1.0f);
+            float *h = hrand((size_t)n * V, 4.0f), *scratch = malloc(sizeof(float) * (size_t)V);
             for (size_t i = 0; i < (size_t)n * V; i++) {
                 if (kind == 1) h[i] = (float)(int)(h[i] * 3); /* many ties */
-                if (kind == 2 && i % 5 == 3) h[i] = NAN;      /* NaNs never win */
+                if (kind == 2 && i % 5 == 3) h[i] = NAN;      /* NaNs never win, weigh nothing */
                 if (kind == 3) h[i] = -INFINITY;              /* all -inf: index 0 */
                 if (kind == 4 && i % 11 == 0) h[i] = INFINITY;
             }
             if (kind == 2) h[0] = NAN; /* row 0: a NaN in column 0 stands */
             float *g = gcopy(h, (size_t)n * V);
             int32_t got[8];
-            G->argmax_rows(got, g, n, V);
+            G->pick_rows(got, g, n, V, NULL, NULL);
             int bad = 0;
             for (int r = 0; r < n; r++) bad += got[r] != sampler_argmax(h + (size_t)r * V, V);
-            CHECK_MSG(bad == 0, "argmax_rows V %d kind %d: %d of %d rows differ", V, kind, bad, n);
+            CHECK_MSG(bad == 0, "pick_rows greedy V %d kind %d: %d of %d rows differ", V, kind, bad, n);
+            for (int rep = 0; rep < 8; rep++) {
+                float temp[8];
+                double u[8];
+                for (int r = 0; r < n; r++) {
+                    temp[r] = r == 7 ? 0.0f : temps[(r + rep) % 4]; /* one greedy row among them */
+                    u[r] = (frand() + 1) / 2;
+                }
+                G->pick_rows(got, g, n, V, temp, u);
+                bad = 0;
+                for (int r = 0; r < n; r++) {
+                    const float *row = h + (size_t)r * V;
+                    int want = sampler_draw(row, V, temp[r], u[r], scratch);
+                    if (got[r] == want) continue;
+                    int lo = sampler_draw(row, V, temp[r], fmax(0, u[r] - 1e-4), scratch);
+                    int hi = sampler_draw(row, V, temp[r], fmin(0.999999999, u[r] + 1e-4), scratch);
+                    bad += got[r] < lo || got[r] > hi;
+                }
+                CHECK_MSG(bad == 0, "pick_rows V %d kind %d round %d: %d of %d rows off the host's draw", V, kind, rep,
+                          bad, n);
+            }
             G->free(g);
             free(h);
+            free(scratch);
         }
 }
 
@@ -1649,7 +1675,7 @@ int main(void)
     C = cpu_backend(false);
     CHECK_MSG(G != NULL, "cuda_backend: %s", ds_last_error());
     if (!G) return t_done("cuda_ops");
-    test_argmax_rows();
+    test_pick_rows();
 
     static const struct { int rows, cols, n, row0, nrows; } shapes[] = {
         {300, 200, 1, 0, 300},   /* decode; fp8 rows not 16-byte multiples */

@@ -1691,10 +1691,21 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
     cu_end(&io, "embed");
 }
 
-/* ---- argmax_rows: a block of 1024 per row. (value, index) pairs reduce so that the
- * larger value wins and equal ones go to the lower index; NaNs never win, and a NaN in
- * column 0 stands (sampler_argmax's rules, so that greedy decoding on the device picks
- * what the host would). */
+/* ---- pick_rows: the next token of each row, a block of 1024 per row.
+ * Greedy (temperature <= 0): (value, index) pairs reduce so that the larger value wins
+ * and equal ones go to the lower index; NaNs never win, and a NaN in column 0 stands
+ * (sampler_argmax's rules). Otherwise sampler_draw's: weights exp((x - max) / T), 0 more
+ * than SAMPLER_CUT below (a NaN included), and the inverse CDF at u, ids ascending: each
+ * thread sums a contiguous chunk, a block scan of the chunks' sums finds the chunk where
+ * u x the total falls, and that thread walks it. */
+#define PICK_MAXN 64
+#define PICK_CUT (-40.0f) /* SAMPLER_CUT */
+
+struct pick_args {
+    float temp[PICK_MAXN];
+    double u[PICK_MAXN];
+};
+
 __device__ __forceinline__ void argmax_pair(float &bv, int &bi, float ov, int oi)
 {
     if (ov > bv || (ov == bv && oi < bi)) {
@@ -1703,36 +1714,121 @@ __device__ __forceinline__ void argmax_pair(float &bv, int &bi, float ov, int oi
     }
 }
 
-__global__ void __launch_bounds__(1024) argmax_rows_kernel(int32_t *out, const float *__restrict__ x, int V)
+__global__ void __launch_bounds__(1024) pick_rows_kernel(int32_t *out, const float *__restrict__ x, int V,
+                                                         pick_args a)
 {
     cu_pdl_wait();
     cu_pdl_launch();
     const float *r = x + (size_t)blockIdx.x * V;
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    __shared__ double sd[32];
+    __shared__ int best_s;
+    __shared__ float mx_s;
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = (int)blockDim.x / 32;
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int j = threadIdx.x; j < V; j += blockDim.x) argmax_pair(bv, bi, r[j], j);
     for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    int w = threadIdx.x / 32, l = threadIdx.x % 32;
     if (!l) {
         sv[w] = bv;
         si[w] = bi;
     }
     __syncthreads();
-    if (w) return;
-    bv = l < (int)blockDim.x / 32 ? sv[l] : -INFINITY;
-    bi = l < (int)blockDim.x / 32 ? si[l] : INT_MAX;
-    for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
-    if (!l) out[blockIdx.x] = r[0] != r[0] || bi == INT_MAX ? 0 : bi;
+    if (!w) {
+        bv = l < nw ? sv[l] : -INFINITY;
+        bi = l < nw ? si[l] : INT_MAX;
+        for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
+        if (!l) {
+            best_s = r[0] != r[0] || bi == INT_MAX ? 0 : bi;
+            mx_s = r[best_s];
+        }
+    }
+    __syncthreads();
+    int best = best_s;
+    float T = a.temp[blockIdx.x];
+    if (!(T > 0)) {
+        if (!threadIdx.x) out[blockIdx.x] = best;
+        return;
+    }
+    float mx = mx_s, inv_t = 1.0f / T;
+    int chunk = (V + (int)blockDim.x - 1) / (int)blockDim.x, j0 = min(V, (int)threadIdx.x * chunk),
+        j1 = min(V, j0 + chunk);
+    double part = 0;
+    int last = -1;
+    for (int j = j0; j < j1; j++) {
+        float z = (r[j] - mx) * inv_t, e = z >= PICK_CUT ? expf(z) : 0.0f;
+        part += e;
+        last = e > 0 ? j : last;
+    }
+    /* the chunks' exclusive prefix sums over the block, and the total */
+    double incl = part;
+    for (int o = 1; o < 32; o <<= 1) {
+        double t = __shfl_up_sync(~0u, incl, o);
+        if (l >= o) incl += t;
+    }
+    int lb = last;
+    for (int o = 16; o; o >>= 1) lb = max(lb, __shfl_xor_sync(~0u, lb, o));
+    __shared__ double total_s;
+    __shared__ int pick_s, last_s;
+    if (l == 31) sd[w] = incl;
+    if (!l) si[w] = lb;
+    __syncthreads();
+    if (!w) {
+        double t = l < nw ? sd[l] : 0, ti = t;
+        for (int o = 1; o < 32; o <<= 1) {
+            double q = __shfl_up_sync(~0u, ti, o);
+            if (l >= o) ti += q;
+        }
+        int lw = l < nw ? si[l] : -1;
+        for (int o = 16; o; o >>= 1) lw = max(lw, __shfl_xor_sync(~0u, lw, o));
+        sd[l] = ti - t; /* the warps' exclusive prefixes */
+        if (l == 31) total_s = ti;
+        if (!l) {
+            last_s = lw;
+            pick_s = INT_MAX;
+        }
+    }
+    __syncthreads();
+    double total = total_s, pre = sd[w] + (incl - part);
+    if (!(total >= 1 && total < INFINITY)) { /* a NaN or an infinite logit */
+        if (!threadIdx.x) out[blockIdx.x] = best;
+        return;
+    }
+    double target = a.u[blockIdx.x] * total;
+    if (target >= pre && target < pre + part) { /* this thread's chunk */
+        double c = pre;
+        int got = last;
+        for (int j = j0; j < j1; j++) {
+            float z = (r[j] - mx) * inv_t, e = z >= PICK_CUT ? expf(z) : 0.0f;
+            c += e;
+            if (target < c) {
+                got = j;
+                break;
+            }
+        }
+        atomicMin(&pick_s, got);
+    }
+    __syncthreads();
+    /* no chunk took it (u x total past the end by rounding): the last token with weight */
+    if (!threadIdx.x) out[blockIdx.x] = pick_s != INT_MAX ? pick_s : last_s >= 0 ? last_s : best;
 }
 
-static void cu_argmax_rows(int32_t *host_out, const float *x, int n, int V)
+static void cu_pick_rows(int32_t *host_out, const float *x, int n, int V, const float *temp, const double *u)
 {
     if (n <= 0 || V <= 0) return;
     int32_t *d = (int32_t *)cu_alloc(sizeof(int32_t) * (size_t)n);
     if (!d) return; /* cu_alloc recorded the failure */
-    cu_launch(argmax_rows_kernel, dim3((unsigned)n), dim3(1024), 0, d, x, V);
+    cu_zero(d, sizeof(int32_t) * (size_t)n);
+    for (int i0 = 0; i0 < n; i0 += PICK_MAXN) {
+        int m = min(PICK_MAXN, n - i0);
+        pick_args a = {};
+        for (int i = 0; i < m; i++) {
+            a.temp[i] = temp ? temp[i0 + i] : 0.0f;
+            a.u[i] = u ? u[i0 + i] : 0.0;
+        }
+        cu_launch(pick_rows_kernel, dim3((unsigned)m), dim3(1024), 0, d + i0, x + (size_t)i0 * V, V, a);
+    }
     cu_download(host_out, d, sizeof(int32_t) * (size_t)n);
     cu_free(d);
 }
@@ -1809,7 +1905,7 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.add = cu_add;
         g_ops.upload = cu_upload;
         g_ops.download = cu_download;
-        g_ops.argmax_rows = cu_argmax_rows;
+        g_ops.pick_rows = cu_pick_rows;
         g_ops.sync = cu_sync;
         g_ops.zero = cu_zero;
         g_ops.copy_rows = cu_copy_rows;
