@@ -461,12 +461,6 @@ done:
     return s;
 }
 
-/* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
- * the backend's recorded graph for n: the first step of each n runs eagerly
- * (warm-up: weights, tables and buffers settle), the second is recorded, and
- * every later one uploads its token arrays to the recording's fixed buffer and
- * replays it. Returns false when the step must run eagerly instead (no graph
- * support, the recording failed, DSV3_GRAPH=0). */
 /* sampler_draw for row i of the host rows (temp, u: NULL for greedy). */
 static int32_t pick_host(float *row, int V, const float *temp, const double *u, int i)
 {
@@ -503,6 +497,12 @@ typedef struct {
     int32_t *next;
 } fwd_out;
 
+/* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
+ * the backend's recorded graph for n: the first step of each n runs eagerly
+ * (warm-up: weights, tables and buffers settle), the second is recorded, and
+ * every later one uploads its token arrays to the recording's fixed buffer and
+ * replays it. Returns false when the step must run eagerly instead (no graph
+ * support, the recording failed, DSV3_GRAPH=0). */
 static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, const fwd_out *o,
                           ds_status *s)
 {
