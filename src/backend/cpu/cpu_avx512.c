@@ -110,13 +110,22 @@ AVX512 INLINE __m512 exp512(__m512 x)
 
 /* ---- decode: y[t][r] = W[r] . xs[t], one row, T <= 4 tokens -------------
  * One row at a time, so the weight is read strictly sequentially (the rows of
- * a matrix are contiguous) with software prefetch 6 KiB ahead: the
- * checkpoint is mapped with 4 KiB pages, at whose boundaries the hardware
- * prefetchers stop. Four chunks of 16 in flight per token hide FMA latency. */
-
+ * a matrix are contiguous) with software prefetch 12 KiB ahead into L2
+ * (prefetcht2): where the checkpoint is mapped with 4 KiB pages the hardware
+ * prefetchers stop at every page boundary, and even with 2 MiB pages they run
+ * too little ahead of a loop that also computes. Four chunks of 16 in flight
+ * per token hide FMA latency.
+ *   Measured (session 16, Zen 4 EPYC, 2 threads, bench/matvec.sh's 1 GiB
+ * matvec beside the read bandwidth, alternated builds): into L1 (prefetcht0)
+ * 6 KiB ahead FP8 26-28 GB/s of 61-65 read, none at all 17; into L2 8 / 12 /
+ * 16 / 24 KiB ahead 51-52 / 53-56 / 54-57 / 54-56, the kernel's ceiling from
+ * L2 being ~56. BF16 22-23 -> 42-43. Model decode (8-layer bench, FP8)
+ * 24-25 -> 38-40 tok/s. Prefetches into L1 hold the core's few L1 miss
+ * buffers; L2 has many more. */
 #ifndef PREFETCH_BYTES
-#define PREFETCH_BYTES 6144
+#define PREFETCH_BYTES 12288
 #endif
+#define PREFETCH_HINT _MM_HINT_T2
 
 AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y,
                              size_t ldy)
@@ -130,7 +139,7 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
     int k = 0;
     for (; k + 64 <= K; k += 64) {
         #pragma GCC unroll 16
-        for (int c = 0; c < esz; c++) _mm_prefetch(row + (size_t)k * esz + PREFETCH_BYTES + 64 * c, _MM_HINT_T0);
+        for (int c = 0; c < esz; c++) _mm_prefetch(row + (size_t)k * esz + PREFETCH_BYTES + 64 * c, PREFETCH_HINT);
         __m512 wv[4];
         #pragma GCC unroll 16
         for (int u = 0; u < 4; u++) wv[u] = load_w(f, row, k + 16 * u, 0xFFFF);
@@ -292,9 +301,11 @@ AVX512 static void fp8_fix(__m512 *corr, int T, const uint8_t *p, int n, const f
  * did not shorten it (from L2: ~41 GB/s a core either way), so the 8 vdpbf16ps share
  * the vector pipes with the widening and the subnormal test rather than wait on their
  * latency. At two tokens 8 chains a token (was 4) are ~10% faster from L2. The same
- * codes widened to float32 (vcvtph2ps, FMA) take 14.8 cycles. In the model's traffic
- * the kernel reaches ~80% of the read bandwidth on 1 GiB (bench/matvec.sh); prefetching
- * 24 KiB ahead instead of 6 was +2-6% there but slower in the model (shorter streams). */
+ * codes widened to float32 (vcvtph2ps, FMA) take 14.8 cycles. On Zen 4 (session 16:
+ * 512-bit operations in two halves, 3.65 GHz) the one-token loop takes ~14.4 cycles per
+ * 128 codes from L2 (~32 GB/s a core); without the widening ~12.7, without the
+ * activation loads or the subnormal test no shorter, two rows sharing the activation
+ * loads ~13, the widening by GFNI affine maps and byte unpacks ~15.7. */
 AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy)
 {
@@ -316,8 +327,8 @@ AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *x
     }
     int k = 0;
     for (; k < K128; k += 128) {
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES, _MM_HINT_T0);
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)row + k + PREFETCH_BYTES, PREFETCH_HINT);
+        _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, PREFETCH_HINT);
         /* an exponent field of 0 (a subnormal or zero code) on the raw bytes:
          * one test per 64 codes, a branch per 128 */
         __m512i V0 = _mm512_loadu_si512(row + k), V1 = _mm512_loadu_si512(row + k + 64);
