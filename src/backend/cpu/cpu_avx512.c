@@ -169,9 +169,88 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
     default: gemv_tile(F, 1, w, r, xs, ldx, y, ldy); break;                        \
     }
 
-AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
+/* ---- decode, BF16 weights ------------------------------------------------
+ * 32 weights per 512-bit load: the even-numbered ones are the 32-bit lanes
+ * shifted left 16, the odd-numbered ones the lanes masked to their high half,
+ * each a float32 exactly. The activations come permuted to match
+ * (prep_bf16_acts), so one load and two operations widen 32 weights, where
+ * bf16x16_to_f32 takes a 256-bit load and two operations for 16. No software
+ * prefetch: the hardware prefetchers keep up with this loop.
+ *   Measured (session 16, Zen 4, 2 threads, 1 GiB on 2 MiB pages, alternated):
+ * this loop without prefetch 53-58 GB/s beside a read of 54-57; with
+ * prefetcht2 12 or 24 KiB ahead 45-46; the bf16x16_to_f32 form 42-46 either way. */
+
+/* xp[t]: per 32 columns, the 16 of even number, then the 16 odd ones; the
+ * columns past the last multiple of 32 as they are. */
+AVX512 static void prep_bf16_acts(float *xp, const float *x, int n, int K)
 {
-    GEMV_CASES(DS_W_BF16)
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    int K32 = K / 32 * 32;
+    for (int t = 0; t < n; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xp + (size_t)t * K;
+        for (int k = 0; k < K32; k += 32) {
+            __m512 a = _mm512_loadu_ps(xi + k), b = _mm512_loadu_ps(xi + k + 16);
+            _mm512_storeu_ps(o + k, _mm512_permutex2var_ps(a, ev, b));
+            _mm512_storeu_ps(o + k + 16, _mm512_permutex2var_ps(a, od, b));
+        }
+        for (int k = K32; k < K; k++) o[k] = xi[k];
+    }
+}
+
+/* Row r against T <= 4 tokens of prep_bf16_acts' activations. */
+AVX512 INLINE void gemv_bf16_tile(int T, const ds_weight *w, int r, const float *xp, size_t ldx, float *y, size_t ldy)
+{
+    int K = w->cols, K64 = K / 64 * 64, K32 = K / 32 * 32;
+    const uint16_t *row = w_row(w, r);
+    const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);
+    __m512 acc[4][4];
+    #pragma GCC unroll 16
+    for (int u = 0; u < 4; u++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[u][t] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k < K64; k += 64) {
+        __m512i v0 = _mm512_loadu_si512(row + k), v1 = _mm512_loadu_si512(row + k + 32);
+        __m512 wv[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hm)),
+                        _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hm))};
+        #pragma GCC unroll 16
+        for (int u = 0; u < 4; u++)
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++)
+                acc[u][t] = _mm512_fmadd_ps(wv[u], _mm512_loadu_ps(xp + t * ldx + k + 16 * u), acc[u][t]);
+    }
+    if (k < K32) {
+        __m512i v0 = _mm512_loadu_si512(row + k);
+        __m512 we = _mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), wo = _mm512_castsi512_ps(_mm512_and_si512(v0, hm));
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            acc[0][t] = _mm512_fmadd_ps(we, _mm512_loadu_ps(xp + t * ldx + k), acc[0][t]);
+            acc[1][t] = _mm512_fmadd_ps(wo, _mm512_loadu_ps(xp + t * ldx + k + 16), acc[1][t]);
+        }
+        k += 32;
+    }
+    for (; k < K; k += 16) {
+        __mmask16 m = mask16(K - k);
+        __m512 wv = load_w(DS_W_BF16, row, k, m);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[0][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xp + t * ldx + k), acc[0][t]);
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]),
+                                                        _mm512_add_ps(acc[2][t], acc[3][t])));
+}
+
+AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xp, size_t ldx, float *y, size_t ldy)
+{
+    switch (T) {
+    case 4: gemv_bf16_tile(4, w, r, xp, ldx, y, ldy); break;
+    case 3: gemv_bf16_tile(3, w, r, xp, ldx, y, ldy); break;
+    case 2: gemv_bf16_tile(2, w, r, xp, ldx, y, ldy); break;
+    default: gemv_bf16_tile(1, w, r, xp, ldx, y, ldy); break;
+    }
 }
 AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
 {
@@ -416,8 +495,10 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
 AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, const ds_matmul_job **cj, int *crb)
 {
     const ds_weight *w = j->w;
-    bool fp8 = w->fmt == DS_W_FP8;
+    bool fp8 = w->fmt == DS_W_FP8, bf16 = w->fmt == DS_W_BF16;
     uint16_t *xq = (uint16_t *)(xs + (size_t)j->n * w->cols);
+    if (bf16 && j != *cj) prep_bf16_acts(xs, j->x, j->n, w->cols);
+    if (bf16) *cj = j;
     while (a < b) {
         int e = b;
         if (fp8) {
@@ -426,7 +507,7 @@ AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, 
             if (rb != *crb || j != *cj) prep_fp8_acts(xs, xq, j->x, j->n, w, *crb = rb);
             *cj = j;
         }
-        gemv_rows(j->y, fp8 ? xs : j->x, xq, j->n, w, j->row0, j->rows, a, e);
+        gemv_rows(j->y, fp8 || bf16 ? xs : j->x, xq, j->n, w, j->row0, j->rows, a, e);
         a = e;
     }
 }
@@ -497,7 +578,7 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     size_t total = 0, xmax = 0;
     for (int i = 0; i < nj; i++) {
         total += row_bytes(jobs[i].w) * (size_t)jobs[i].rows;
-        if (jobs[i].w->fmt == DS_W_FP8 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
+        if (jobs[i].w->fmt != DS_W_F32 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
     int nu = 0;
@@ -511,7 +592,8 @@ AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
     #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
     {
         int nt = MIN(omp_get_num_threads(), MAX_SHARES), me = omp_get_thread_num();
-        float *xs = xmax ? scratch(0, 2 * sizeof(float) * xmax) : NULL; /* f32, then bf16 hi + lo */
+        /* FP8: f32, then bf16 hi + lo; BF16: f32 permuted */
+        float *xs = xmax ? scratch(0, 2 * sizeof(float) * xmax) : NULL;
         bool ok = !(xmax && !xs);
         if (!ok) cpu_fail_oom("decode activations", 2 * sizeof(float) * xmax);
         if (me < nt) {
