@@ -4,7 +4,8 @@
  * matter for the timing), each beside the read bandwidth measured in the same
  * run. Also times the raw streaming sum of the same mapping, which isolates
  * the cost of the page-cache mapping from the kernel's own arithmetic.
- *   bench_matvec [FILE [fp8|bf16]]   (see bench/matvec.sh) */
+ *   bench_matvec [FILE|- [fp8|bf16 [K]]]   (see bench/matvec.sh; K: the row
+ *   length, 2048 unless given; -: no file) */
 #include <fcntl.h>
 #include <omp.h>
 #include <stdint.h>
@@ -89,19 +90,24 @@ static void time_moe(const char *what, ds_wfmt fmt, const uint8_t *base, size_t 
 
 int main(int argc, char **argv)
 {
-    const char *file = argc > 1 ? argv[1] : NULL;
+    const char *file = argc > 1 && strcmp(argv[1], "-") && argv[1][0] ? argv[1] : NULL; /* "-": none */
     ds_wfmt fmt = argc > 2 && !strcmp(argv[2], "bf16") ? DS_W_BF16 : DS_W_FP8;
     if (!cpu_has_avx512()) {
         printf("no AVX-512: nothing to measure\n");
         return 0;
     }
-    const int K = 2048, reps = 10;
+    const int K = argc > 3 ? atoi(argv[3]) : 2048, reps = 10;
+    if (K < 128 || K > (1 << 20) || K % 128) {
+        fprintf(stderr, "bench_matvec: K must be a multiple of 128 from 128 to 2^20, got %s\n", argv[3]);
+        return 2;
+    }
     size_t esz = fmt == DS_W_FP8 ? 1 : 2, bytes = (size_t)1 << 30;
     int rows = (int)(bytes / ((size_t)K * esz));
     float *x = malloc(sizeof(float) * K), *y = malloc(sizeof(float) * (size_t)rows);
     float *scale = malloc(sizeof(float) * (size_t)((rows + 127) / 128) * (K / 128));
     uint8_t *anon = NULL;
-    if (!x || !y || !scale || posix_memalign((void **)&anon, 4096, bytes)) return 1;
+    if (!x || !y || !scale || posix_memalign((void **)&anon, (size_t)2 << 20, bytes)) return 1;
+    madvise(anon, bytes, MADV_HUGEPAGE); /* as the model's weights (st_settle_pages) */
     for (int i = 0; i < K; i++) x[i] = (float)(i % 7) - 3.0f;
     for (size_t i = 0; i < (size_t)((rows + 127) / 128) * (K / 128); i++) scale[i] = 1e-3f;
     /* finite codes; for FP8, normal ones, as nearly all in real weights (the

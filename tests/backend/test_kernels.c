@@ -131,6 +131,8 @@ static void check_matmul(const char *label, matmul_fn f, double tol_all, double 
         /* rows, cols, row0, used rows */
         {1, 1, 0, 1}, {5, 17, 1, 3}, {37, 130, 0, 37}, {130, 257, 2, 127}, {300, 129, 100, 190},
         {256, 512, 128, 128}, {70, 2048, 0, 70}, {129, 33, 64, 65}, {150, 1157, 5, 140},
+        /* rows long enough that even one token's activations go in column pieces */
+        {20, 4500, 3, 17}, {9, 8256, 0, 9},
     };
     static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 50};
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8, DS_W_FP8}; /* the last: normal codes only */

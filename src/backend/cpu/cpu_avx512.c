@@ -126,6 +126,10 @@ AVX512 INLINE __m512 exp512(__m512 x)
 #define PREFETCH_BYTES 12288
 #endif
 #define PREFETCH_HINT _MM_HINT_T2
+/* Activation bytes of one column piece of a long row (see gemv_rows). */
+#ifndef GEMV_X_BYTES
+#define GEMV_X_BYTES 16384
+#endif
 
 AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y,
                              size_t ldy)
@@ -200,10 +204,10 @@ AVX512 static void prep_bf16_acts(float *xp, const float *x, int n, int K)
 }
 
 /* Row r against T <= 4 tokens of prep_bf16_acts' activations. */
-AVX512 INLINE void gemv_bf16_tile(int T, const ds_weight *w, int r, const float *xp, size_t ldx, float *y, size_t ldy)
+AVX512 INLINE void gemv_bf16_tile(int T, const uint16_t *row, int K, size_t pf, const float *xp, size_t ldx, float *y,
+                                size_t ldy, bool add)
 {
-    int K = w->cols, K64 = K / 64 * 64, K32 = K / 32 * 32;
-    const uint16_t *row = w_row(w, r);
+    int K64 = K / 64 * 64, K32 = K / 32 * 32;
     const __m512i hm = _mm512_set1_epi32((int)0xFFFF0000);
     __m512 acc[4][4];
     #pragma GCC unroll 16
@@ -212,6 +216,10 @@ AVX512 INLINE void gemv_bf16_tile(int T, const ds_weight *w, int r, const float 
         for (int t = 0; t < T; t++) acc[u][t] = _mm512_setzero_ps();
     int k = 0;
     for (; k < K64; k += 64) {
+        if (pf) {
+            _mm_prefetch((const char *)(row + k) + pf, PREFETCH_HINT);
+            _mm_prefetch((const char *)(row + k) + pf + 64, PREFETCH_HINT);
+        }
         __m512i v0 = _mm512_loadu_si512(row + k), v1 = _mm512_loadu_si512(row + k + 32);
         __m512 wv[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(v0, 16)), _mm512_castsi512_ps(_mm512_and_si512(v0, hm)),
                         _mm512_castsi512_ps(_mm512_slli_epi32(v1, 16)), _mm512_castsi512_ps(_mm512_and_si512(v1, hm))};
@@ -238,18 +246,23 @@ AVX512 INLINE void gemv_bf16_tile(int T, const ds_weight *w, int r, const float 
         for (int t = 0; t < T; t++) acc[0][t] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, xp + t * ldx + k), acc[0][t]);
     }
     #pragma GCC unroll 16
-    for (int t = 0; t < T; t++)
-        y[t * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]),
-                                                        _mm512_add_ps(acc[2][t], acc[3][t])));
+    for (int t = 0; t < T; t++) {
+        float v = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]), _mm512_add_ps(acc[2][t], acc[3][t])));
+        y[t * ldy] = add ? y[t * ldy] + v : v;
+    }
 }
 
-AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, const float *xp, size_t ldx, float *y, size_t ldy)
+/* Columns [k0, k0 + K) of row r (k0 a multiple of 32); add: onto y. */
+AVX512 static void gemv_bf16(int T, const ds_weight *w, int r, int k0, int K, size_t pf, const float *xp, size_t ldx,
+                             float *y, size_t ldy, bool add)
 {
+    const uint16_t *row = (const uint16_t *)w_row(w, r) + k0;
+    xp += k0;
     switch (T) {
-    case 4: gemv_bf16_tile(4, w, r, xp, ldx, y, ldy); break;
-    case 3: gemv_bf16_tile(3, w, r, xp, ldx, y, ldy); break;
-    case 2: gemv_bf16_tile(2, w, r, xp, ldx, y, ldy); break;
-    default: gemv_bf16_tile(1, w, r, xp, ldx, y, ldy); break;
+    case 4: gemv_bf16_tile(4, row, K, pf, xp, ldx, y, ldy, add); break;
+    case 3: gemv_bf16_tile(3, row, K, pf, xp, ldx, y, ldy, add); break;
+    case 2: gemv_bf16_tile(2, row, K, pf, xp, ldx, y, ldy, add); break;
+    default: gemv_bf16_tile(1, row, K, pf, xp, ldx, y, ldy, add); break;
     }
 }
 AVX512 static void gemv_f32(int T, const ds_weight *w, int r, const float *xs, size_t ldx, float *y, size_t ldy)
@@ -385,11 +398,10 @@ AVX512 static void fp8_fix(__m512 *corr, int T, const uint8_t *p, int n, const f
  * 128 codes from L2 (~32 GB/s a core); without the widening ~12.7, without the
  * activation loads or the subnormal test no shorter, two rows sharing the activation
  * loads ~13, the widening by GFNI affine maps and byte unpacks ~15.7. */
-AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
-                                size_t ldq, float *y, size_t ldy)
+AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, const float *xs, size_t ldx,
+                                const uint16_t *xq, size_t ldq, float *y, size_t ldy, bool add)
 {
-    int K = w->cols, K64 = K / 64 * 64, K128 = K / 128 * 128;
-    const uint8_t *row = w_row(w, r);
+    int K64 = K / 64 * 64, K128 = K / 128 * 128;
     const __m512i e8 = _mm512_set1_epi8(0x78);
     /* vdpbf16ps issues twice a cycle with a latency of 6: 8 independent chains
      * a token at one or two tokens (one token measured no faster with 16), 4 a
@@ -406,8 +418,8 @@ AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *x
     }
     int k = 0;
     for (; k < K128; k += 128) {
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES, PREFETCH_HINT);
-        _mm_prefetch((const char *)row + k + PREFETCH_BYTES + 64, PREFETCH_HINT);
+        _mm_prefetch((const char *)row + k + pf, PREFETCH_HINT);
+        _mm_prefetch((const char *)row + k + pf + 64, PREFETCH_HINT);
         /* an exponent field of 0 (a subnormal or zero code) on the raw bytes:
          * one test per 64 codes, a branch per 128 */
         __m512i V0 = _mm512_loadu_si512(row + k), V1 = _mm512_loadu_si512(row + k + 64);
@@ -457,19 +469,24 @@ AVX512 INLINE void gemv_dp_tile(int T, const ds_weight *w, int r, const float *x
         for (int c = 1; c < C; c++) s = _mm512_add_ps(s, acc[c][t]);
         float v = _mm512_reduce_add_ps(s) * 18446744073709551616.0f; /* 2^64 */
         if (fixed) v += _mm512_reduce_add_ps(corr[t]) * 3.5527136788005009e-15f; /* 2^-48 */
-        y[t * ldy] = v;
+        y[t * ldy] = add ? y[t * ldy] + v : v;
     }
 }
 #undef DP32
 
-AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, const float *xs, size_t ldx, const uint16_t *xq,
-                               size_t ldq, float *y, size_t ldy)
+/* Columns [k0, k0 + K) of row r (k0 a multiple of 128); pf: how far ahead of
+ * what it reads the tile prefetches; add: onto y. */
+AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, int k0, int K, size_t pf, const float *xs, size_t ldx,
+                               const uint16_t *xq, size_t ldq, float *y, size_t ldy, bool add)
 {
+    const uint8_t *row = (const uint8_t *)w_row(w, r) + k0;
+    xs += k0;
+    xq += 2 * (size_t)k0;
     switch (T) {
-    case 4: gemv_dp_tile(4, w, r, xs, ldx, xq, ldq, y, ldy); break;
-    case 3: gemv_dp_tile(3, w, r, xs, ldx, xq, ldq, y, ldy); break;
-    case 2: gemv_dp_tile(2, w, r, xs, ldx, xq, ldq, y, ldy); break;
-    default: gemv_dp_tile(1, w, r, xs, ldx, xq, ldq, y, ldy); break;
+    case 4: gemv_dp_tile(4, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 3: gemv_dp_tile(3, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 2: gemv_dp_tile(2, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    default: gemv_dp_tile(1, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
     }
 }
 
@@ -478,16 +495,45 @@ AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, const float *xs
 AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int n, const ds_weight *w, int row0,
                              int rows, int a, int b)
 {
-    size_t ldx = (size_t)w->cols, ldq = (size_t)w->cols / 64 * 128;
-    for (int r = a; r < b; r++)
-        for (int t0 = 0; t0 < n; t0 += 4) {
-            int T = MIN(4, n - t0);
-            float *yo = y + (size_t)t0 * rows + r;
-            const float *xo = xs + (size_t)t0 * ldx;
-            if (w->fmt == DS_W_FP8) gemv_fp8_dp(T, w, row0 + r, xo, ldx, xq + (size_t)t0 * ldq, ldq, yo, (size_t)rows);
-            else if (w->fmt == DS_W_BF16) gemv_bf16(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
-            else gemv_f32(T, w, row0 + r, xo, ldx, yo, (size_t)rows);
-        }
+    int K = w->cols;
+    size_t ldx = (size_t)K, ldq = (size_t)K / 64 * 128;
+    if (w->fmt == DS_W_F32) {
+        for (int r = a; r < b; r++)
+            for (int t0 = 0; t0 < n; t0 += 4)
+                gemv_f32(MIN(4, n - t0), w, row0 + r, xs + (size_t)t0 * ldx, ldx, y + (size_t)t0 * rows + r,
+                         (size_t)rows);
+        return;
+    }
+    /* Long rows go in column pieces of GEMV_X_BYTES of activations, every row
+     * of [a, b) for one piece before the next, so that the piece stays in L1
+     * while the weights stream past it. The weights are then read in runs of
+     * a piece with a stride of a row, so both tiles prefetch the same piece of
+     * a later row into L2 (whole rows ahead, ~PREFETCH_BYTES of reading).
+     *   Session 16 (Zen 4, 2 threads, bench/matvec.sh's 1 GiB matvec at other
+     * K, alternated builds): FP8 at K 7168 (28 KB of hi + lo) 20-21 -> 28-42
+     * GB/s, K 16384 17 -> 31-39 (read 36-67); BF16 at K 18432 24.5 -> 33-44
+     * (21.5 in pieces without the prefetch: the hardware's does not follow the
+     * stride). K 4096 (16 KB) stays whole: in two pieces it lost 50 -> 39. */
+    bool fp8 = w->fmt == DS_W_FP8;
+    /* activation bytes the loop reads a column and token: FP8 bf16 hi + lo,
+     * BF16 float32 */
+    int T4 = MIN(n, 4), kc = GEMV_X_BYTES / (4 * T4) / 128 * 128;
+    if (kc < 128) kc = 128;
+    if (kc >= K) kc = K;
+    size_t pf = PREFETCH_BYTES, bf16_pf = 0; /* whole rows ahead, when in pieces */
+    if (kc < K) pf = bf16_pf = (size_t)K * (fp8 ? 1 : 2) * (size_t)((PREFETCH_BYTES + kc - 1) / kc);
+
+    for (int k0 = 0; k0 < K; k0 += kc) {
+        int len = MIN(kc, K - k0);
+        for (int r = a; r < b; r++)
+            for (int t0 = 0; t0 < n; t0 += 4) {
+                int T = MIN(4, n - t0);
+                float *yo = y + (size_t)t0 * rows + r;
+                const float *xo = xs + (size_t)t0 * ldx;
+                if (fp8) gemv_fp8_dp(T, w, row0 + r, k0, len, pf, xo, ldx, xq + (size_t)t0 * ldq, ldq, yo, (size_t)rows, k0 > 0);
+                else gemv_bf16(T, w, row0 + r, k0, len, bf16_pf, xo, ldx, yo, (size_t)rows, k0 > 0);
+            }
+    }
 }
 
 /* Rows [a, b) of job j on the calling thread. xs: this thread's scratch for
