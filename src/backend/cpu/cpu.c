@@ -127,7 +127,11 @@ static void fill_fast(void)
     g_fast.matmul_heads = NULL;
     g_fast.matmul_heads_t = NULL;
     g_fast.moe_experts = NULL;
-    if (cpu_has_avx512()) {
+    /* DSV3_CPU_ISA=avx2: the AVX2 kernels on a CPU that also has AVX-512 (to
+     * test and measure what machines without it run) */
+    const char *isa = getenv("DSV3_CPU_ISA");
+    bool avx2_only = isa && !strcmp(isa, "avx2");
+    if (cpu_has_avx512() && !avx2_only) {
         g_fast.name = "cpu-avx512";
         g_fast.matmul = avx512_matmul;
         g_fast.matmul_t = avx512_matmul_t;
