@@ -286,7 +286,9 @@ static void check_silu(void)
 
 /* Several matmuls at once (decode: one region for all; n >= 16: the GEMM each),
  * every job against the reference. */
-static void check_matmul_many(void)
+typedef void (*many_fn)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+
+static void check_matmul_many(const char *label, many_fn many)
 {
     static const int ns[][3] = {{1, 1, 1}, {2, 3, 1}, {4, 1, 20}};
     static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16, DS_W_F32};
@@ -304,12 +306,12 @@ static void check_matmul_many(void)
             cpu_ref_ops.matmul(ref[j], x[j], n, &w[j].w, shape[j][2], nr, DS_GEMM_BF16, false);
             jobs[j] = (ds_matmul_job){got[j], x[j], n, &w[j].w, shape[j][2], nr};
         }
-        avx512_matmul_many(jobs, 3, DS_GEMM_BF16, false);
+        many(jobs, 3, DS_GEMM_BF16, false);
         for (int j = 0; j < 3; j++) {
             int n = ns[ni][j], nr = shape[j][3];
             double e = matmul_err(got[j], ref[j], x[j], n, &w[j].w, shape[j][2], nr);
-            CHECK_MSG(e <= 1e-5, "matmul_many job %d n %d: error %.3g", j, n, e);
-            CHECK_MSG(sentinels_ok(got[j], (size_t)n * nr), "matmul_many job %d n %d: wrote past the end", j, n);
+            CHECK_MSG(e <= 1e-5, "%s job %d n %d: error %.3g", label, j, n, e);
+            CHECK_MSG(sentinels_ok(got[j], (size_t)n * nr), "%s job %d n %d: wrote past the end", label, j, n);
             free(x[j]);
             free(ref[j]);
             free(got[j]);
@@ -379,7 +381,11 @@ static void check_heads(void)
  * move a code of h by one e4m3 step, about 1/16 of it, now and then: the bar is then
  * FP8Q_MOE_TOL of the largest output. A wrong routing or scale gives errors of order 1. */
 #define FP8Q_MOE_TOL 2e-2
-static void check_moe_gemm(ds_gemm_impl gemm)
+typedef void (*moe_fn)(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                       const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                       ds_gemm_impl gemm, bool ue8m0);
+
+static void check_moe_gemm(const char *label, moe_fn moe, ds_gemm_impl gemm)
 {
     static const int ns[] = {1, 3, 40, 100};
     static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16};
@@ -420,11 +426,11 @@ static void check_moe_gemm(ds_gemm_impl gemm)
                 float *ref = out_buf((size_t)n * dim), *got = out_buf((size_t)n * dim);
                 const ds_mlp_w *sp = sh ? &shared : NULL;
                 cpu_ref_ops.moe_experts(ref, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, gemm, false);
-                avx512_moe_experts(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, gemm, false);
+                moe(got, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, sp, gemm, false);
                 double e = rel_err(got, ref, (size_t)n * dim), tol = gemm == DS_GEMM_FP8 ? FP8Q_MOE_TOL : 1e-4;
-                if (gemm == DS_GEMM_FP8) printf("moe_experts fp8 gemm path n %d shared %d: error %.3g\n", n, sh, e);
-                CHECK_MSG(e <= tol, "moe_experts fmt %d gemm %d n %d shared %d: error %.3g", (int)fmts[fi], (int)gemm, n,
-                          sh, e);
+                if (gemm == DS_GEMM_FP8) printf("%s fp8 gemm path n %d shared %d: error %.3g\n", label, n, sh, e);
+                CHECK_MSG(e <= tol, "%s fmt %d gemm %d n %d shared %d: error %.3g", label, (int)fmts[fi], (int)gemm,
+                          n, sh, e);
                 CHECK(sentinels_ok(got, (size_t)n * dim));
                 free_weight(&s1);
                 free_weight(&s2);
@@ -554,7 +560,12 @@ static void check_e4m3_codes_wide(void)
 
 int main(void)
 {
-    if (cpu_has_avx2()) check_matmul("avx2 matmul", avx2_mm, 1e-6, 1e-6);
+    if (cpu_has_avx2()) {
+        /* the decode path below cpu_gemm_min_tokens tokens, gemv8 from there */
+        check_matmul("avx2 matmul", avx2_mm, 1e-6, 1e-6);
+        check_matmul_many("avx2 matmul_many", avx2_matmul_many);
+        check_moe_gemm("avx2 moe_experts", avx2_moe_experts, DS_GEMM_BF16);
+    }
     if (!cpu_has_avx512()) {
         printf("no AVX-512 (F/BW/VL/DQ/BF16): AVX-512 kernels not tested\n");
         return t_done("backend_kernels");
@@ -570,10 +581,10 @@ int main(void)
     check_matmul_t();
     check_attention();
     check_silu();
-    check_matmul_many();
+    check_matmul_many("avx512 matmul_many", avx512_matmul_many);
     check_heads();
-    check_moe_gemm(DS_GEMM_BF16);
-    check_moe_gemm(DS_GEMM_FP8);
+    check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_BF16);
+    check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_FP8);
     check_fake_quant();
     check_fp8q();
     return t_done("backend_kernels");

@@ -8,5 +8,9 @@ foreach(t model_golden model_variants)
   set_tests_properties(${t}_nan_scratch PROPERTIES
     ENVIRONMENT "DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};DSV3_SCRATCH_POISON=1;${DSV3_TEST_ENV}")
 endforeach()
+# the golden logits through the AVX2 kernels (what CPUs without AVX-512 run)
+add_test(NAME model_golden_avx2 COMMAND model_golden)
+set_tests_properties(model_golden_avx2 PROPERTIES
+  ENVIRONMENT "DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};DSV3_CPU_ISA=avx2;${DSV3_TEST_ENV}")
 dsv3_unit_test(model_bad_input ${CMAKE_CURRENT_LIST_DIR}/test_bad_input.c)
 dsv3_unit_test(model_sampler ${CMAKE_CURRENT_LIST_DIR}/test_sampler.c)

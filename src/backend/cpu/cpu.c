@@ -148,6 +148,8 @@ static void fill_fast(void)
     } else if (cpu_has_avx2()) {
         g_fast.name = "cpu-avx2";
         g_fast.matmul = avx2_matmul;
+        g_fast.matmul_many = avx2_matmul_many;
+        g_fast.moe_experts = avx2_moe_experts;
     }
 }
 

@@ -1,9 +1,12 @@
 /* cpu_avx2.c - AVX2 (+FMA, F16C) matmul for CPUs without AVX-512.
  *
- * The decode strategy of cpu_avx512.c at 8 lanes: four rows at a time widened
- * in registers (e4m3 through fp16 with the 2^8 folded into the activations,
- * BF16 by a shift), dotted with up to four tokens in float32. Used for any
- * number of tokens; no bf16 dot-product instructions exist here. */
+ * Decode (few tokens): cpu_decode_many's work units, as on AVX-512, one row at
+ * a time against up to four tokens in float32: e4m3 widened through fp16 (the
+ * 2^8 and the block scale folded into the activations), BF16 by a shift or a
+ * mask, weights prefetched into L2 ahead of the loop, long rows in column
+ * pieces. Many tokens: four rows at a time (gemv8); no bf16 dot-product
+ * instructions exist here. DSV3_CPU_ISA=avx2 selects these kernels on a CPU
+ * with AVX-512 too. */
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
@@ -124,6 +127,170 @@ AVX2 static void gemv8_f32(int R, int T, const ds_weight *w, int r0, const float
     GEMV8_CASES(DS_W_F32)
 }
 
+/* ---- decode ---------------------------------------------------------------
+ * The AVX-512 kernels' findings (session 16, Zen 4) carried over: FP8 rows
+ * prefetched PREFETCH_BYTES ahead into L2, BF16 rows left to the hardware
+ * prefetchers; rows whose activations pass GEMV_X_BYTES go in column pieces,
+ * each prefetching the same piece of a later row. */
+#define PREFETCH_BYTES 12288
+#define GEMV_X_BYTES 16384
+
+/* 16 e4m3 codes -> their values times 2^-8, as two vectors of 8. */
+AVX2 INLINE void fp8x16_to_f32(const uint8_t *p, __m256 *lo, __m256 *hi)
+{
+    __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xBF80));
+    *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+    *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+/* 16 bf16 weights as floats: those of even number (shifted), then the odd
+ * ones (masked); prep_bf16_acts8 orders the activations to match. */
+AVX2 INLINE void bf16x16_to_f32(const uint16_t *p, __m256 *even, __m256 *odd)
+{
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32((int)0xFFFF0000)));
+}
+
+/* xp[t]: per 16 columns, the 8 of even number, then the 8 odd ones; the
+ * columns past the last multiple of 16 as they are. */
+static void prep_bf16_acts8(float *xp, const float *x, int n, int K)
+{
+    int K16 = K / 16 * 16;
+    for (int t = 0; t < n; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xp + (size_t)t * K;
+        for (int k = 0; k < K16; k += 16)
+            for (int i = 0; i < 8; i++) {
+                o[k + i] = xi[k + 2 * i];
+                o[k + 8 + i] = xi[k + 2 * i + 1];
+            }
+        for (int k = K16; k < K; k++) o[k] = xi[k];
+    }
+}
+
+/* Columns [0, K) of one row (FP8 or BF16; row and xs already at the piece's
+ * first column) against T <= 4 tokens; U chunks of 16 a step, two chains each
+ * per token (FMA latency x throughput: 8 at one token). pf: prefetch distance,
+ * 0 for none; add: onto y. */
+AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t pf, const float *xs, size_t ldx,
+                          float *y, size_t ldy, bool add)
+{
+    int esz = fp8 ? 1 : 2, K16 = K / 16 * 16;
+    const uint8_t *rb = row;
+    __m256 acc[4][2][4];
+    #pragma GCC unroll 16
+    for (int u = 0; u < U; u++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[u][0][t] = acc[u][1][t] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 16 * U <= K16; k += 16 * U) {
+        if (pf)
+            for (int o = 0; o < 16 * U * esz; o += 64) _mm_prefetch((const char *)rb + (size_t)k * esz + pf + o, _MM_HINT_T2);
+        #pragma GCC unroll 16
+        for (int u = 0; u < U; u++) {
+            __m256 a, b;
+            if (fp8) fp8x16_to_f32(rb + k + 16 * u, &a, &b);
+            else bf16x16_to_f32((const uint16_t *)row + k + 16 * u, &a, &b);
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++) {
+                const float *xt = xs + t * ldx + k + 16 * u;
+                acc[u][0][t] = _mm256_fmadd_ps(a, _mm256_loadu_ps(xt), acc[u][0][t]);
+                acc[u][1][t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xt + 8), acc[u][1][t]);
+            }
+        }
+    }
+    for (; k < K16; k += 16) {
+        __m256 a, b;
+        if (fp8) fp8x16_to_f32(rb + k, &a, &b);
+        else bf16x16_to_f32((const uint16_t *)row + k, &a, &b);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            acc[0][0][t] = _mm256_fmadd_ps(a, _mm256_loadu_ps(xs + t * ldx + k), acc[0][0][t]);
+            acc[0][1][t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs + t * ldx + k + 8), acc[0][1][t]);
+        }
+    }
+    for (; k < K; k += 8) { /* the tail, in column order */
+        int m = MIN(8, K - k);
+        __m256 wv = load_w8(fp8 ? DS_W_FP8 : DS_W_BF16, row, k, m);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[0][0][t] = _mm256_fmadd_ps(wv, load_x8(xs + t * ldx, k, m), acc[0][0][t]);
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++) {
+        __m256 sum = _mm256_add_ps(acc[0][0][t], acc[0][1][t]);
+        #pragma GCC unroll 16
+        for (int u = 1; u < U; u++) sum = _mm256_add_ps(sum, _mm256_add_ps(acc[u][0][t], acc[u][1][t]));
+        float v = hsum8(sum);
+        y[t * ldy] = add ? y[t * ldy] + v : v;
+    }
+}
+
+AVX2 static void dec_row(bool fp8, int T, const void *row, int K, size_t pf, const float *xs, size_t ldx, float *y,
+                         size_t ldy, bool add)
+{
+    if (fp8) {
+        switch (T) {
+        case 4: dec_tile(true, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;
+        case 3: dec_tile(true, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;
+        case 2: dec_tile(true, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;
+        default: dec_tile(true, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;
+        }
+        return;
+    }
+    switch (T) {
+    case 4: dec_tile(false, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;
+    case 3: dec_tile(false, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;
+    case 2: dec_tile(false, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;
+    default: dec_tile(false, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;
+    }
+}
+
+static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
+
+/* Rows [a, b) of job j (a cpu_decode_rows_fn): FP8 activations scaled per
+ * scale block, BF16 permuted once per job, float32 weights through gemv8. */
+AVX2 static void decode_rows8(const ds_matmul_job *j, int a, int b, float *xs, cpu_decode_state *st)
+{
+    const ds_weight *w = j->w;
+    int K = w->cols, n = j->n;
+    size_t ldx = (size_t)K;
+    if (w->fmt == DS_W_F32) {
+        for (int r = a; r < b; r++)
+            for (int t0 = 0; t0 < n; t0 += 4)
+                gemv8_f32(1, MIN(4, n - t0), w, j->row0 + r, j->x + (size_t)t0 * ldx, ldx, j->y + (size_t)t0 * j->rows + r,
+                          (size_t)j->rows);
+        return;
+    }
+    bool fp8 = w->fmt == DS_W_FP8;
+    if (!fp8 && st->job != j) prep_bf16_acts8(xs, j->x, n, K);
+    if (!fp8) st->job = j;
+    int kc;
+    size_t row_pf;
+    cpu_decode_pieces(K, n, fp8 ? 1 : 2, GEMV_X_BYTES, PREFETCH_BYTES, &kc, &row_pf);
+    size_t pf = row_pf ? row_pf : fp8 ? PREFETCH_BYTES : 0;
+    while (a < b) {
+        int e = b;
+        if (fp8) {
+            int rb = (j->row0 + a) / DS_BLOCK;
+            e = MIN(b, (rb + 1) * DS_BLOCK - j->row0);
+            if (rb != st->rb || j != st->job) scale_acts8(xs, j->x, n, w, st->rb = rb);
+            st->job = j;
+        }
+        for (int k0 = 0; k0 < K; k0 += kc) {
+            int len = MIN(kc, K - k0);
+            for (int r = a; r < e; r++) {
+                const uint8_t *row = (const uint8_t *)w_row(w, j->row0 + r) + (size_t)k0 * (fp8 ? 1 : 2);
+                for (int t0 = 0; t0 < n; t0 += 4)
+                    dec_row(fp8, MIN(4, n - t0), row, len, pf, xs + (size_t)t0 * ldx + k0, ldx,
+                            j->y + (size_t)t0 * j->rows + r, (size_t)j->rows, k0 > 0);
+            }
+        }
+        a = e;
+    }
+}
+
 /* xs[t][k] = x[t][k] * s[rb][k/128] * 2^8 (FP8 weights, row block rb). */
 static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb)
 {
@@ -140,6 +307,11 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
         float *xq = act_fake_quant_copy(x, n, w->cols, ue8m0, act_fake_quant);
         if (xq) avx2_matmul(y, xq, n, w, row0, rows, DS_GEMM_BF16, ue8m0);
         free(xq);
+        return;
+    }
+    if (n < cpu_gemm_min_tokens) {
+        ds_matmul_job j = {y, x, n, w, row0, rows};
+        cpu_decode_many(&j, 1, 1, decode_rows8);
         return;
     }
     int K = w->cols, ngroups = (rows + 3) / 4;
@@ -174,4 +346,16 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
         }
         free(xs);
     }
+}
+
+void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
+{
+    bool each = false;
+    for (int i = 0; i < n_jobs; i++) each |= jobs[i].n >= cpu_gemm_min_tokens || (gemm == DS_GEMM_FP8 && jobs[i].w->fmt == DS_W_FP8);
+    if (!each) {
+        cpu_decode_many(jobs, n_jobs, 1, decode_rows8);
+        return;
+    }
+    for (int i = 0; i < n_jobs; i++)
+        avx2_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
 }

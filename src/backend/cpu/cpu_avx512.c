@@ -72,22 +72,6 @@ static const void *w_row(const ds_weight *w, int r)
     return (const uint8_t *)w->data + (size_t)r * w->cols * esz;
 }
 
-/* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
- * that no call pays for fresh pages; grows as needed, never shrinks. slot < 5.
- * NULL if out of memory. */
-static void *scratch(int slot, size_t bytes)
-{
-    static _Thread_local void *buf[5];
-    static _Thread_local size_t cap[5];
-    if (bytes > cap[slot]) {
-        free(buf[slot]);
-        cap[slot] = 0;
-        if (posix_memalign(&buf[slot], 64, bytes)) return buf[slot] = NULL;
-        cap[slot] = bytes;
-    }
-    return buf[slot];
-}
-
 static __mmask16 mask16(int n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
 /* exp(x) for a vector: Cephes' expf polynomial after x = n ln2 + r, |r| <= ln2/2;
@@ -515,13 +499,10 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
      * (21.5 in pieces without the prefetch: the hardware's does not follow the
      * stride). K 4096 (16 KB) stays whole: in two pieces it lost 50 -> 39. */
     bool fp8 = w->fmt == DS_W_FP8;
-    /* activation bytes the loop reads a column and token: FP8 bf16 hi + lo,
-     * BF16 float32 */
-    int T4 = MIN(n, 4), kc = GEMV_X_BYTES / (4 * T4) / 128 * 128;
-    if (kc < 128) kc = 128;
-    if (kc >= K) kc = K;
-    size_t pf = PREFETCH_BYTES, bf16_pf = 0; /* whole rows ahead, when in pieces */
-    if (kc < K) pf = bf16_pf = (size_t)K * (fp8 ? 1 : 2) * (size_t)((PREFETCH_BYTES + kc - 1) / kc);
+    int kc;
+    size_t bf16_pf; /* whole rows ahead, when in pieces (activations: FP8 bf16 hi + lo, BF16 float32) */
+    cpu_decode_pieces(K, n, fp8 ? 1 : 2, GEMV_X_BYTES, PREFETCH_BYTES, &kc, &bf16_pf);
+    size_t pf = bf16_pf ? bf16_pf : PREFETCH_BYTES;
 
     for (int k0 = 0; k0 < K; k0 += kc) {
         int len = MIN(kc, K - k0);
@@ -536,10 +517,12 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
     }
 }
 
-/* Rows [a, b) of job j on the calling thread. xs: this thread's scratch for
- * the FP8-scaled activations; (*cj, *crb): the job and scale block it holds. */
-AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, const ds_matmul_job **cj, int *crb)
+/* Rows [a, b) of job j on the calling thread (a cpu_decode_rows_fn). xs: this
+ * thread's scratch for the prepared activations; st: what it holds. */
+AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, cpu_decode_state *st)
 {
+    const ds_matmul_job **cj = &st->job;
+    int *crb = &st->rb;
     const ds_weight *w = j->w;
     bool fp8 = w->fmt == DS_W_FP8, bf16 = w->fmt == DS_W_BF16;
     uint16_t *xq = (uint16_t *)(xs + (size_t)j->n * w->cols);
@@ -558,127 +541,9 @@ AVX512 static void decode_rows(const ds_matmul_job *j, int a, int b, float *xs, 
     }
 }
 
-static size_t row_bytes(const ds_weight *w) { return (size_t)w->cols * (w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4); }
-
-/* Below this many weight bytes in all, one thread does the work: waking the
- * others costs more than it saves. */
-#define DECODE_SERIAL_BYTES 65536
-/* Rows of one work unit: at most this many weight bytes, within one FP8 scale
- * block of one job. */
-#define UNIT_BYTES 524288
-
-typedef struct {
-    int job, a, b; /* rows [a, b) of jobs[job] */
-} decode_unit;
-
-/* The units of all jobs in order; NULL (and *nu = 0) if out of memory. */
-static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, int *nu)
-{
-    size_t cap = 0;
-    for (int i = 0; i < nj; i++) {
-        size_t per = UNIT_BYTES / row_bytes(jobs[i].w);
-        cap += (size_t)jobs[i].rows / (per ? per : 1) + (size_t)jobs[i].rows / DS_BLOCK + 2;
-    }
-    decode_unit *u = scratch(4, sizeof(decode_unit) * cap);
-    if (!u) cpu_fail_oom("decode work list", sizeof(decode_unit) * cap);
-    int n = 0;
-    for (int i = 0; u && i < nj; i++) {
-        int per = (int)(UNIT_BYTES / row_bytes(jobs[i].w));
-        if (per < 1) per = 1;
-        for (int a = 0, e; a < jobs[i].rows; a = e) {
-            e = MIN(jobs[i].rows, a + per);
-            if (jobs[i].w->fmt == DS_W_FP8) e = MIN(e, ((jobs[i].row0 + a) / DS_BLOCK + 1) * DS_BLOCK - jobs[i].row0);
-            u[n++] = (decode_unit){i, a, e};
-        }
-    }
-    *nu = n;
-    return u;
-}
-
-/* A thread's share of the units, [front, back), packed in one word so that
- * its owner (taking from the front, streaming forwards) and a thread that has
- * finished its own share (taking from the back) never take the same unit. */
-static inline bool take_unit(uint64_t *share, bool from_front, int *unit)
-{
-    uint64_t cur = __atomic_load_n(share, __ATOMIC_RELAXED);
-    for (;;) {
-        uint32_t f = (uint32_t)cur, b = (uint32_t)(cur >> 32);
-        if (f >= b) return false;
-        uint64_t next = from_front ? ((uint64_t)b << 32 | (f + 1)) : ((uint64_t)(b - 1) << 32 | f);
-        if (__atomic_compare_exchange_n(share, &cur, next, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-            *unit = (int)(from_front ? f : b - 1);
-            return true;
-        }
-    }
-}
-
-#define MAX_SHARES 256
-
-/* All jobs' rows, as one list of units, split into one contiguous share of
- * (about) equal weight bytes per thread: a single parallel region for any
- * number of matrices, and each thread streams its share front to back. A
- * thread that finishes early takes units from the back of the others' shares
- * (the machine is shared and a core can be slower for a while). */
-AVX512 static void decode_many(const ds_matmul_job *jobs, int nj)
-{
-    size_t total = 0, xmax = 0;
-    for (int i = 0; i < nj; i++) {
-        total += row_bytes(jobs[i].w) * (size_t)jobs[i].rows;
-        if (jobs[i].w->fmt != DS_W_F32 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
-            xmax = (size_t)jobs[i].n * jobs[i].w->cols;
-    }
-    int nu = 0;
-    decode_unit *units = decode_units(jobs, nj, &nu);
-    if (!units) return; /* decode_units recorded the failure */
-    /* one cache line each: the owner's and a thief's updates would otherwise
-     * move the line between cores on every unit */
-    struct {
-        _Alignas(64) uint64_t v;
-    } shares[MAX_SHARES];
-    #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
-    {
-        int nt = MIN(omp_get_num_threads(), MAX_SHARES), me = omp_get_thread_num();
-        /* FP8: f32, then bf16 hi + lo; BF16: f32 permuted */
-        float *xs = xmax ? scratch(0, 2 * sizeof(float) * xmax) : NULL;
-        bool ok = !(xmax && !xs);
-        if (!ok) cpu_fail_oom("decode activations", 2 * sizeof(float) * xmax);
-        if (me < nt) {
-            /* share [lo, hi) of the bytes; a unit belongs to the share its start falls in */
-            double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
-            int f = nu, b = nu;
-            for (int i = 0, u = 0; u < nu; u++) {
-                while (units[u].job != i) i++;
-                if (off >= lo && f == nu) f = u;
-                if (off >= hi) {
-                    b = u;
-                    break;
-                }
-                off += (double)row_bytes(jobs[i].w) * (units[u].b - units[u].a);
-            }
-            shares[me].v = (uint64_t)(uint32_t)b << 32 | (uint32_t)(f < b ? f : b);
-            /* the FP8 scale rows of the share (a unit is within one), which would
-             * otherwise each cost prep_fp8_acts a round trip to memory */
-            for (int i = f; i < b; i++) {
-                const ds_matmul_job *j = &jobs[units[i].job];
-                if (j->w->fmt != DS_W_FP8) continue;
-                int kb = (j->w->cols + DS_BLOCK - 1) / DS_BLOCK;
-                const float *sr = j->w->scale + (size_t)((j->row0 + units[i].a) / DS_BLOCK) * kb;
-                for (uintptr_t a = (uintptr_t)sr & ~(uintptr_t)63; a < (uintptr_t)(sr + kb); a += 64)
-                    _mm_prefetch((const char *)a, _MM_HINT_T0);
-            }
-        }
-        #pragma omp barrier
-        const ds_matmul_job *cj = NULL;
-        int crb = -1, u;
-        if (me < nt) {
-            while (take_unit(&shares[me].v, true, &u))
-                if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
-            for (int k = 1; k < nt; k++)
-                while (take_unit(&shares[(me + k) % nt].v, false, &u))
-                    if (ok) decode_rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &cj, &crb);
-        }
-    }
-}
+/* decode_many's per-unit work (cpu_decode.c) on these kernels: activations
+ * FP8 f32 then bf16 hi + lo, BF16 f32 permuted, 2 floats a column and token. */
+static void decode_many(const ds_matmul_job *jobs, int nj) { cpu_decode_many(jobs, nj, 2, decode_rows); }
 
 AVX512 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
 {
@@ -985,7 +850,7 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
     bool split = cpu_gemm_precision == CPU_GEMM_SPLIT;
     int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL;
     size_t ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16;
-    uint32_t *xa = scratch(3, sizeof(uint32_t) * ldx * (size_t)n); /* the calling thread's, shared below */
+    uint32_t *xa = cpu_scratch(3, sizeof(uint32_t) * ldx * (size_t)n); /* the calling thread's, shared below */
     if (!xa) {
         cpu_fail_oom("packed GEMM activations", sizeof(uint32_t) * ldx * (size_t)n);
         return;
@@ -993,7 +858,7 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
     int failed = 0;
     #pragma omp parallel
     {
-        uint32_t *wp = scratch(1, sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
+        uint32_t *wp = cpu_scratch(1, sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
         if (!wp) {
             cpu_fail_oom("a packed weight panel", sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
             #pragma omp atomic write
@@ -1432,7 +1297,7 @@ AVX512 void avx512_attention(const ds_attn_args *a, ds_attn_impl impl)
     #pragma omp parallel num_threads(nth)
     {
         int me = omp_get_thread_num(), parts = omp_get_num_threads();
-        float *buf = scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
+        float *buf = cpu_scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
         if (!buf) {
             cpu_fail_oom("attention scratch", sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
             #pragma omp atomic write

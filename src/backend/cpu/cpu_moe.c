@@ -1,5 +1,5 @@
 /* cpu_moe.c - the routed experts of a MoE layer (ds_ops.moe_experts) on the
- * AVX-512 kernels.
+ * AVX-512 or the AVX2 kernels.
  *
  * The (token, expert) assignments of this rank are ordered by expert and cut
  * into chunks of at most MOE_CHUNK rows (one expert with more assignments
@@ -19,7 +19,12 @@
 
 #define MOE_CHUNK 64
 
+typedef void (*many_fn)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+typedef void (*silu_fn)(float *a, const float *b, size_t n);
+
 typedef struct {
+    many_fn many;     /* the kernels: matmul_many and silu_mul */
+    silu_fn silu;
     int *tok;         /* assignment -> token, ordered by expert */
     float *w;         /* assignment -> routing weight */
     int *first;       /* expert e's assignments: [first[e], first[e+1]) */
@@ -50,17 +55,17 @@ static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int
         b->jobs[nj++] = (ds_matmul_job){b->sa, x, b->n, sh->w1, 0, si};
         b->jobs[nj++] = (ds_matmul_job){b->sg, x, b->n, sh->w3, 0, si};
     }
-    avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
+    b->many(b->jobs, nj, gemm, ue8m0);
     int rows = b->first[e_hi] - r0;
-    if (rows) avx512_silu_mul(b->a, b->g, (size_t)rows * inter);
-    if (sh) avx512_silu_mul(b->sa, b->sg, (size_t)b->n * si);
+    if (rows) b->silu(b->a, b->g, (size_t)rows * inter);
+    if (sh) b->silu(b->sa, b->sg, (size_t)b->n * si);
     nj = 0;
     for (int e = e_lo; e < e_hi; e++) {
         int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
         if (cnt) b->jobs[nj++] = (ds_matmul_job){b->ys + (size_t)o * dim, b->a + (size_t)o * inter, cnt, &ew2[e], 0, dim};
     }
     if (sh) b->jobs[nj++] = (ds_matmul_job){b->sy, b->sa, b->n, sh->w2, 0, dim};
-    avx512_matmul_many(b->jobs, nj, gemm, ue8m0);
+    b->many(b->jobs, nj, gemm, ue8m0);
     /* y[t] += w * expert(x[t]), in expert order, then the shared experts */
     for (int i = 0; i < rows; i++) {
         float *yt = y + (size_t)b->tok[r0 + i] * dim, wi = b->w[r0 + i];
@@ -71,9 +76,9 @@ static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int
         for (size_t i = 0; i < (size_t)b->n * dim; i++) y[i] += b->sy[i];
 }
 
-void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
-                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
-                        ds_gemm_impl gemm, bool ue8m0)
+static void moe_experts(many_fn many, silu_fn silu, float *y, const float *x, int n, int K, const int *idx,
+                        const float *wt, const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                        const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows;
     /* its alloc_scratch reuses freed buffers and does not zero them: every
@@ -81,6 +86,8 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
     const ds_ops *ops = cpu_backend(true);
     memset(y, 0, sizeof(float) * (size_t)n * dim);
     moe_bufs b = {0};
+    b.many = many;
+    b.silu = silu;
     b.n = n;
     b.first = calloc((size_t)ne + 1, sizeof(int));
     b.tok = malloc(sizeof(int) * ((size_t)n * K + 1));
@@ -151,4 +158,19 @@ done:
     free(b.tok);
     free(b.w);
     free(b.jobs);
+}
+
+void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                        const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                        ds_gemm_impl gemm, bool ue8m0)
+{
+    moe_experts(avx512_matmul_many, avx512_silu_mul, y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm, ue8m0);
+}
+
+void avx2_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                      const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                      ds_gemm_impl gemm, bool ue8m0)
+{
+    moe_experts(avx2_matmul_many, cpu_ref_ops.silu_mul, y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm,
+                ue8m0);
 }

@@ -47,8 +47,37 @@ void avx512_moe_experts(float *y, const float *x, int n, int K, const int *idx, 
 void avx512_matmul_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 
+/* The decode products' split over threads (cpu_decode.c). A unit's rows
+ * [a, b) of job j run through a cpu_decode_rows_fn on one thread, with that
+ * thread's scratch xs (x_floats floats per token and column of the widest
+ * job) and a state that says what xs holds (job, FP8 scale block; starts
+ * {NULL, -1}). */
+typedef struct {
+    const ds_matmul_job *job;
+    int rb;
+} cpu_decode_state;
+typedef void (*cpu_decode_rows_fn)(const ds_matmul_job *j, int a, int b, float *xs, cpu_decode_state *st);
+void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode_rows_fn rows);
+size_t cpu_row_bytes(const ds_weight *w);
+/* Rows of K columns against n tokens whose activations take 4 bytes a column
+ * and token: *kc the columns of a piece (K when whole rows fit in x_bytes of
+ * activations); *row_pf, when in pieces, how far ahead (whole rows, at least
+ * prefetch_bytes of reading) to prefetch the same piece of a later row, else 0.
+ * wsz: weight bytes per element. */
+void cpu_decode_pieces(int K, int n, int wsz, int x_bytes, size_t prefetch_bytes, int *kc, size_t *row_pf);
+/* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
+ * that no call pays for fresh pages; grows as needed, never shrinks; NULL if
+ * out of memory. Slots: 0 decode activations, 1 packed GEMM panel, 2 attention,
+ * 3 GEMM activations, 4 decode work list. */
+#define CPU_SCRATCH_SLOTS 5
+void *cpu_scratch(int slot, size_t bytes);
+
 /* AVX2 kernels. */
 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                  bool ue8m0);
+void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+void avx2_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
+                      const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
+                      ds_gemm_impl gemm, bool ue8m0);
 
 #endif

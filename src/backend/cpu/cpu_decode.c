@@ -1,0 +1,161 @@
+/* cpu_decode.c - how the decode products (a few tokens against whole
+ * matrices) are split over threads, whatever the instruction set: every job's
+ * rows as one list of work units, one contiguous share of weight bytes per
+ * thread, one parallel region for any number of matrices. The kernels
+ * (cpu_avx512.c, cpu_avx2.c) supply the function that runs a unit's rows. */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <xmmintrin.h>
+
+#include "cpu_ref.h"
+#include "cpu_simd.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+void *cpu_scratch(int slot, size_t bytes)
+{
+    static _Thread_local void *buf[CPU_SCRATCH_SLOTS];
+    static _Thread_local size_t cap[CPU_SCRATCH_SLOTS];
+    if (bytes > cap[slot]) {
+        free(buf[slot]);
+        cap[slot] = 0;
+        if (posix_memalign(&buf[slot], 64, bytes)) return buf[slot] = NULL;
+        cap[slot] = bytes;
+    }
+    return buf[slot];
+}
+
+size_t cpu_row_bytes(const ds_weight *w)
+{
+    return (size_t)w->cols * (w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4);
+}
+
+void cpu_decode_pieces(int K, int n, int wsz, int x_bytes, size_t prefetch_bytes, int *kc, size_t *row_pf)
+{
+    /* activation bytes the loops read a column and token: 4 (float32, or
+     * bf16 hi + lo) */
+    int T4 = MIN(n, 4), c = x_bytes / (4 * T4) / 128 * 128;
+    if (c < 128) c = 128;
+    if (c >= K) c = K;
+    *kc = c;
+    *row_pf = c < K ? (size_t)K * (size_t)wsz * ((prefetch_bytes + (size_t)c - 1) / (size_t)c) : 0;
+}
+
+/* Below this many weight bytes in all, one thread does the work: waking the
+ * others costs more than it saves. */
+#define DECODE_SERIAL_BYTES 65536
+/* Rows of one work unit: at most this many weight bytes, within one FP8 scale
+ * block of one job. */
+#define UNIT_BYTES 524288
+
+typedef struct {
+    int job, a, b; /* rows [a, b) of jobs[job] */
+} decode_unit;
+
+/* The units of all jobs in order; NULL (and *nu = 0) if out of memory. */
+static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, int *nu)
+{
+    size_t cap = 0;
+    for (int i = 0; i < nj; i++) {
+        size_t per = UNIT_BYTES / cpu_row_bytes(jobs[i].w);
+        cap += (size_t)jobs[i].rows / (per ? per : 1) + (size_t)jobs[i].rows / DS_BLOCK + 2;
+    }
+    decode_unit *u = cpu_scratch(4, sizeof(decode_unit) * cap);
+    if (!u) cpu_fail_oom("decode work list", sizeof(decode_unit) * cap);
+    int n = 0;
+    for (int i = 0; u && i < nj; i++) {
+        int per = (int)(UNIT_BYTES / cpu_row_bytes(jobs[i].w));
+        if (per < 1) per = 1;
+        for (int a = 0, e; a < jobs[i].rows; a = e) {
+            e = MIN(jobs[i].rows, a + per);
+            if (jobs[i].w->fmt == DS_W_FP8) e = MIN(e, ((jobs[i].row0 + a) / DS_BLOCK + 1) * DS_BLOCK - jobs[i].row0);
+            u[n++] = (decode_unit){i, a, e};
+        }
+    }
+    *nu = n;
+    return u;
+}
+
+/* A thread's share of the units, [front, back), packed in one word so that
+ * its owner (taking from the front, streaming forwards) and a thread that has
+ * finished its own share (taking from the back) never take the same unit. */
+static inline bool take_unit(uint64_t *share, bool from_front, int *unit)
+{
+    uint64_t cur = __atomic_load_n(share, __ATOMIC_RELAXED);
+    for (;;) {
+        uint32_t f = (uint32_t)cur, b = (uint32_t)(cur >> 32);
+        if (f >= b) return false;
+        uint64_t next = from_front ? ((uint64_t)b << 32 | (f + 1)) : ((uint64_t)(b - 1) << 32 | f);
+        if (__atomic_compare_exchange_n(share, &cur, next, true, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            *unit = (int)(from_front ? f : b - 1);
+            return true;
+        }
+    }
+}
+
+#define MAX_SHARES 256
+
+/* Each thread streams its share front to back; one that finishes early takes
+ * units from the back of the others' shares (the machine is shared and a core
+ * can be slower for a while). */
+void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode_rows_fn rows)
+{
+    size_t total = 0, xmax = 0;
+    for (int i = 0; i < nj; i++) {
+        total += cpu_row_bytes(jobs[i].w) * (size_t)jobs[i].rows;
+        if (jobs[i].w->fmt != DS_W_F32 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
+            xmax = (size_t)jobs[i].n * jobs[i].w->cols;
+    }
+    int nu = 0;
+    decode_unit *units = decode_units(jobs, nj, &nu);
+    if (!units) return; /* decode_units recorded the failure */
+    /* one cache line each: the owner's and a thief's updates would otherwise
+     * move the line between cores on every unit */
+    struct {
+        _Alignas(64) uint64_t v;
+    } shares[MAX_SHARES];
+    #pragma omp parallel if (total > DECODE_SERIAL_BYTES)
+    {
+        int nt = MIN(omp_get_num_threads(), MAX_SHARES), me = omp_get_thread_num();
+        size_t xbytes = (size_t)x_floats * sizeof(float) * xmax;
+        float *xs = xmax ? cpu_scratch(0, xbytes) : NULL;
+        bool ok = !(xmax && !xs);
+        if (!ok) cpu_fail_oom("decode activations", xbytes);
+        if (me < nt) {
+            /* share [lo, hi) of the bytes; a unit belongs to the share its start falls in */
+            double lo = (double)total * me / nt, hi = (double)total * (me + 1) / nt, off = 0;
+            int f = nu, b = nu;
+            for (int i = 0, u = 0; u < nu; u++) {
+                while (units[u].job != i) i++;
+                if (off >= lo && f == nu) f = u;
+                if (off >= hi) {
+                    b = u;
+                    break;
+                }
+                off += (double)cpu_row_bytes(jobs[i].w) * (units[u].b - units[u].a);
+            }
+            shares[me].v = (uint64_t)(uint32_t)b << 32 | (uint32_t)(f < b ? f : b);
+            /* the FP8 scale rows of the share (a unit is within one), which would
+             * otherwise each cost the activations' preparation a round trip to memory */
+            for (int i = f; i < b; i++) {
+                const ds_matmul_job *j = &jobs[units[i].job];
+                if (j->w->fmt != DS_W_FP8) continue;
+                int kb = (j->w->cols + DS_BLOCK - 1) / DS_BLOCK;
+                const float *sr = j->w->scale + (size_t)((j->row0 + units[i].a) / DS_BLOCK) * kb;
+                for (uintptr_t a = (uintptr_t)sr & ~(uintptr_t)63; a < (uintptr_t)(sr + kb); a += 64)
+                    _mm_prefetch((const char *)a, _MM_HINT_T0);
+            }
+        }
+        #pragma omp barrier
+        cpu_decode_state st = {NULL, -1};
+        int u;
+        if (me < nt) {
+            while (take_unit(&shares[me].v, true, &u))
+                if (ok) rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &st);
+            for (int k = 1; k < nt; k++)
+                while (take_unit(&shares[(me + k) % nt].v, false, &u))
+                    if (ok) rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &st);
+        }
+    }
+}
