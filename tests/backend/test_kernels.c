@@ -193,7 +193,9 @@ static void check_e4m3_codes(void)
     CHECK(sentinels_ok(y, 256));
 }
 
-static void check_matmul_t(void)
+typedef void (*matmul_t_fn)(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+
+static void check_matmul_t(const char *label, matmul_t_fn mt)
 {
     static const int shapes[][4] = {{256, 512, 128, 128}, {37, 130, 0, 37}, {300, 129, 130, 33}, {5, 17, 0, 5}};
     static const int ns[] = {1, 2, 3, 4, 7};
@@ -205,13 +207,13 @@ static void check_matmul_t(void)
                 tweight w = make_weight(fmts[fi], rows, cols);
                 float *x = rand_vec((size_t)n * nr), *ref = out_buf((size_t)n * cols), *got = out_buf((size_t)n * cols);
                 cpu_ref_ops.matmul_t(ref, x, n, &w.w, row0, nr);
-                avx512_matmul_t(got, x, n, &w.w, row0, nr);
+                mt(got, x, n, &w.w, row0, nr);
                 double worst = 0, mag = 0;
                 for (size_t i = 0; i < (size_t)n * cols; i++) {
                     worst = fmax(worst, fabs((double)got[i] - ref[i]));
                     mag = fmax(mag, fabs((double)ref[i]));
                 }
-                CHECK_MSG(worst <= 1e-5 * mag, "matmul_t fmt %d %dx%d n %d: error %.3g of %.3g", (int)fmts[fi], rows,
+                CHECK_MSG(worst <= 1e-5 * mag, "%s fmt %d %dx%d n %d: error %.3g of %.3g", label, (int)fmts[fi], rows,
                           cols, n, worst, mag);
                 CHECK(sentinels_ok(got, (size_t)n * cols));
                 free(x);
@@ -331,7 +333,10 @@ static double rel_err(const float *got, const float *ref, size_t n)
 }
 
 /* Per-head products of absorb attention: wkv_b-like (H*(nope+vd), R) weights. */
-static void check_heads(void)
+typedef void (*heads_fn)(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                         int hstride, int rows);
+
+static void check_heads(const char *label, heads_fn heads, heads_fn heads_t)
 {
     static const int ns[] = {1, 2, 5, 20};
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
@@ -348,9 +353,9 @@ static void check_heads(void)
             float *x = rand_vec((size_t)n * H * xs), *ref = out_buf((size_t)n * H * ys), *got = out_buf((size_t)n * H * ys);
             memcpy(got, ref, sizeof(float) * (size_t)n * H * ys); /* the gaps between heads stay as they were */
             cpu_ref_ops.matmul_heads_t(ref, ys, x, xs, n, H, &w.w, 0, hs, nope);
-            avx512_matmul_heads_t(got, ys, x, xs, n, H, &w.w, 0, hs, nope);
+            heads_t(got, ys, x, xs, n, H, &w.w, 0, hs, nope);
             double e = rel_err(got, ref, (size_t)n * H * ys);
-            CHECK_MSG(e <= 1e-5, "matmul_heads_t fmt %d n %d R %d: error %.3g", (int)fmts[fi], n, R, e);
+            CHECK_MSG(e <= 1e-5, "%s heads_t fmt %d n %d R %d: error %.3g", label, (int)fmts[fi], n, R, e);
             CHECK(sentinels_ok(got, (size_t)n * H * ys));
             free(x);
             free(ref);
@@ -362,9 +367,9 @@ static void check_heads(void)
             got = out_buf((size_t)n * H * oys);
             memcpy(got, ref, sizeof(float) * (size_t)n * H * oys);
             cpu_ref_ops.matmul_heads(ref, oys, x, oxs, n, H, &w.w, nope, hs, vd);
-            avx512_matmul_heads(got, oys, x, oxs, n, H, &w.w, nope, hs, vd);
+            heads(got, oys, x, oxs, n, H, &w.w, nope, hs, vd);
             e = rel_err(got, ref, (size_t)n * H * oys);
-            CHECK_MSG(e <= 1e-5, "matmul_heads fmt %d n %d R %d: error %.3g", (int)fmts[fi], n, R, e);
+            CHECK_MSG(e <= 1e-5, "%s heads fmt %d n %d R %d: error %.3g", label, (int)fmts[fi], n, R, e);
             CHECK(sentinels_ok(got, (size_t)n * H * oys));
             free(x);
             free(ref);
@@ -565,6 +570,8 @@ int main(void)
         check_matmul("avx2 matmul", avx2_mm, 1e-6, 1e-6);
         check_matmul_many("avx2 matmul_many", avx2_matmul_many);
         check_moe_gemm("avx2 moe_experts", avx2_moe_experts, DS_GEMM_BF16);
+        check_matmul_t("avx2 matmul_t", avx2_matmul_t);
+        check_heads("avx2", avx2_matmul_heads, avx2_matmul_heads_t);
     }
     if (!cpu_has_avx512()) {
         printf("no AVX-512 (F/BW/VL/DQ/BF16): AVX-512 kernels not tested\n");
@@ -578,11 +585,11 @@ int main(void)
     check_matmul("avx512 gemm split", gemm_split, 1e-5, 1e-5);
     /* bf16 activations: each x_k rounded by at most 2^-9 relative */
     check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512, 2.0 / 512);
-    check_matmul_t();
+    check_matmul_t("avx512 matmul_t", avx512_matmul_t);
     check_attention();
     check_silu();
     check_matmul_many("avx512 matmul_many", avx512_matmul_many);
-    check_heads();
+    check_heads("avx512", avx512_matmul_heads, avx512_matmul_heads_t);
     check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_BF16);
     check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_FP8);
     check_fake_quant();

@@ -150,6 +150,9 @@ static void fill_fast(void)
         g_fast.matmul = avx2_matmul;
         g_fast.matmul_many = avx2_matmul_many;
         g_fast.moe_experts = avx2_moe_experts;
+        g_fast.matmul_t = avx2_matmul_t;
+        g_fast.matmul_heads = avx2_matmul_heads;
+        g_fast.matmul_heads_t = avx2_matmul_heads_t;
     }
 }
 

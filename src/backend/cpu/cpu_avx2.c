@@ -359,3 +359,94 @@ void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, 
     for (int i = 0; i < n_jobs; i++)
         avx2_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
 }
+
+/* ---- transposed and per-head products (absorb attention) ----------------- */
+
+/* y[c0..c0+cw) = sum_r x[r * xstride] W[row0 + r][c0..), cw <= 64: one column
+ * block of one head and token, FP8 block scales per (row, 128 columns). */
+AVX2 static void t_block(float *y, const float *x, size_t xstride, const ds_weight *w, int row0, int rows, int c0, int cw)
+{
+    int C = w->cols, cb = (C + DS_BLOCK - 1) / DS_BLOCK, nv = cw / 8;
+    __m256 acc[8];
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+    float tail[8] = {0};
+    for (int r = 0; r < rows; r++) {
+        const void *row = w_row(w, row0 + r);
+        float xv = x[(size_t)r * xstride];
+        if (w->fmt == DS_W_FP8) xv *= w->scale[(size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK] * 256.0f;
+        __m256 xb = _mm256_set1_ps(xv);
+        if (nv == 8 && w->fmt == DS_W_FP8) {
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                __m256 a, b;
+                fp8x16_to_f32((const uint8_t *)row + c0 + 16 * i, &a, &b);
+                acc[2 * i] = _mm256_fmadd_ps(a, xb, acc[2 * i]);
+                acc[2 * i + 1] = _mm256_fmadd_ps(b, xb, acc[2 * i + 1]);
+            }
+        } else {
+            for (int i = 0; i < nv; i++) acc[i] = _mm256_fmadd_ps(load_w8(w->fmt, row, c0 + 8 * i, 8), xb, acc[i]);
+        }
+        if (cw % 8) {
+            __m256 t = _mm256_mul_ps(load_w8(w->fmt, row, c0 + 8 * nv, cw % 8), xb);
+            float v[8];
+            _mm256_storeu_ps(v, t);
+            for (int i = 0; i < cw % 8; i++) tail[i] += v[i];
+        }
+    }
+    for (int i = 0; i < nv; i++) _mm256_storeu_ps(y + 8 * i, acc[i]);
+    for (int i = 0; i < cw % 8; i++) y[8 * nv + i] = tail[i];
+}
+
+/* FP8 scale blocks are 128 columns: a 64-column block never straddles one. */
+AVX2 void avx2_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                              int hstride, int rows)
+{
+    int C = w->cols, nc = (C + 63) / 64;
+    size_t ldx = (size_t)H * xs, ldy = (size_t)H * ys;
+    long units = (long)H * nc * n;
+    #pragma omp parallel for schedule(static) if (units > 1 && cpu_row_bytes(w) * (size_t)rows * H > 65536)
+    for (long u = 0; u < units; u++) {
+        int c = (int)(u % nc), h = (int)(u / nc % H), t = (int)(u / nc / H), c0 = 64 * c;
+        t_block(y + t * ldy + (size_t)h * ys + c0, x + t * ldx + (size_t)h * xs, 1, w, row0 + h * hstride, rows, c0,
+                MIN(64, C - c0));
+    }
+}
+
+AVX2 void avx2_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    avx2_matmul_heads_t(y, w->cols, x, rows, n, 1, w, row0, 0, rows);
+}
+
+AVX2 void avx2_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                            int hstride, int rows)
+{
+    if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
+        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
+        if (!jobs) {
+            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
+            return;
+        }
+        for (int h = 0; h < H; h++)
+            jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
+        cpu_decode_many(jobs, H, 1, decode_rows8);
+        free(jobs);
+        return;
+    }
+    int K = w->cols;
+    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
+    if (!xt || !yt) {
+        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
+        free(xt);
+        free(yt);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
+        avx2_matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
+        for (int t = 0; t < n; t++)
+            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
+    }
+    free(xt);
+    free(yt);
+}

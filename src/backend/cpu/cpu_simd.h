@@ -76,6 +76,11 @@ void *cpu_scratch(int slot, size_t bytes);
 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                  bool ue8m0);
 void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+void avx2_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
+void avx2_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                       int hstride, int rows);
+void avx2_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                         int hstride, int rows);
 void avx2_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt, const ds_weight *ew1,
                       const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
                       ds_gemm_impl gemm, bool ue8m0);
