@@ -223,14 +223,17 @@ static void check_matmul_t(const char *label, matmul_t_fn mt)
             }
 }
 
-static void check_attention(void)
+typedef void (*attn_fn)(const ds_attn_args *a, ds_attn_impl impl);
+
+static void check_attention(const char *label, attn_fn attn)
 {
     static const int cases[][5] = {
         /* heads, kv_rank, rope, tokens, first position */
         {16, 512, 64, 1, 300}, {5, 48, 16, 1, 0}, {3, 32, 16, 4, 70}, {8, 128, 32, 9, 0}, {7, 64, 16, 2, 1000},
         {12, 96, 16, 3, 130}, {13, 64, 16, 1, 64}, {9, 160, 32, 2, 77}, /* eight heads at a time, then 4 and 1 */
         {10, 48, 16, 2, 33}, /* R % 32 != 0: four heads at a time */
-        {3, 40, 8, 2, 5}, /* not multiples of 16: the reference path */
+        {3, 40, 8, 2, 5}, /* not multiples of 16: the reference path (AVX-512), 8 columns past the last 16 (AVX2) */
+        {6, 24, 8, 1, 2000}, /* AVX2: an odd position count per thread, 8-column tail */
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         int H = cases[ci][0], R = cases[ci][1], P = cases[ci][2], n = cases[ci][3], p0 = cases[ci][4];
@@ -248,10 +251,10 @@ static void check_attention(void)
                           .pe_cache = pe, .ctx = ctx, .out = ref};
         cpu_ref_ops.attention(&a, DS_ATTN_ABSORB);
         a.out = got;
-        avx512_attention(&a, DS_ATTN_ABSORB);
+        attn(&a, DS_ATTN_ABSORB);
         double worst = 0;
         for (size_t i = 0; i < (size_t)n * H * R; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
-        CHECK_MSG(worst <= 1e-5, "attention H %d R %d rope %d n %d pos %d: error %.3g", H, R, P, n, p0, worst);
+        CHECK_MSG(worst <= 1e-5, "%s H %d R %d rope %d n %d pos %d: error %.3g", label, H, R, P, n, p0, worst);
         CHECK(sentinels_ok(got, (size_t)n * H * R));
         free(kv);
         free(pe);
@@ -572,6 +575,7 @@ int main(void)
         check_moe_gemm("avx2 moe_experts", avx2_moe_experts, DS_GEMM_BF16);
         check_matmul_t("avx2 matmul_t", avx2_matmul_t);
         check_heads("avx2", avx2_matmul_heads, avx2_matmul_heads_t);
+        check_attention("avx2 attention", avx2_attention);
     }
     if (!cpu_has_avx512()) {
         printf("no AVX-512 (F/BW/VL/DQ/BF16): AVX-512 kernels not tested\n");
@@ -586,7 +590,7 @@ int main(void)
     /* bf16 activations: each x_k rounded by at most 2^-9 relative */
     check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512, 2.0 / 512);
     check_matmul_t("avx512 matmul_t", avx512_matmul_t);
-    check_attention();
+    check_attention("avx512 attention", avx512_attention);
     check_silu();
     check_matmul_many("avx512 matmul_many", avx512_matmul_many);
     check_heads("avx512", avx512_matmul_heads, avx512_matmul_heads_t);

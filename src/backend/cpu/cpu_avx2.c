@@ -8,6 +8,8 @@
  * instructions exist here. DSV3_CPU_ISA=avx2 selects these kernels on a CPU
  * with AVX-512 too. */
 #include <immintrin.h>
+#include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -449,4 +451,233 @@ AVX2 void avx2_matmul_heads(float *y, int ys, const float *x, int xs, int n, int
     }
     free(xt);
     free(yt);
+}
+
+/* ---- absorb attention -----------------------------------------------------
+ * cpu_avx512.c's decode attention at 8 lanes: for one token, all heads and
+ * positions [j0, j1) in blocks of ATT_JB: scores of 4 heads x 2 positions at a
+ * time (every cache row read once per head group), an online softmax, then
+ * o[h] += p[h][j] kv[j] four heads x 16 columns at a time. Needs kv_rank and
+ * rope to be multiples of 8. */
+
+#define ATT_JB 64
+#define ATT_PF_ROWS 32
+
+/* exp(x) on 8 lanes: x = n ln2 + r, |r| <= ln2/2, Cephes' expf polynomial, 2^n
+ * by the exponent bits; about 1 ulp. x below -87 gives 0. */
+AVX2 INLINE __m256 exp8(__m256 x)
+{
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504089f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* n in [-126, 127] here: 2^n is a normal float; p < 2 keeps the product finite */
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]; the
+ * first head group (pf) prefetches the cache rows ATT_PF_ROWS ahead into L2. */
+AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp, const float *kv,
+                             const float *pe, int h, int j, int jb, float *sc, bool pf)
+{
+    int R = a->kv_rank, P = a->rope;
+    __m256 acc[4][2];
+    #pragma GCC unroll 8
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 2
+        for (int v = 0; v < JN; v++) acc[u][v] = _mm256_setzero_ps();
+    for (int c = 0; c < R; c += 8) {
+        __m256 kvv[2];
+        #pragma GCC unroll 2
+        for (int v = 0; v < JN; v++) {
+            if (pf && c % 16 == 0) _mm_prefetch((const char *)(kv + (size_t)(j + v + ATT_PF_ROWS) * R + c), _MM_HINT_T2);
+            kvv[v] = _mm256_loadu_ps(kv + (size_t)(j + v) * R + c);
+        }
+        #pragma GCC unroll 8
+        for (int u = 0; u < HN; u++) {
+            __m256 q = _mm256_loadu_ps(qc + (size_t)(h + u) * R + c);
+            #pragma GCC unroll 2
+            for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(q, kvv[v], acc[u][v]);
+        }
+    }
+    for (int c = 0; c < P; c += 8) {
+        __m256 pev[2];
+        #pragma GCC unroll 2
+        for (int v = 0; v < JN; v++) {
+            if (pf && c % 16 == 0) _mm_prefetch((const char *)(pe + (size_t)(j + v + ATT_PF_ROWS) * P + c), _MM_HINT_T2);
+            pev[v] = _mm256_loadu_ps(pe + (size_t)(j + v) * P + c);
+        }
+        #pragma GCC unroll 8
+        for (int u = 0; u < HN; u++) {
+            __m256 q = _mm256_loadu_ps(qp + (size_t)(h + u) * P + c);
+            #pragma GCC unroll 2
+            for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(q, pev[v], acc[u][v]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int u = 0; u < HN; u++)
+        #pragma GCC unroll 2
+        for (int v = 0; v < JN; v++) sc[(size_t)(h + u) * ATT_JB + j + v - jb] = hsum8(acc[u][v]) * a->softmax_scale;
+}
+
+/* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN). */
+AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
+{
+    __m256 acc[4][2];
+    #pragma GCC unroll 8
+    for (int u = 0; u < HN; u++) {
+        acc[u][0] = _mm256_loadu_ps(o + (size_t)(h + u) * R + c);
+        acc[u][1] = _mm256_loadu_ps(o + (size_t)(h + u) * R + c + 8);
+    }
+    for (int j = 0; j < nj; j++) {
+        const float *kr = kv + (size_t)(jb + j) * R + c;
+        __m256 k0 = _mm256_loadu_ps(kr), k1 = _mm256_loadu_ps(kr + 8);
+        #pragma GCC unroll 8
+        for (int u = 0; u < HN; u++) {
+            __m256 pb = _mm256_broadcast_ss(p + (size_t)(h + u) * ATT_JB + j);
+            acc[u][0] = _mm256_fmadd_ps(pb, k0, acc[u][0]);
+            acc[u][1] = _mm256_fmadd_ps(pb, k1, acc[u][1]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int u = 0; u < HN; u++) {
+        _mm256_storeu_ps(o + (size_t)(h + u) * R + c, acc[u][0]);
+        _mm256_storeu_ps(o + (size_t)(h + u) * R + c + 8, acc[u][1]);
+    }
+}
+
+/* Token t, positions [j0, j1): running max mx[h], sum l[h] and o[h] (not yet
+ * divided by l). sc: H x ATT_JB scores. */
+AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
+{
+    int H = a->n_heads, R = a->kv_rank, s = a->seq[t];
+    const float *qc = a->q_c + (size_t)t * H * R, *qp = a->q_pe + (size_t)t * H * a->rope;
+    const float *kv = a->kv_cache + (size_t)s * a->ctx * R, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    for (int h = 0; h < H; h++) {
+        mx[h] = -INFINITY;
+        l[h] = 0;
+    }
+    memset(o, 0, sizeof(float) * (size_t)H * R);
+    for (int jb = j0; jb < j1; jb += ATT_JB) {
+        int nj = MIN(ATT_JB, j1 - jb), h = 0;
+        for (; h + 4 <= H; h += 4) {
+            int j = jb;
+            for (; j + 2 <= jb + nj; j += 2) att_scores8(4, 2, a, qc, qp, kv, pe, h, j, jb, sc, h == 0);
+            for (; j < jb + nj; j++) att_scores8(4, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
+        }
+        for (; h < H; h++)
+            for (int j = jb; j < jb + nj; j++) att_scores8(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
+        /* online softmax: rescale what was accumulated under the old maximum */
+        for (h = 0; h < H; h++) {
+            float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
+            for (int j = 0; j < nj; j++) m = fmaxf(m, sh[j]);
+            float corr = expf(mx[h] - m), sum = 0;
+            __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+            int j = 0;
+            for (; j + 8 <= nj; j += 8) {
+                __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j), mv));
+                _mm256_storeu_ps(sh + j, e);
+                acc = _mm256_add_ps(acc, e);
+            }
+            sum = hsum8(acc);
+            for (; j < nj; j++) sum += sh[j] = expf(sh[j] - m);
+            l[h] = l[h] * corr + sum;
+            mx[h] = m;
+            if (corr != 1.0f)
+                for (int c = 0; c < R; c++) o[(size_t)h * R + c] *= corr;
+        }
+        for (int c = 0; c < R; c += 16) {
+            if (R - c < 16) { /* the last 8 columns */
+                for (h = 0; h < H; h++)
+                    for (int j = 0; j < nj; j++) {
+                        float p = sc[(size_t)h * ATT_JB + j];
+                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kv[(size_t)(jb + j) * R + cc];
+                    }
+                break;
+            }
+            for (h = 0; h + 4 <= H; h += 4) att_values8(4, R, kv, jb, nj, sc, h, c, o);
+            for (; h < H; h++) att_values8(1, R, kv, jb, nj, sc, h, c, o);
+        }
+    }
+}
+
+/* Combines nparts partial results (mx, l, o) of one token into out[h][R]. */
+static void att_merge8(int H, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
+{
+    for (int h = 0; h < H; h++) {
+        float m = -INFINITY, sum = 0;
+        for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
+        float *oh = out + (size_t)h * R;
+        memset(oh, 0, sizeof(float) * (size_t)R);
+        for (int p = 0; p < nparts; p++) {
+            if (mx[p][h] == -INFINITY) continue;
+            float f = expf(mx[p][h] - m);
+            sum += l[p][h] * f;
+            for (int c = 0; c < R; c++) oh[c] += o[p][(size_t)h * R + c] * f;
+        }
+        for (int c = 0; c < R; c++) oh[c] /= sum;
+    }
+}
+
+AVX2 void avx2_attention(const ds_attn_args *a, ds_attn_impl impl)
+{
+    if (impl != DS_ATTN_ABSORB || a->kv_rank % 8 || a->rope % 8) {
+        cpu_ref_ops.attention(a, impl);
+        return;
+    }
+    int H = a->n_heads, R = a->kv_rank, nth = omp_get_max_threads();
+    /* many tokens: one token per thread; few: split each token's positions over threads */
+    bool by_token = a->n_tokens >= nth;
+    float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
+    if (!mx) {
+        cpu_fail_oom("attention state", sizeof(float *) * (size_t)nth * 3);
+        return;
+    }
+    int failed = 0;
+    #pragma omp parallel num_threads(nth)
+    {
+        int me = omp_get_thread_num(), parts = omp_get_num_threads();
+        float *buf = cpu_scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
+        if (!buf) {
+            cpu_fail_oom("attention scratch", sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        int stop;
+        #pragma omp atomic read
+        stop = failed;
+        /* every thread takes the same branch: the work below has barriers */
+        if (!stop) {
+            mx[me] = buf;
+            l[me] = buf + H;
+            o[me] = buf + 2 * H;
+            float *sc = buf + 2 * H + (size_t)H * R;
+            if (by_token) {
+                #pragma omp for schedule(dynamic, 1)
+                for (int t = 0; t < a->n_tokens; t++) {
+                    att_part8(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
+                    att_merge8(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
+                }
+            } else {
+                for (int t = 0; t < a->n_tokens; t++) {
+                    int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
+                    int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
+                    att_part8(a, t, j0, j1, mx[me], l[me], o[me], sc);
+                    #pragma omp barrier
+                    #pragma omp single
+                    att_merge8(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+                }
+            }
+        }
+    }
+    free(mx);
 }
