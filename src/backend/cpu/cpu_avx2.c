@@ -1,12 +1,13 @@
-/* cpu_avx2.c - AVX2 (+FMA, F16C) matmul for CPUs without AVX-512.
+/* cpu_avx2.c - AVX2 (+FMA, F16C) kernels for CPUs without AVX-512: matmul
+ * (decode and GEMM), the per-head and transposed products, absorb attention.
  *
  * Decode (few tokens): cpu_decode_many's work units, as on AVX-512, one row at
  * a time against up to four tokens in float32: e4m3 widened through fp16 (the
  * 2^8 and the block scale folded into the activations), BF16 by a shift or a
  * mask, weights prefetched into L2 ahead of the loop, long rows in column
- * pieces. Many tokens: four rows at a time (gemv8); no bf16 dot-product
- * instructions exist here. DSV3_CPU_ISA=avx2 selects these kernels on a CPU
- * with AVX-512 too. */
+ * pieces. Many tokens: a register-tiled float32 GEMM on panels widened once
+ * (avx2_gemm); no bf16 dot-product instructions exist here. DSV3_CPU_ISA=avx2
+ * selects these kernels on a CPU with AVX-512 too. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -115,15 +116,6 @@ AVX2 INLINE void gemv8(ds_wfmt f, int R, int T, const ds_weight *w, int r0, cons
         for (int r = 0; r < R; r++)                                                \
             for (int t = 0; t < T; t++) gemv8(F, 1, 1, w, r0 + r, xs + t * ldx, ldx, y + t * ldy + r, ldy);
 
-AVX2 static void gemv8_fp8(int R, int T, const ds_weight *w, int r0, const float *xs, size_t ldx, float *y, size_t ldy)
-{
-    GEMV8_CASES(DS_W_FP8)
-}
-AVX2 static void gemv8_bf16(int R, int T, const ds_weight *w, int r0, const float *xs, size_t ldx, float *y,
-                            size_t ldy)
-{
-    GEMV8_CASES(DS_W_BF16)
-}
 AVX2 static void gemv8_f32(int R, int T, const ds_weight *w, int r0, const float *xs, size_t ldx, float *y, size_t ldy)
 {
     GEMV8_CASES(DS_W_F32)
@@ -302,6 +294,107 @@ static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, in
             xs[(size_t)t * K + k] = x[(size_t)t * K + k] * (w->scale[(size_t)rb * kb + k / DS_BLOCK] * 256.0f);
 }
 
+/* ---- many tokens: a register-tiled GEMM ------------------------------------
+ * A panel of up to 16 rows x G_KC columns is widened once into float32, 16 rows
+ * per column (FP8 codes times their block scale, rounded to float32: 2^-24
+ * relative), and every group of up to G_NT tokens runs over it with 12
+ * accumulators: per column 2 weight loads, 6 broadcasts, 12 FMAs. */
+#define G_KC 256
+#define G_NT 6
+
+AVX2 INLINE void g_tile(int T, const float *wp, int kc, const float *x, size_t ldx, float *y, size_t ldy, int nr,
+                        bool add)
+{
+    __m256 acc[2][G_NT];
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) acc[0][t] = acc[1][t] = _mm256_setzero_ps();
+    for (int k = 0; k < kc; k++) {
+        __m256 w0 = _mm256_load_ps(wp + 16 * k), w1 = _mm256_load_ps(wp + 16 * k + 8);
+        #pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m256 xb = _mm256_broadcast_ss(x + t * ldx + k);
+            acc[0][t] = _mm256_fmadd_ps(w0, xb, acc[0][t]);
+            acc[1][t] = _mm256_fmadd_ps(w1, xb, acc[1][t]);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        float *o = y + t * ldy;
+        if (nr == 16) {
+            _mm256_storeu_ps(o, add ? _mm256_add_ps(_mm256_loadu_ps(o), acc[0][t]) : acc[0][t]);
+            _mm256_storeu_ps(o + 8, add ? _mm256_add_ps(_mm256_loadu_ps(o + 8), acc[1][t]) : acc[1][t]);
+            continue;
+        }
+        float v[16];
+        _mm256_storeu_ps(v, acc[0][t]);
+        _mm256_storeu_ps(v + 8, acc[1][t]);
+        for (int i = 0; i < nr; i++) o[i] = add ? o[i] + v[i] : v[i];
+    }
+}
+
+AVX2 static void g_tiles(int T, const float *wp, int kc, const float *x, size_t ldx, float *y, size_t ldy, int nr,
+                         bool add)
+{
+    switch (T) {
+    case 6: g_tile(6, wp, kc, x, ldx, y, ldy, nr, add); break;
+    case 5: g_tile(5, wp, kc, x, ldx, y, ldy, nr, add); break;
+    case 4: g_tile(4, wp, kc, x, ldx, y, ldy, nr, add); break;
+    case 3: g_tile(3, wp, kc, x, ldx, y, ldy, nr, add); break;
+    case 2: g_tile(2, wp, kc, x, ldx, y, ldy, nr, add); break;
+    default: g_tile(1, wp, kc, x, ldx, y, ldy, nr, add); break;
+    }
+}
+
+/* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale), i < nr; rows past
+ * nr are zero. */
+AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, int kc)
+{
+    int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK;
+    for (int i = 0; i < 16; i++) {
+        if (i >= nr) {
+            for (int k = 0; k < kc; k++) wp[16 * k + i] = 0;
+            continue;
+        }
+        const void *row = w_row(w, r + i);
+        for (int k = 0; k < kc; k += 8) {
+            int m = MIN(8, kc - k);
+            __m256 v = load_w8(w->fmt, row, k0 + k, m);
+            if (w->fmt == DS_W_FP8) /* 8 columns are inside one 128-column block */
+                v = _mm256_mul_ps(v, _mm256_set1_ps(w->scale[(size_t)((r + i) / DS_BLOCK) * cb + (k0 + k) / DS_BLOCK] * 256.0f));
+            float t[8];
+            _mm256_storeu_ps(t, v);
+            for (int j = 0; j < m; j++) wp[16 * (k + j) + i] = t[j];
+        }
+    }
+}
+
+/* y (n, rows) = x (n, K) @ W[row0, row0 + rows)^T for many tokens. Panels of
+ * 16 rows never cross an FP8 scale block (128 rows). */
+AVX2 static void avx2_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    int K = w->cols, np = 0;
+    for (int a = 0; a < rows; np++) a += MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
+    #pragma omp parallel
+    {
+        float *wp = cpu_scratch(1, sizeof(float) * 16 * G_KC);
+        if (!wp) cpu_fail_oom("a packed weight panel", sizeof(float) * 16 * G_KC);
+        int pi = 0, a = 0; /* panel pi starts at row a */
+        #pragma omp for schedule(dynamic, 1)
+        for (int p = 0; p < np; p++) {
+            while (pi < p) a += MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK)), pi++;
+            int nr = MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
+            if (!wp) continue;
+            for (int k0 = 0; k0 < K; k0 += G_KC) {
+                int kc = MIN(G_KC, K - k0);
+                g_pack(wp, w, row0 + a, nr, k0, kc);
+                for (int t0 = 0; t0 < n; t0 += G_NT)
+                    g_tiles(MIN(G_NT, n - t0), wp, kc, x + (size_t)t0 * K + k0, (size_t)K, y + (size_t)t0 * rows + a,
+                            (size_t)rows, nr, k0 > 0);
+            }
+        }
+    }
+}
+
 AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                       bool ue8m0)
 {
@@ -316,38 +409,7 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
         cpu_decode_many(&j, 1, 1, decode_rows8);
         return;
     }
-    int K = w->cols, ngroups = (rows + 3) / 4;
-    bool fp8 = w->fmt == DS_W_FP8;
-    #pragma omp parallel
-    {
-        float *xs = fp8 ? malloc(sizeof(float) * (size_t)n * K) : NULL;
-        int cur_rb = -1;
-        if (fp8 && !xs) cpu_fail_oom("matmul activations", sizeof(float) * (size_t)n * K);
-        #pragma omp for schedule(static)
-        for (int g = 0; g < ngroups; g++) {
-            if (fp8 && !xs) continue;
-            int a = g * 4, b = MIN(a + 4, rows);
-            while (a < b) {
-                int e = b;
-                if (fp8) {
-                    int rb = (row0 + a) / DS_BLOCK;
-                    e = MIN(b, (rb + 1) * DS_BLOCK - row0);
-                    if (rb != cur_rb) scale_acts8(xs, x, n, w, cur_rb = rb);
-                }
-                const float *xv = fp8 ? xs : x;
-                for (int t0 = 0; t0 < n; t0 += 4) {
-                    int T = MIN(4, n - t0);
-                    float *yo = y + (size_t)t0 * rows + a;
-                    const float *xo = xv + (size_t)t0 * K;
-                    if (fp8) gemv8_fp8(e - a, T, w, row0 + a, xo, (size_t)K, yo, (size_t)rows);
-                    else if (w->fmt == DS_W_BF16) gemv8_bf16(e - a, T, w, row0 + a, xo, (size_t)K, yo, (size_t)rows);
-                    else gemv8_f32(e - a, T, w, row0 + a, xo, (size_t)K, yo, (size_t)rows);
-                }
-                a = e;
-            }
-        }
-        free(xs);
-    }
+    avx2_gemm(y, x, n, w, row0, rows);
 }
 
 void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
