@@ -221,24 +221,19 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     }
 }
 
+#define DEC_CASES(F)                                                                 \
+    switch (T) {                                                                     \
+    case 4: dec_tile(F, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;              \
+    case 3: dec_tile(F, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;              \
+    case 2: dec_tile(F, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;              \
+    default: dec_tile(F, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;             \
+    }
+
 AVX2 static void dec_row(bool fp8, int T, const void *row, int K, size_t pf, const float *xs, size_t ldx, float *y,
                          size_t ldy, bool add)
 {
-    if (fp8) {
-        switch (T) {
-        case 4: dec_tile(true, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;
-        case 3: dec_tile(true, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;
-        case 2: dec_tile(true, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;
-        default: dec_tile(true, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;
-        }
-        return;
-    }
-    switch (T) {
-    case 4: dec_tile(false, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;
-    case 3: dec_tile(false, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;
-    case 2: dec_tile(false, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;
-    default: dec_tile(false, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;
-    }
+    if (fp8) DEC_CASES(true)
+    else DEC_CASES(false)
 }
 
 static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
@@ -671,75 +666,11 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
     }
 }
 
-/* Combines nparts partial results (mx, l, o) of one token into out[h][R]. */
-static void att_merge8(int H, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
-{
-    for (int h = 0; h < H; h++) {
-        float m = -INFINITY, sum = 0;
-        for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
-        float *oh = out + (size_t)h * R;
-        memset(oh, 0, sizeof(float) * (size_t)R);
-        for (int p = 0; p < nparts; p++) {
-            if (mx[p][h] == -INFINITY) continue;
-            float f = expf(mx[p][h] - m);
-            sum += l[p][h] * f;
-            for (int c = 0; c < R; c++) oh[c] += o[p][(size_t)h * R + c] * f;
-        }
-        for (int c = 0; c < R; c++) oh[c] /= sum;
-    }
-}
-
 AVX2 void avx2_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
     if (impl != DS_ATTN_ABSORB || a->kv_rank % 8 || a->rope % 8) {
         cpu_ref_ops.attention(a, impl);
         return;
     }
-    int H = a->n_heads, R = a->kv_rank, nth = omp_get_max_threads();
-    /* many tokens: one token per thread; few: split each token's positions over threads */
-    bool by_token = a->n_tokens >= nth;
-    float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
-    if (!mx) {
-        cpu_fail_oom("attention state", sizeof(float *) * (size_t)nth * 3);
-        return;
-    }
-    int failed = 0;
-    #pragma omp parallel num_threads(nth)
-    {
-        int me = omp_get_thread_num(), parts = omp_get_num_threads();
-        float *buf = cpu_scratch(2, sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
-        if (!buf) {
-            cpu_fail_oom("attention scratch", sizeof(float) * ((size_t)H * (2 + ATT_JB + R)));
-            #pragma omp atomic write
-            failed = 1;
-        }
-        #pragma omp barrier
-        int stop;
-        #pragma omp atomic read
-        stop = failed;
-        /* every thread takes the same branch: the work below has barriers */
-        if (!stop) {
-            mx[me] = buf;
-            l[me] = buf + H;
-            o[me] = buf + 2 * H;
-            float *sc = buf + 2 * H + (size_t)H * R;
-            if (by_token) {
-                #pragma omp for schedule(dynamic, 1)
-                for (int t = 0; t < a->n_tokens; t++) {
-                    att_part8(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
-                    att_merge8(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
-                }
-            } else {
-                for (int t = 0; t < a->n_tokens; t++) {
-                    int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
-                    int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
-                    att_part8(a, t, j0, j1, mx[me], l[me], o[me], sc);
-                    #pragma omp barrier
-                    #pragma omp single
-                    att_merge8(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
-                }
-            }
-        }
-    }
-    free(mx);
+    cpu_attention_run(a, ATT_JB, att_part8);
 }

@@ -65,6 +65,12 @@ size_t cpu_row_bytes(const ds_weight *w);
  * prefetch_bytes of reading) to prefetch the same piece of a later row, else 0.
  * wsz: weight bytes per element. */
 void cpu_decode_pieces(int K, int n, int wsz, int x_bytes, size_t prefetch_bytes, int *kc, size_t *row_pf);
+/* The decode attention's split over threads (cpu_attn.c): part computes token
+ * t over positions [j0, j1) into a running max mx[h], sum l[h] and o[h][kv_rank]
+ * (not divided by l), with sc a scratch of n_heads x jb scores. */
+typedef void (*cpu_att_part_fn)(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o,
+                                float *sc);
+void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part);
 /* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
  * that no call pays for fresh pages; grows as needed, never shrinks; NULL if
  * out of memory. Slots: 0 decode activations, 1 packed GEMM panel, 2 attention,

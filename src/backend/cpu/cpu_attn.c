@@ -1,0 +1,85 @@
+/* cpu_attn.c - the decode attention's split over threads, whatever the
+ * instruction set: many tokens take one thread each; a few split each token's
+ * positions over the threads, and one thread merges the parts. The kernels
+ * (cpu_avx512.c, cpu_avx2.c) supply the part: one token over a range of
+ * positions, as a running max, sum and unnormalised output per head. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_ref.h"
+#include "cpu_simd.h"
+
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* Combines nparts partial results (mx, l, o) of one token into out[h][R]. */
+static void att_merge(int H, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
+{
+    for (int h = 0; h < H; h++) {
+        float m = -INFINITY, sum = 0;
+        for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
+        float *oh = out + (size_t)h * R;
+        memset(oh, 0, sizeof(float) * (size_t)R);
+        for (int p = 0; p < nparts; p++) {
+            if (mx[p][h] == -INFINITY) continue;
+            float f = expf(mx[p][h] - m);
+            sum += l[p][h] * f;
+            #pragma GCC unroll 16
+            for (int c = 0; c < R; c++) oh[c] += o[p][(size_t)h * R + c] * f;
+        }
+        #pragma GCC unroll 16
+        for (int c = 0; c < R; c++) oh[c] /= sum;
+    }
+}
+
+void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
+{
+    int H = a->n_heads, R = a->kv_rank, nth = omp_get_max_threads();
+    bool by_token = a->n_tokens >= nth;
+    float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
+    if (!mx) {
+        cpu_fail_oom("attention state", sizeof(float *) * (size_t)nth * 3);
+        return;
+    }
+    size_t scratch = sizeof(float) * ((size_t)H * (2 + (size_t)jb + R));
+    int failed = 0;
+    #pragma omp parallel num_threads(nth)
+    {
+        int me = omp_get_thread_num(), parts = omp_get_num_threads();
+        float *buf = cpu_scratch(2, scratch);
+        if (!buf) {
+            cpu_fail_oom("attention scratch", scratch);
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp barrier
+        int stop;
+        #pragma omp atomic read
+        stop = failed;
+        /* every thread takes the same branch: the work below has barriers */
+        if (!stop) {
+            mx[me] = buf;
+            l[me] = buf + H;
+            o[me] = buf + 2 * H;
+            float *sc = buf + 2 * H + (size_t)H * R;
+            if (by_token) {
+                #pragma omp for schedule(dynamic, 1)
+                for (int t = 0; t < a->n_tokens; t++) {
+                    part(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
+                    att_merge(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
+                }
+            } else {
+                for (int t = 0; t < a->n_tokens; t++) {
+                    int len = a->pos[t] + 1, per = (len + parts - 1) / parts;
+                    int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
+                    part(a, t, j0, j1, mx[me], l[me], o[me], sc);
+                    #pragma omp barrier
+                    #pragma omp single
+                    att_merge(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+                }
+            }
+        }
+    }
+    free(mx);
+}
