@@ -138,6 +138,20 @@ AVX2 INLINE void fp8x16_to_f32(const uint8_t *p, __m256 *lo, __m256 *hi)
     *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
+/* 16 e4m3 codes as floats times 2^-120, exact (subnormal codes become float32
+ * subnormals): through bf16 (the sign-extended code shifted left 4 and masked,
+ * as cpu_avx512.c's fp8x32_to_bf16), widened by interleaving with zeros. The
+ * interleave works within 128-bit lanes: lo holds codes 0-3 and 8-11, hi 4-7
+ * and 12-15 (prep_fp8_acts8 orders the activations to match). Five operations
+ * for 16 codes, where the fp16 route (fp8x16_to_f32) takes seven. */
+AVX2 INLINE void fp8x16_to_f32_bf(const uint8_t *p, __m256 *lo, __m256 *hi)
+{
+    __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 4), _mm256_set1_epi16((short)0x87F0));
+    *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
+    *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
+}
+
 /* 16 bf16 weights as floats: those of even number (shifted), then the odd
  * ones (masked); prep_bf16_acts8 orders the activations to match. */
 AVX2 INLINE void bf16x16_to_f32(const uint16_t *p, __m256 *even, __m256 *odd)
@@ -185,7 +199,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
         #pragma GCC unroll 16
         for (int u = 0; u < U; u++) {
             __m256 a, b;
-            if (fp8) fp8x16_to_f32(rb + k + 16 * u, &a, &b);
+            if (fp8) fp8x16_to_f32_bf(rb + k + 16 * u, &a, &b);
             else bf16x16_to_f32((const uint16_t *)row + k + 16 * u, &a, &b);
             #pragma GCC unroll 16
             for (int t = 0; t < T; t++) {
@@ -197,7 +211,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     }
     for (; k < K16; k += 16) {
         __m256 a, b;
-        if (fp8) fp8x16_to_f32(rb + k, &a, &b);
+        if (fp8) fp8x16_to_f32_bf(rb + k, &a, &b);
         else bf16x16_to_f32((const uint16_t *)row + k, &a, &b);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
@@ -208,6 +222,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     for (; k < K; k += 8) { /* the tail, in column order */
         int m = MIN(8, K - k);
         __m256 wv = load_w8(fp8 ? DS_W_FP8 : DS_W_BF16, row, k, m);
+        if (fp8) wv = _mm256_mul_ps(wv, _mm256_set1_ps(0x1p-112f)); /* value * 2^-120, as above: exact */
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) acc[0][0][t] = _mm256_fmadd_ps(wv, load_x8(xs + t * ldx, k, m), acc[0][0][t]);
     }
@@ -216,7 +231,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
         __m256 sum = _mm256_add_ps(acc[0][0][t], acc[0][1][t]);
         #pragma GCC unroll 16
         for (int u = 1; u < U; u++) sum = _mm256_add_ps(sum, _mm256_add_ps(acc[u][0][t], acc[u][1][t]));
-        float v = hsum8(sum);
+        float v = hsum8(sum) * (fp8 ? 0x1p56f : 1.0f);
         y[t * ldy] = add ? y[t * ldy] + v : v;
     }
 }
@@ -236,7 +251,7 @@ AVX2 static void dec_row(bool fp8, int T, const void *row, int K, size_t pf, con
     else DEC_CASES(false)
 }
 
-static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
+static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
 
 /* Rows [a, b) of job j (a cpu_decode_rows_fn): FP8 activations scaled per
  * scale block, BF16 permuted once per job, float32 weights through gemv8. */
@@ -264,7 +279,7 @@ AVX2 static void decode_rows8(const ds_matmul_job *j, int a, int b, float *xs, c
         if (fp8) {
             int rb = (j->row0 + a) / DS_BLOCK;
             e = MIN(b, (rb + 1) * DS_BLOCK - j->row0);
-            if (rb != st->rb || j != st->job) scale_acts8(xs, j->x, n, w, st->rb = rb);
+            if (rb != st->rb || j != st->job) prep_fp8_acts8(xs, j->x, n, w, st->rb = rb);
             st->job = j;
         }
         for (int k0 = 0; k0 < K; k0 += kc) {
@@ -280,13 +295,24 @@ AVX2 static void decode_rows8(const ds_matmul_job *j, int a, int b, float *xs, c
     }
 }
 
-/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^8 (FP8 weights, row block rb). */
-static void scale_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb)
+/* xs[t][k] = x[t][k] * s[rb][k/128] * 2^64 (FP8 weights, row block rb: the
+ * products with codes times 2^-120 come out times 2^-56, in float's normal
+ * range), per 16 columns in fp8x16_to_f32_bf's order: 0-3, 8-11, 4-7, 12-15;
+ * the columns past the last multiple of 16 as they are. */
+static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb)
 {
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
-    for (int t = 0; t < n; t++)
-        for (int k = 0; k < K; k++)
-            xs[(size_t)t * K + k] = x[(size_t)t * K + k] * (w->scale[(size_t)rb * kb + k / DS_BLOCK] * 256.0f);
+    static const int ord[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K16 = K / 16 * 16;
+    const float *sr = w->scale + (size_t)rb * kb;
+    for (int t = 0; t < n; t++) {
+        const float *xi = x + (size_t)t * K;
+        float *o = xs + (size_t)t * K;
+        for (int k = 0; k < K16; k += 16) {
+            float sv = sr[k / DS_BLOCK] * 0x1p64f;
+            for (int i = 0; i < 16; i++) o[k + i] = xi[k + ord[i]] * sv;
+        }
+        for (int k = K16; k < K; k++) o[k] = xi[k] * (sr[k / DS_BLOCK] * 0x1p64f);
+    }
 }
 
 /* ---- many tokens: a register-tiled GEMM ------------------------------------
