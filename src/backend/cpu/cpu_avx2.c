@@ -366,27 +366,45 @@ AVX2 static void g_tiles(int T, const float *wp, int kc, const float *x, size_t 
     }
 }
 
-/* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale), i < nr; rows past
- * nr are zero. */
+/* In-register transpose of an 8x8 matrix of floats. */
+AVX2 INLINE void transpose8(__m256 r[8])
+{
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+        r[4 + i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+    }
+}
+
+/* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale; the panel's rows
+ * share one scale block), i < nr; rows past nr are zero. 8 x 8 blocks through
+ * transpose8; columns past kc, up to a multiple of 8, are written as zeros. */
 AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, int kc)
 {
     int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK;
-    for (int i = 0; i < 16; i++) {
-        if (i >= nr) {
-            for (int k = 0; k < kc; k++) wp[16 * k + i] = 0;
-            continue;
-        }
-        const void *row = w_row(w, r + i);
+    for (int g = 0; g < 2; g++)
         for (int k = 0; k < kc; k += 8) {
             int m = MIN(8, kc - k);
-            __m256 v = load_w8(w->fmt, row, k0 + k, m);
-            if (w->fmt == DS_W_FP8) /* 8 columns are inside one 128-column block */
-                v = _mm256_mul_ps(v, _mm256_set1_ps(w->scale[(size_t)((r + i) / DS_BLOCK) * cb + (k0 + k) / DS_BLOCK] * 256.0f));
-            float t[8];
-            _mm256_storeu_ps(t, v);
-            for (int j = 0; j < m; j++) wp[16 * (k + j) + i] = t[j];
+            __m256 v[8];
+            for (int i = 0; i < 8; i++)
+                v[i] = 8 * g + i < nr ? load_w8(w->fmt, w_row(w, r + 8 * g + i), k0 + k, m) : _mm256_setzero_ps();
+            if (w->fmt == DS_W_FP8) { /* 8 columns are inside one 128-column block */
+                __m256 sv = _mm256_set1_ps(w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + k) / DS_BLOCK] * 256.0f);
+                for (int i = 0; i < 8; i++) v[i] = _mm256_mul_ps(v[i], sv);
+            }
+            transpose8(v);
+            for (int j = 0; j < 8; j++) _mm256_store_ps(wp + 16 * (k + j) + 8 * g, v[j]);
         }
-    }
 }
 
 /* y (n, rows) = x (n, K) @ W[row0, row0 + rows)^T for many tokens. Panels of
