@@ -524,34 +524,7 @@ AVX2 void avx2_matmul_t(float *y, const float *x, int n, const ds_weight *w, int
 AVX2 void avx2_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                             int hstride, int rows)
 {
-    if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
-        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
-        if (!jobs) {
-            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
-            return;
-        }
-        for (int h = 0; h < H; h++)
-            jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
-        cpu_decode_many(jobs, H, 1, decode_rows8);
-        free(jobs);
-        return;
-    }
-    int K = w->cols;
-    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
-    if (!xt || !yt) {
-        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
-        free(xt);
-        free(yt);
-        return;
-    }
-    for (int h = 0; h < H; h++) {
-        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
-        avx2_matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
-        for (int t = 0; t < n; t++)
-            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
-    }
-    free(xt);
-    free(yt);
+    cpu_matmul_heads(y, ys, x, xs, n, H, w, row0, hstride, rows, avx2_matmul_many, avx2_matmul);
 }
 
 /* ---- absorb attention -----------------------------------------------------
@@ -584,6 +557,26 @@ AVX2 INLINE __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* acc[u][v] += q[u] . rows[j + v], for vectors of C floats (rows C apart);
+ * pf: prefetch the rows ATT_PF_ROWS ahead into L2. */
+AVX2 INLINE void att_dot8(int HN, int JN, __m256 acc[4][2], const float *q, const float *rows, int C, int j, bool pf)
+{
+    for (int c = 0; c < C; c += 8) {
+        __m256 rv[2];
+        #pragma GCC unroll 2
+        for (int v = 0; v < JN; v++) {
+            if (pf && c % 16 == 0) _mm_prefetch((const char *)(rows + (size_t)(j + v + ATT_PF_ROWS) * C + c), _MM_HINT_T2);
+            rv[v] = _mm256_loadu_ps(rows + (size_t)(j + v) * C + c);
+        }
+        #pragma GCC unroll 8
+        for (int u = 0; u < HN; u++) {
+            __m256 qv = _mm256_loadu_ps(q + (size_t)u * C + c);
+            #pragma GCC unroll 2
+            for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(qv, rv[v], acc[u][v]);
+        }
+    }
+}
+
 /* Scores of heads [h, h+HN) at positions [j, j+JN) into sc[h][j - jb]; the
  * first head group (pf) prefetches the cache rows ATT_PF_ROWS ahead into L2. */
 AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp, const float *kv,
@@ -595,34 +588,8 @@ AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float 
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 2
         for (int v = 0; v < JN; v++) acc[u][v] = _mm256_setzero_ps();
-    for (int c = 0; c < R; c += 8) {
-        __m256 kvv[2];
-        #pragma GCC unroll 2
-        for (int v = 0; v < JN; v++) {
-            if (pf && c % 16 == 0) _mm_prefetch((const char *)(kv + (size_t)(j + v + ATT_PF_ROWS) * R + c), _MM_HINT_T2);
-            kvv[v] = _mm256_loadu_ps(kv + (size_t)(j + v) * R + c);
-        }
-        #pragma GCC unroll 8
-        for (int u = 0; u < HN; u++) {
-            __m256 q = _mm256_loadu_ps(qc + (size_t)(h + u) * R + c);
-            #pragma GCC unroll 2
-            for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(q, kvv[v], acc[u][v]);
-        }
-    }
-    for (int c = 0; c < P; c += 8) {
-        __m256 pev[2];
-        #pragma GCC unroll 2
-        for (int v = 0; v < JN; v++) {
-            if (pf && c % 16 == 0) _mm_prefetch((const char *)(pe + (size_t)(j + v + ATT_PF_ROWS) * P + c), _MM_HINT_T2);
-            pev[v] = _mm256_loadu_ps(pe + (size_t)(j + v) * P + c);
-        }
-        #pragma GCC unroll 8
-        for (int u = 0; u < HN; u++) {
-            __m256 q = _mm256_loadu_ps(qp + (size_t)(h + u) * P + c);
-            #pragma GCC unroll 2
-            for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(q, pev[v], acc[u][v]);
-        }
-    }
+    att_dot8(HN, JN, acc, qc + (size_t)h * R, kv, R, j, pf);
+    att_dot8(HN, JN, acc, qp + (size_t)h * P, pe, P, j, pf);
     #pragma GCC unroll 8
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 2

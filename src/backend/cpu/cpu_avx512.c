@@ -1043,34 +1043,7 @@ AVX512 void avx512_matmul_heads_t(float *y, int ys, const float *x, int xs, int 
 AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                                 int hstride, int rows)
 {
-    int K = w->cols;
-    if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
-        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
-        if (!jobs) {
-            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
-            return;
-        }
-        for (int h = 0; h < H; h++)
-            jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
-        decode_many(jobs, H);
-        free(jobs);
-        return;
-    }
-    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
-    if (!xt || !yt) {
-        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
-        free(xt);
-        free(yt);
-        return;
-    }
-    for (int h = 0; h < H; h++) {
-        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
-        avx512_matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
-        for (int t = 0; t < n; t++)
-            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
-    }
-    free(xt);
-    free(yt);
+    cpu_matmul_heads(y, ys, x, xs, n, H, w, row0, hstride, rows, avx512_matmul_many, avx512_matmul);
 }
 
 /* ---- absorb attention ---------------------------------------------------

@@ -6,6 +6,7 @@
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <xmmintrin.h>
 
 #include "cpu_ref.h"
@@ -158,4 +159,37 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
                     if (ok) rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &st);
         }
     }
+}
+
+void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
+                      int rows, cpu_many_fn many, cpu_matmul_fn matmul)
+{
+    if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
+        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
+        if (!jobs) {
+            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
+            return;
+        }
+        for (int h = 0; h < H; h++)
+            jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
+        many(jobs, H, DS_GEMM_BF16, false);
+        free(jobs);
+        return;
+    }
+    int K = w->cols;
+    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
+    if (!xt || !yt) {
+        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
+        free(xt);
+        free(yt);
+        return;
+    }
+    for (int h = 0; h < H; h++) {
+        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
+        matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
+        for (int t = 0; t < n; t++)
+            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
+    }
+    free(xt);
+    free(yt);
 }

@@ -65,6 +65,13 @@ size_t cpu_row_bytes(const ds_weight *w);
  * prefetch_bytes of reading) to prefetch the same piece of a later row, else 0.
  * wsz: weight bytes per element. */
 void cpu_decode_pieces(int K, int n, int wsz, int x_bytes, size_t prefetch_bytes, int *kc, size_t *row_pf);
+/* matmul_heads (ds_ops) on a kernel set's matmul_many and matmul: one token's
+ * heads as one batch of jobs, more tokens head by head (cpu_decode.c). */
+typedef void (*cpu_many_fn)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
+typedef void (*cpu_matmul_fn)(float *y, const float *x, int n, const ds_weight *w, int row0, int rows,
+                              ds_gemm_impl gemm, bool ue8m0);
+void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
+                      int rows, cpu_many_fn many, cpu_matmul_fn matmul);
 /* The decode attention's split over threads (cpu_attn.c): part computes token
  * t over positions [j0, j1) into a running max mx[h], sum l[h] and o[h][kv_rank]
  * (not divided by l), with sc a scratch of n_heads x jb scores. */
