@@ -2,10 +2,10 @@
  * (decode and GEMM), the per-head and transposed products, absorb attention.
  *
  * Decode (few tokens): cpu_decode_many's work units, as on AVX-512, one row at
- * a time against up to four tokens in float32: e4m3 widened through fp16 (the
- * 2^8 and the block scale folded into the activations), BF16 by a shift or a
- * mask, weights prefetched into L2 ahead of the loop, long rows in column
- * pieces. Many tokens: a register-tiled float32 GEMM on panels widened once
+ * a time against up to four tokens in float32: e4m3 widened through bf16 (the
+ * block scale and 2^64 folded into the activations, the sums times 2^56), BF16
+ * by a shift or a mask, weights prefetched into L2 ahead of the loop, long
+ * rows in column pieces. Many tokens: a register-tiled float32 GEMM on panels widened once
  * (avx2_gemm); no bf16 dot-product instructions exist here. DSV3_CPU_ISA=avx2
  * selects these kernels on a CPU with AVX-512 too. */
 #include <immintrin.h>
