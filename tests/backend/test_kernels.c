@@ -267,7 +267,9 @@ static void check_attention(const char *label, attn_fn attn)
     }
 }
 
-static void check_silu(void)
+typedef void (*silu_fn)(float *a, const float *b, size_t n);
+
+static void check_silu(const char *label, silu_fn silu)
 {
     static const size_t ns[] = {1, 15, 16, 17, 1000, 70001};
     for (size_t i = 0; i < sizeof ns / sizeof *ns; i++) {
@@ -277,10 +279,10 @@ static void check_silu(void)
         memcpy(ref, a, sizeof(float) * n);
         memcpy(got, a, sizeof(float) * n);
         cpu_ref_ops.silu_mul(ref, b, n);
-        avx512_silu_mul(got, b, n);
+        silu(got, b, n);
         double worst = 0;
         for (size_t j = 0; j < n; j++) worst = fmax(worst, fabs((double)got[j] - ref[j]) / (fabs(ref[j]) + 1e-6));
-        CHECK_MSG(worst <= 1e-5, "silu_mul n %zu: relative error %.3g", n, worst);
+        CHECK_MSG(worst <= 1e-5, "%s n %zu: relative error %.3g", label, n, worst);
         CHECK(sentinels_ok(got, n));
         free(a);
         free(b);
@@ -576,6 +578,7 @@ int main(void)
         check_matmul_t("avx2 matmul_t", avx2_matmul_t);
         check_heads("avx2", avx2_matmul_heads, avx2_matmul_heads_t);
         check_attention("avx2 attention", avx2_attention);
+        check_silu("avx2 silu_mul", avx2_silu_mul);
     }
     if (!cpu_has_avx512()) {
         printf("no AVX-512 (F/BW/VL/DQ/BF16): AVX-512 kernels not tested\n");
@@ -591,7 +594,7 @@ int main(void)
     check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512, 2.0 / 512);
     check_matmul_t("avx512 matmul_t", avx512_matmul_t);
     check_attention("avx512 attention", avx512_attention);
-    check_silu();
+    check_silu("avx512 silu_mul", avx512_silu_mul);
     check_matmul_many("avx512 matmul_many", avx512_matmul_many);
     check_heads("avx512", avx512_matmul_heads, avx512_matmul_heads_t);
     check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_BF16);

@@ -154,6 +154,7 @@ static void fill_fast(void)
         g_fast.matmul_heads = avx2_matmul_heads;
         g_fast.matmul_heads_t = avx2_matmul_heads_t;
         g_fast.attention = avx2_attention;
+        g_fast.silu_mul = avx2_silu_mul;
     }
 }
 

@@ -557,6 +557,19 @@ AVX2 INLINE __m256 exp8(__m256 x)
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* a[i] = silu(a[i]) * b[i] = a[i] / (1 + exp(-a[i])) * b[i] */
+AVX2 void avx2_silu_mul(float *a, const float *b, size_t n)
+{
+    size_t n8 = n / 8 * 8;
+    #pragma omp parallel for schedule(static) if (n >= 65536)
+    for (size_t i = 0; i < n8; i += 8) {
+        __m256 x = _mm256_loadu_ps(a + i);
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(s, _mm256_loadu_ps(b + i)));
+    }
+    for (size_t i = n8; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
 /* acc[u][v] += q[u] . rows[j + v], for vectors of C floats (rows C apart);
  * pf: prefetch the rows ATT_PF_ROWS ahead into L2. */
 AVX2 INLINE void att_dot8(int HN, int JN, __m256 acc[4][2], const float *q, const float *rows, int C, int j, bool pf)

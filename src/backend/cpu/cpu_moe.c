@@ -171,6 +171,6 @@ void avx2_moe_experts(float *y, const float *x, int n, int K, const int *idx, co
                       const ds_weight *ew2, const ds_weight *ew3, int e0, int ne, const ds_mlp_w *shared,
                       ds_gemm_impl gemm, bool ue8m0)
 {
-    moe_experts(avx2_matmul_many, cpu_ref_ops.silu_mul, y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm,
+    moe_experts(avx2_matmul_many, avx2_silu_mul, y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm,
                 ue8m0);
 }

@@ -91,6 +91,7 @@ void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, 
 void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
 void avx2_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, int rows);
 void avx2_attention(const ds_attn_args *a, ds_attn_impl impl);
+void avx2_silu_mul(float *a, const float *b, size_t n);
 void avx2_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                        int hstride, int rows);
 void avx2_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
