@@ -500,9 +500,9 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
      * stride). K 4096 (16 KB) stays whole: in two pieces it lost 50 -> 39. */
     bool fp8 = w->fmt == DS_W_FP8;
     int kc;
-    size_t bf16_pf; /* whole rows ahead, when in pieces (activations: FP8 bf16 hi + lo, BF16 float32) */
-    cpu_decode_pieces(K, n, fp8 ? 1 : 2, GEMV_X_BYTES, PREFETCH_BYTES, &kc, &bf16_pf);
-    size_t pf = bf16_pf ? bf16_pf : PREFETCH_BYTES;
+    size_t row_pf; /* whole rows ahead when in pieces, else 0 (activations: FP8 bf16 hi + lo, BF16 float32) */
+    cpu_decode_pieces(K, n, fp8 ? 1 : 2, GEMV_X_BYTES, PREFETCH_BYTES, &kc, &row_pf);
+    size_t fp8_pf = row_pf ? row_pf : PREFETCH_BYTES; /* BF16 whole rows: the hardware prefetches */
 
     for (int k0 = 0; k0 < K; k0 += kc) {
         int len = MIN(kc, K - k0);
@@ -511,8 +511,8 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
                 int T = MIN(4, n - t0);
                 float *yo = y + (size_t)t0 * rows + r;
                 const float *xo = xs + (size_t)t0 * ldx;
-                if (fp8) gemv_fp8_dp(T, w, row0 + r, k0, len, pf, xo, ldx, xq + (size_t)t0 * ldq, ldq, yo, (size_t)rows, k0 > 0);
-                else gemv_bf16(T, w, row0 + r, k0, len, bf16_pf, xo, ldx, yo, (size_t)rows, k0 > 0);
+                if (fp8) gemv_fp8_dp(T, w, row0 + r, k0, len, fp8_pf, xo, ldx, xq + (size_t)t0 * ldq, ldq, yo, (size_t)rows, k0 > 0);
+                else gemv_bf16(T, w, row0 + r, k0, len, row_pf, xo, ldx, yo, (size_t)rows, k0 > 0);
             }
     }
 }
