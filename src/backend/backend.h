@@ -73,6 +73,14 @@ typedef struct {
     int row0, rows;
 } ds_matmul_job;
 
+/* One row's settings for pick_rows (model/sampler.h's meanings). */
+typedef struct {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* 0: off */
+    float top_p;       /* 1: off */
+    double u;          /* the uniform in [0, 1) of the draw */
+} ds_pick;
+
 typedef struct ds_ops {
     const char *name;
     void *(*alloc)(size_t bytes);           /* zeroed; NULL on failure */
@@ -111,11 +119,10 @@ typedef struct ds_ops {
     void (*upload)(void *dst, const void *host_src, size_t bytes);
     void (*download)(void *host_dst, const void *src, size_t bytes);
     /* Optional (NULL: download the rows and pick on the host): for the rows i < n of
-     * x (n, V), host_out[i] = sampler_draw(row i, V, temp[i], u[i]) (model/sampler.h:
-     * the argmax for temp[i] <= 0, else the inverse CDF at u[i] of softmax(row / temp)
-     * with its cut); temp and u are host arrays, NULL for all greedy. Waits as download
-     * does. */
-    void (*pick_rows)(int32_t *host_out, const float *x, int n, int V, const float *temp, const double *u);
+     * x (n, V), host_out[i] = the pick that model/sampler.h's sampler_pick_u makes of
+     * row i with p[i]'s settings and uniform (the argmax for a temperature <= 0); p is
+     * a host array, NULL for all greedy. Waits as download does. */
+    void (*pick_rows)(int32_t *host_out, const float *x, int n, int V, const ds_pick *p);
     /* Waits until every queued op has finished. */
     void (*sync)(void);
     void (*zero)(void *p, size_t bytes);

@@ -461,39 +461,43 @@ done:
     return s;
 }
 
-/* sampler_draw for row i of the host rows (temp, u: NULL for greedy). */
-static int32_t pick_host(float *row, int V, const float *temp, const double *u, int i)
+/* sampler_pick_u for a host row with p's settings (NULL: greedy). */
+static int32_t pick_host(const float *row, int V, const ds_pick *p)
 {
-    float t = temp ? temp[i] : 0.0f;
-    if (!(t > 0)) return sampler_argmax(row, V);
-    float *scratch = malloc(sizeof(float) * (size_t)V);
-    if (!scratch) return sampler_argmax(row, V);
-    int32_t k = sampler_draw(row, V, t, u ? u[i] : 0.0, scratch);
-    free(scratch);
+    if (!p || !(p->temperature > 0)) return sampler_argmax(row, V);
+    if (!(p->top_k > 0 || p->top_p < 1)) {
+        float *scratch = malloc(sizeof(float) * (size_t)V);
+        int32_t k = scratch ? sampler_draw(row, V, p->temperature, p->u, scratch) : sampler_argmax(row, V);
+        free(scratch);
+        return k;
+    }
+    ds_sampler s;
+    ds_sampling set = {p->temperature, p->top_k, p->top_p, 1.0f};
+    if (sampler_init(&s, &set, 0, V)) return sampler_argmax(row, V); /* out of memory */
+    int32_t k = sampler_pick_u(&s, row, p->u);
+    sampler_free(&s);
     return k;
 }
 
 /* The n rows of logits in device (alloc'd) memory d to the caller: into logits,
- * or when next is set only the picks of sampler_draw (temp, u: see ds_ops.pick_rows)
- * into next, on the device when the backend can (logits then unused; else the
- * host's scratch). World size 1: the rows are the whole vocabulary. */
-static void deliver(const ds_model *m, const float *d, int n, float *logits, const float *temp, const double *u,
-                    int32_t *next)
+ * or when next is set only the picks (pick: see ds_ops.pick_rows) into next, on
+ * the device when the backend can (logits then unused; else the host's scratch).
+ * World size 1: the rows are the whole vocabulary. */
+static void deliver(const ds_model *m, const float *d, int n, float *logits, const ds_pick *pick, int32_t *next)
 {
     int V = m->vocab_local;
     if (next && m->ops->pick_rows) {
-        m->ops->pick_rows(next, d, n, V, temp, u);
+        m->ops->pick_rows(next, d, n, V, pick);
         return;
     }
     m->ops->download(logits, d, sizeof(float) * (size_t)n * V);
-    for (int i = 0; next && i < n; i++) next[i] = pick_host(logits + (size_t)i * V, V, temp, u, i);
+    for (int i = 0; next && i < n; i++) next[i] = pick_host(logits + (size_t)i * V, V, pick ? pick + i : NULL);
 }
 
 /* what a pass hands back: logits rows, or when next is set only the picks */
 typedef struct {
     float *logits;
-    const float *temp;
-    const double *u;
+    const ds_pick *pick;
     int32_t *next;
 } fwd_out;
 
@@ -531,7 +535,7 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         if (*s) return true;
     }
     ops->graph_run(d->graph);
-    deliver(m, d->logits, n, o->logits, o->temp, o->u, o->next);
+    deliver(m, d->logits, n, o->logits, o->pick, o->next);
     return true;
 }
 
@@ -572,12 +576,12 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
     if ((s = forward_queue(m, kv, n, n_out, ids_d, lg, one_run ? contig : NULL, pos_max + 1))) goto done;
     if (n_out && m->world_size == 1) {
-        deliver(m, lg, n_out, logits, o->temp, o->u, o->next);
+        deliver(m, lg, n_out, logits, o->pick, o->next);
     } else if (n_out) {
         m->ops->download(part, lg, sizeof(float) * nl);
         s = gather_logits(m, part, n_out, logits);
         for (int i = 0; !s && o->next && i < n_out; i++)
-            o->next[i] = pick_host(logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size, o->temp, o->u, i);
+            o->next[i] = pick_host(logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size, o->pick ? o->pick + i : NULL);
     } else {
         m->ops->sync();
     }
@@ -596,12 +600,12 @@ done:
 ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                         const bool *want, float *logits)
 {
-    fwd_out o = {logits, NULL, NULL, NULL};
+    fwd_out o = {logits, NULL, NULL};
     return forward_run(m, kv, n, tok, seq, pos, want, &o);
 }
 
 ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                             const float *temp, const double *u, int32_t *next)
+                             const ds_pick *pick, int32_t *next)
 {
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
     bool *want = malloc((size_t)n), host = !m->ops->pick_rows || m->world_size > 1;
@@ -609,7 +613,7 @@ ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     if (want) memset(want, 1, (size_t)n);
     /* the rows reach the host only where the backend cannot pick */
     if (host) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
-    fwd_out o = {logits, temp, u, next};
+    fwd_out o = {logits, pick, next};
     ds_status s = !want || (host && !logits) ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
                                              : forward_run(m, kv, n, tok, seq, pos, want, &o);
     free(want);

@@ -92,9 +92,9 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     return s;
 }
 
-ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const float *temp, const double *u)
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const ds_pick *pk)
 {
-    bool pick = temp != NULL;
+    bool pick = pk != NULL;
     int *pos = calloc((size_t)n, sizeof(int));
     bool *want = calloc((size_t)n, 1);
     float *lg = pick ? NULL : malloc(sizeof(float) * (size_t)n * g->vocab);
@@ -107,7 +107,7 @@ ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const
         if (pos[i] >= g->ctx) s = ds_errorf(DS_ERR_RANGE, "sequence %d reached the context end (%d tokens)", seqs[i], g->ctx);
     }
     if (!s)
-        s = pick ? model_forward_pick(g->m, g->kv, n, toks, seqs, pos, temp, u, am)
+        s = pick ? model_forward_pick(g->m, g->kv, n, toks, seqs, pos, pk, am)
                  : model_forward(g->m, g->kv, n, toks, seqs, pos, want, lg);
     for (int i = 0; !s && i < n; i++) {
         if (pick) g->next[seqs[i]] = am[i];
@@ -138,16 +138,17 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
     for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
     int n_active = 0;
     for (int i = 0; i < n; i++) active[n_active++] = i;
-    /* No sequence with top-k, top-p or a penalty: the steps return the next tokens
-     * themselves (picked on the device where the backend can, no logits
-     * downloaded). Each sequence's uniform for its next pick is drawn with the
-     * step, from the same stream and in the same order as sampler_pick would. */
-    bool pick = true;
+    /* No sequence with a penalty, and top-k or top-p only where the backend picks
+     * on the device: the steps return the next tokens themselves (no logits
+     * downloaded where the backend picks). Each sequence's uniform for its next
+     * pick is drawn with the step, from the same stream and in the same order as
+     * sampler_pick would. */
+    bool pick = true, device = g->m->ops->pick_rows && g->m->world_size == 1;
     for (int i = 0; i < n; i++)
-        pick &= samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1 && samplers[i].p.repetition_penalty == 1.0f;
-    float *temp = pick ? malloc(sizeof(float) * (size_t)n) : NULL;
-    double *u = pick ? malloc(sizeof(double) * (size_t)n) : NULL;
-    if (pick && (!temp || !u)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        pick &= samplers[i].p.repetition_penalty == 1.0f &&
+                (device || (samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1));
+    ds_pick *pk = pick ? malloc(sizeof(ds_pick) * (size_t)n) : NULL;
+    if (pick && !pk) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
     double t0 = now_s();
@@ -168,14 +169,13 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
         n_active = k;
         for (int a = 0; pick && a < n_active; a++) {
             ds_sampler *sm = &samplers[active[a]];
-            temp[a] = sm->p.temperature;
-            u[a] = sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0;
+            pk[a] = (ds_pick){sm->p.temperature, sm->p.top_k, sm->p.top_p,
+                              sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0};
         }
-        if (n_active) s = gen_step(g, n_active, active, next, temp, u);
+        if (n_active) s = gen_step(g, n_active, active, next, pk);
     }
     g->decode_s += now_s() - t0;
-    free(temp);
-    free(u);
+    free(pk);
     free(active);
     free(next);
     return s;

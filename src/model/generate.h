@@ -32,10 +32,10 @@ void gen_free(ds_gen *g);
  * g->logits[seq]. A prompt longer than the context is DS_ERR_RANGE. */
 ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n);
 
-/* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. With temp set:
- * leave each sequence's next token, sampler_draw(logits, temp[i], u[i]), in
- * g->next (next_ok set) instead of its logits. */
-ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const float *temp, const double *u);
+/* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. With pick set:
+ * leave each sequence's next token, what sampler_pick_u makes of its logits with
+ * pick[i]'s settings, in g->next (next_ok set) instead of its logits. */
+ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const ds_pick *pick);
 
 /* Called for each new token of sequence seq; return non-zero to stop it. */
 typedef int (*gen_token_fn)(void *ud, int seq, int32_t tok);

@@ -98,10 +98,10 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
                         const int *pos, const bool *want, float *logits);
 
 /* As model_forward with every token wanted, but only each token's next token
- * into next: sampler_draw(its logits, temp[i], u[i]) (model/sampler.h; temp and u
- * NULL: all greedy). On the device where the backend can, so that the logits need
- * not be downloaded. */
+ * into next: what sampler_pick_u makes of its logits with pick[i]'s settings
+ * (model/sampler.h; pick NULL: all greedy). On the device where the backend can
+ * (ops->pick_rows, one rank), so that the logits need not be downloaded. */
 ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
-                             const int *pos, const float *temp, const double *u, int32_t *next);
+                             const int *pos, const ds_pick *pick, int32_t *next);
 
 #endif

@@ -209,13 +209,10 @@ int sampler_draw(const float *logits, int V, float temperature, double u, float 
     return draw_weights(scratch, V, sum, u, best);
 }
 
-int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u)
 {
     int V = s->vocab;
-    if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
-    if (!(s->p.top_k > 0 || s->p.top_p < 1))
-        return s->p.temperature > 0 ? sampler_draw(logits, V, s->p.temperature, rng_uniform(&s->rng), s->probs)
-                                    : sampler_argmax(logits, V);
+    if (!(s->p.top_k > 0 || s->p.top_p < 1)) return sampler_draw(logits, V, s->p.temperature, u, s->probs);
     int best = sampler_argmax(logits, V);
     if (!(s->p.temperature > 0)) return best;
     float *e = s->probs, sum = exp_all(e, logits, V, logits[best], 1.0f / s->p.temperature);
@@ -243,14 +240,20 @@ int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n
         float pi = e[cand[i]];
         kept += pi > pt || (pi == pt && cand[i] <= it) ? pi : 0.0f;
     }
-    double u = rng_uniform(&s->rng) * kept, c = 0;
+    double t = u * kept, c = 0;
     int last = it;
     for (int i = 0; i < nc; i++) {
         float pi = e[cand[i]];
         bool in = pi > pt || (pi == pt && cand[i] <= it);
         c += in ? pi : 0.0f;
         last = in ? cand[i] : last;
-        if (in && u < c) return cand[i];
+        if (in && t < c) return cand[i];
     }
     return last;
+}
+
+int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+{
+    if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
+    return sampler_pick_u(s, logits, s->p.temperature > 0 ? rng_uniform(&s->rng) : 0.0);
 }

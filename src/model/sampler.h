@@ -24,8 +24,8 @@
 
 #define SAMPLER_CUT (-40.0f)
 /* A pick at temperature > 0 takes one rng_uniform() of the stream (seed,
- * SAMPLER_STREAM) and walks the kept tokens, ids ascending, until their
- * running sum passes it. */
+ * SAMPLER_STREAM), drawn before anything else, and walks the kept tokens, ids
+ * ascending, until their running sum passes it. */
 #define SAMPLER_STREAM 0x5a3b1e
 #define SAMPLER_BUCKETS 2048 /* probabilities in (0, 1] by their float bits >> 19 */
 
@@ -55,6 +55,10 @@ void sampler_free(ds_sampler *s);
 /* Picks a token. logits (vocab) may be modified. history: tokens seen so far
  * in this sequence (for the repetition penalty). */
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history);
+
+/* sampler_pick after the penalty, with the uniform u in [0, 1) given (the
+ * stream untouched): temperature, top-k, top-p and the draw. */
+int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u);
 
 /* The first index of the largest of x[0..n), n >= 1 (NaNs never win; a NaN in
  * x[0] stands). */

@@ -7,6 +7,8 @@
  * one launch, a device synchronisation); the "add n=1" row measures them. The
  * floor at 4.3 TB/s (a device-to-device copy measured on an H200 here) is the
  * HBM roofline a decode product should approach. */
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +162,52 @@ static void bench_attention(int nseq, int H, int ctx)
     free(pos);
 }
 
+/* ---- pick_rows: the next token at V3's vocabulary */
+
+typedef struct {
+    float *x;
+    int n;
+    ds_pick pk[8];
+} pick_ctx;
+
+static void pick_call(void *p)
+{
+    pick_ctx *c = p;
+    int32_t out[8];
+    G->pick_rows(out, c->x, c->n, 129280, c->pk);
+}
+
+/* Rows of normal logits times sd (a Box-Muller pair per two), or one token 20 above. */
+static void bench_pick(int n, float sd, bool peaked, ds_pick pk)
+{
+    enum { V = 129280 };
+    size_t nv = (size_t)n * V;
+    float *h = malloc(sizeof(float) * nv);
+    for (size_t i = 0; i < nv; i += 2) {
+        double u1 = (frand() + 1.0) / 2 + 1e-12, u2 = frand() * 3.14159265358979;
+        double r = sqrt(-2 * log(u1));
+        h[i] = (float)(r * cos(u2) * sd);
+        if (i + 1 < nv) h[i + 1] = (float)(r * sin(u2) * sd);
+    }
+    for (int i = 0; peaked && i < n; i++) h[(size_t)i * V + 777] = 20.0f;
+    /* device memory from the pool, as in a decode step (test mode's managed buffers
+     * would make each call's small output buffer a cudaMallocManaged and a cudaFree) */
+    cuda_set_test_mode(false);
+    pick_ctx c = {G->alloc(sizeof(float) * nv), n, {{0, 0, 1, 0}}};
+    G->upload(c.x, h, sizeof(float) * nv);
+    free(h);
+    for (int i = 0; i < n; i++) {
+        c.pk[i] = pk;
+        c.pk[i].u = (frand() + 1.0) / 2;
+    }
+    char label[96];
+    snprintf(label, sizeof label, "pick n=%d %s T %.1f top-k %d top-p %.2f", n, peaked ? "peaked" : sd > 2 ? "N(0,3)" : "N(0,1)",
+             pk.temperature, pk.top_k, pk.top_p);
+    report(label, median_time(pick_call, &c, 30), 4.0 * n * V, 0);
+    G->free(c.x);
+    cuda_set_test_mode(true);
+}
+
 /* ---- fixed cost of one op */
 
 typedef struct {
@@ -202,6 +250,15 @@ int main(void)
     bench_matmul(DS_W_FP8, 2048, 7168, 512, DS_GEMM_FP8);
     bench_attention(1, 128, 4096);
     bench_attention(8, 128, 4096);
+    static const ds_pick picks[] = {
+        {0, 0, 1, 0}, {0.7f, 0, 1, 0}, {0.7f, 40, 1, 0}, {0.7f, 0, 0.9f, 0}, {0.7f, 40, 0.9f, 0}, {2.0f, 0, 0.9f, 0},
+    };
+    for (size_t i = 0; i < sizeof picks / sizeof *picks; i++) {
+        bench_pick(1, 1.0f, false, picks[i]);
+        bench_pick(1, 3.0f, false, picks[i]);
+        bench_pick(1, 1.0f, true, picks[i]);
+    }
+    bench_pick(8, 1.0f, false, picks[3]);
     ds_status s = cuda_backend_status();
     if (s) fprintf(stderr, "bench_cuda_ops: %s\n", ds_last_error());
     return s ? 1 : 0;

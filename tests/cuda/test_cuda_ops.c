@@ -1611,20 +1611,39 @@ static void test_stage19(void)
     set_variant("HEADS_T3", NULL);
 }
 
+/* The host's pick of row (V) with pk's settings, through a sampler of those settings. */
+static int host_pick(const float *row, int V, ds_pick pk, double u)
+{
+    ds_sampler sm;
+    ds_sampling set = {pk.temperature, pk.top_k, pk.top_p, 1.0f};
+    CHECK(sampler_init(&sm, &set, 0, V) == DS_OK);
+    int k = sampler_pick_u(&sm, row, u);
+    sampler_free(&sm);
+    return k;
+}
+
 /* pick_rows against sampler_argmax (greedy: ties, NaNs, infinities) and against
- * sampler_draw for the same uniform (temperature: the device sums in double, the
- * host in float lanes, whose error over 129280 weights reaches ~1e-5 of the total,
- * so a pick may be the host's pick for u - 1e-4 .. u + 1e-4 instead; a wrong exp
- * or temperature is off by far more), rows of every length around the block size
- * up to the V3 vocabulary. */
+ * sampler_pick_u for the same uniform, with and without top-k / top-p (the device
+ * sums in double, the host in float lanes, whose error over 129280 weights reaches
+ * ~1e-5 of the total, and their exps differ in the last bit, so a pick may be the
+ * host's pick for u - 1e-4 .. u + 1e-4 instead; a wrong exp, temperature or kept set
+ * is off by far more), rows of every length around the block size up to the V3
+ * vocabulary. Kind 1's ties put thousands of tokens in one bucket at the largest V
+ * (the select's path that reads the row again), kind 0's few (the shared list). */
 static void test_pick_rows(void)
 {
     static const int Vs[] = {1, 7, 1023, 1024, 1025, 4099, 129280};
-    static const float temps[] = {0.2f, 0.7f, 1.0f, 3.0f};
+    static const ds_pick sets[] = {
+        {0.2f, 0, 1.0f, 0}, {0.7f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {3.0f, 0, 1.0f, 0},  /* temperature */
+        {0.7f, 40, 1.0f, 0}, {1.0f, 1, 1.0f, 0}, {1.0f, 2000, 1.0f, 0}, {3.0f, 200000, 1.0f, 0}, /* top-k */
+        {0.7f, 0, 0.9f, 0}, {1.0f, 0, 0.5f, 0}, {0.2f, 0, 0.999f, 0}, {3.0f, 0, 0.05f, 0},  /* top-p */
+        {0.7f, 40, 0.9f, 0}, {1.5f, 700, 0.3f, 0}, {1.0f, 3, 0.99f, 0}, {2.0f, 5000, 0.95f, 0}, /* both */
+    };
+    int n_sets = (int)(sizeof sets / sizeof *sets);
     for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
         for (int kind = 0; kind < 5; kind++) {
             int V = Vs[vi], n = 8;
-            float *h = hrand((size_t)n * V, 4.0f), *scratch = malloc(sizeof(float) * (size_t)V);
+            float *h = hrand((size_t)n * V, 4.0f);
             for (size_t i = 0; i < (size_t)n * V; i++) {
                 if (kind == 1) h[i] = (float)(int)(h[i] * 3); /* many ties */
                 if (kind == 2 && i % 5 == 3) h[i] = NAN;      /* NaNs never win, weigh nothing */
@@ -1634,33 +1653,35 @@ static void test_pick_rows(void)
             if (kind == 2) h[0] = NAN; /* row 0: a NaN in column 0 stands */
             float *g = gcopy(h, (size_t)n * V);
             int32_t got[8];
-            G->pick_rows(got, g, n, V, NULL, NULL);
+            G->pick_rows(got, g, n, V, NULL);
             int bad = 0;
             for (int r = 0; r < n; r++) bad += got[r] != sampler_argmax(h + (size_t)r * V, V);
             CHECK_MSG(bad == 0, "pick_rows greedy V %d kind %d: %d of %d rows differ", V, kind, bad, n);
-            for (int rep = 0; rep < 8; rep++) {
-                float temp[8];
-                double u[8];
+            for (int rep = 0; rep < 2 * n_sets / n; rep++) {
+                ds_pick pk[8];
                 for (int r = 0; r < n; r++) {
-                    temp[r] = r == 7 ? 0.0f : temps[(r + rep) % 4]; /* one greedy row among them */
-                    u[r] = (frand() + 1) / 2;
+                    pk[r] = sets[(r + rep * n) % n_sets];
+                    if (r == (rep % n)) pk[r].temperature = 0.0f; /* one greedy row among them */
+                    pk[r].u = (frand() + 1) / 2;
                 }
-                G->pick_rows(got, g, n, V, temp, u);
+                G->pick_rows(got, g, n, V, pk);
                 bad = 0;
                 for (int r = 0; r < n; r++) {
                     const float *row = h + (size_t)r * V;
-                    int want = sampler_draw(row, V, temp[r], u[r], scratch);
+                    int want = host_pick(row, V, pk[r], pk[r].u);
                     if (got[r] == want) continue;
-                    int lo = sampler_draw(row, V, temp[r], fmax(0, u[r] - 1e-4), scratch);
-                    int hi = sampler_draw(row, V, temp[r], fmin(0.999999999, u[r] + 1e-4), scratch);
-                    bad += got[r] < lo || got[r] > hi;
+                    int lo = host_pick(row, V, pk[r], fmax(0, pk[r].u - 1e-4));
+                    int hi = host_pick(row, V, pk[r], fmin(0.999999999, pk[r].u + 1e-4));
+                    if (got[r] >= lo && got[r] <= hi) continue;
+                    bad++;
+                    fprintf(stderr, "  row %d: T %g top-k %d top-p %g u %.9f: device %d, host %d (%d .. %d)\n", r,
+                            pk[r].temperature, pk[r].top_k, pk[r].top_p, pk[r].u, got[r], want, lo, hi);
                 }
-                CHECK_MSG(bad == 0, "pick_rows V %d kind %d round %d: %d of %d rows off the host's draw", V, kind, rep,
+                CHECK_MSG(bad == 0, "pick_rows V %d kind %d round %d: %d of %d rows off the host's pick", V, kind, rep,
                           bad, n);
             }
             G->free(g);
             free(h);
-            free(scratch);
         }
 }
 

@@ -351,8 +351,38 @@ static void check_seeds_and_bad_logits(void)
     free(w);
 }
 
+/* sampler_pick is sampler_pick_u with one uniform of the sampler's stream drawn
+ * first (at temperature > 0; none when greedy), which the device pick relies on:
+ * each setting, picks from twin samplers, one through each. */
+static void check_pick_u(void)
+{
+    int V = 3000;
+    float *l = malloc(sizeof(float) * V), *w = malloc(sizeof(float) * V);
+    for (int i = 0; i < V; i++) l[i] = 2 * nrand();
+    static const ds_sampling sets[] = {{0, 0, 1, 1}, {0.7f, 0, 1, 1}, {0.7f, 40, 1, 1}, {1, 0, 0.9f, 1},
+                                       {1.5f, 100, 0.5f, 1}};
+    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) {
+        ds_sampler a, b;
+        CHECK_OK(sampler_init(&a, &sets[k], 11, V));
+        CHECK_OK(sampler_init(&b, &sets[k], 11, V));
+        int same = 1;
+        for (int d = 0; d < 50; d++) {
+            memcpy(w, l, sizeof(float) * V);
+            int x = sampler_pick(&a, w, NULL, 0);
+            double u = sets[k].temperature > 0 ? rng_uniform(&b.rng) : 0.0;
+            same &= x == sampler_pick_u(&b, l, u);
+        }
+        CHECK_MSG(same, "setting %zu: sampler_pick and sampler_pick_u disagree", k);
+        sampler_free(&a);
+        sampler_free(&b);
+    }
+    free(l);
+    free(w);
+}
+
 int main(void)
 {
+    check_pick_u();
     check_argmax();
     check_greedy_penalty();
     check_small();

@@ -1691,19 +1691,111 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
     cu_end(&io, "embed");
 }
 
-/* ---- pick_rows: the next token of each row, a block of 1024 per row.
+/* ---- pick_rows: the next token of each row, a block of 1024 per row: what
+ * sampler.c's sampler_pick_u makes of it.
  * Greedy (temperature <= 0): (value, index) pairs reduce so that the larger value wins
  * and equal ones go to the lower index; NaNs never win, and a NaN in column 0 stands
- * (sampler_argmax's rules). Otherwise sampler_draw's: weights exp((x - max) / T), 0 more
- * than SAMPLER_CUT below (a NaN included), and the inverse CDF at u, ids ascending: each
- * thread sums a contiguous chunk, a block scan of the chunks' sums finds the chunk where
- * u x the total falls, and that thread walks it. */
+ * (sampler_argmax's rules).
+ * Otherwise the weights are e = exp((x - max) / T), 0 more than SAMPLER_CUT below (a
+ * NaN included), and the pick is the inverse CDF at u of the kept tokens' weights, ids
+ * ascending (pick_draw).
+ * One block reads the whole row several times, so every pass loads float4s with
+ * several in flight per thread; with one float at a time a pass was latency-bound
+ * (~50 us at V3's vocabulary).
+ * With top-k or top-p the kept tokens are the first ones in the order probability
+ * (p = e / total) descending, then id ascending, up to the first where their count
+ * reaches k or their mass reaches top_p. That order is the key (p's float bits, then
+ * V - 1 - id) descending, and a radix select finds the last kept key: each level
+ * histograms the next digit of the keys that share the digits fixed so far (counts and
+ * masses) and takes the largest digit at which the limit is met. The first level's
+ * digit is the host's bucket (p's bits >> 19: its exponent field e and the top 4 of
+ * its 23 fraction bits); when that bucket holds at most PICK_LIST tokens they move to
+ * shared memory for the later levels, else the later levels read the row again. The
+ * draw then weighs the kept tokens by p.
+ * Masses add exactly, in any order, with 32-bit shared atomics only (64-bit ones are
+ * compare-and-swap loops, which contend): within a bucket every p is its 24-bit
+ * significand times 2^(e - 150), so a set's mass there is its count times the bucket's
+ * base significand plus the sum of the 19 low bits, kept as two sums (bits 10..18 and
+ * 0..9) that cannot overflow. For comparing with top_p a mass becomes a fixed point
+ * number, units of 2^-62 (exact where p >= 2^-39). */
 #define PICK_MAXN 64
-#define PICK_CUT (-40.0f) /* SAMPLER_CUT */
+#define PICK_CUT (-40.0f)              /* SAMPLER_CUT */
+#define PICK_BINS 2048                 /* the first level: p's float bits >> 19, p <= 1 */
+#define PICK_LIST 2560                 /* a first-level bucket's tokens in shared memory */
+#define PICK_FIX 4611686018427387904.0 /* 2^62: top_p in the masses' fixed point */
 
 struct pick_args {
-    float temp[PICK_MAXN];
-    double u[PICK_MAXN];
+    ds_pick p[PICK_MAXN];
+};
+
+struct pick_smem {
+    unsigned cnt[PICK_BINS], shi[PICK_BINS], slo[PICK_BINS]; /* count, sums of bits 10..18 and 0..9 */
+    unsigned long long key[PICK_LIST];
+    double sd[33];
+    float sv[32];
+    int si[32];
+    int best, pick, last, dig, n_list;
+    float mx;
+    unsigned cb;
+    unsigned long long vb;
+};
+
+/* Row r's weights and keys: for a logit v of token j, e = exp((v - mx) / T) with the
+ * cut, p = e x inv. */
+struct pick_row {
+    const float *r;
+    float mx, inv_t, inv;
+    int V, ib; /* ib: the bits of V - 1 */
+    bool al;   /* r is 16-byte aligned: float4 loads */
+    __device__ float e(float v) const
+    {
+        float z = (v - mx) * inv_t;
+        return z >= PICK_CUT ? expf(z) : 0.0f;
+    }
+    __device__ float p(float v) const { return e(v) * inv; }
+    __device__ unsigned long long key(float pj, int j) const
+    {
+        return (unsigned long long)__float_as_uint(pj) << ib | (unsigned)(V - 1 - j);
+    }
+    /* the logits j .. j + 3, NaN past the end (a NaN never wins and weighs nothing) */
+    __device__ float4 load4(int j) const
+    {
+        if (al && j + 3 < V) return *(const float4 *)(r + j);
+        float4 a;
+        a.x = j < V ? r[j] : NAN;
+        a.y = j + 1 < V ? r[j + 1] : NAN;
+        a.z = j + 2 < V ? r[j + 2] : NAN;
+        a.w = j + 3 < V ? r[j + 3] : NAN;
+        return a;
+    }
+    /* f(j, v) for every token, in no particular order: each thread takes every
+     * blockDim.x-th group of four, four groups' loads in flight at a time (one
+     * block per row: each pass must keep many loads going to read the row at speed) */
+    template <typename F>
+    __device__ void each(F f) const
+    {
+        int ng = (V + 3) / 4, g = threadIdx.x, nt = (int)blockDim.x;
+        for (; g + 3 * nt < ng; g += 4 * nt) {
+            float4 a[4];
+            #pragma unroll
+            for (int u = 0; u < 4; u++) a[u] = load4(4 * (g + u * nt));
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int j = 4 * (g + u * nt);
+                f(j, a[u].x);
+                f(j + 1, a[u].y);
+                f(j + 2, a[u].z);
+                f(j + 3, a[u].w);
+            }
+        }
+        for (; g < ng; g += nt) {
+            float4 a = load4(4 * g);
+            f(4 * g, a.x);
+            f(4 * g + 1, a.y);
+            f(4 * g + 2, a.z);
+            f(4 * g + 3, a.w);
+        }
+    }
 };
 
 __device__ __forceinline__ void argmax_pair(float &bv, int &bi, float ov, int oi)
@@ -1714,107 +1806,299 @@ __device__ __forceinline__ void argmax_pair(float &bv, int &bi, float ov, int oi
     }
 }
 
+/* The exclusive prefix of v over the block's threads in order; *total: the sum. */
+__device__ double pick_scan(double v, pick_smem &s, double *total)
+{
+    int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = (int)blockDim.x / 32;
+    double incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        double t = __shfl_up_sync(~0u, incl, o);
+        if (l >= o) incl += t;
+    }
+    __syncthreads(); /* s.sd free */
+    if (l == 31) s.sd[w] = incl;
+    __syncthreads();
+    if (!w) {
+        double t = l < nw ? s.sd[l] : 0, ti = t;
+        for (int o = 1; o < 32; o <<= 1) {
+            double q = __shfl_up_sync(~0u, ti, o);
+            if (l >= o) ti += q;
+        }
+        s.sd[l] = ti - t;
+        if (l == 31) s.sd[32] = ti;
+    }
+    __syncthreads();
+    *total = s.sd[32];
+    return s.sd[w] + incl - v;
+}
+
+/* The mass of a set of tokens of bucket b whose significands sum to sig, in units of
+ * 2^-62 (truncated where p < 2^-39). */
+__device__ __forceinline__ unsigned long long pick_fixed(int b, unsigned long long sig)
+{
+    int sh = (b >> 4) - 88;
+    return sh >= 0 ? sig << sh : sig >> min(-sh, 63);
+}
+
+/* One level of the radix select. Among the keys whose bits above sh + dw equal pre,
+ * the histogram of the digit (key >> sh) & (2^dw - 1); then the largest digit whose
+ * tokens, with those of the larger digits and those counted before (cb, and mb or sb),
+ * reach k or P. bucket < 0: the first level, whose digits are buckets (mb: the fixed
+ * point mass before them); else every token is of that bucket (mb: the mass of the
+ * buckets above it, sb: the significands before this level in it). Returns the digit
+ * (cb and mb or sb advanced past the larger digits), or -1 where none reaches a limit.
+ * each(f) calls f(key) for every token of the source with p > 0. Every thread of the
+ * block calls. */
+template <typename Each>
+__device__ int pick_level(pick_smem &s, Each each, int ib, int sh, int dw, unsigned long long pre, int bucket,
+                          unsigned k, unsigned long long P, unsigned &cb, unsigned long long &mb,
+                          unsigned long long &sb)
+{
+    int nb = 1 << dw;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) {
+        s.cnt[b] = 0;
+        s.shi[b] = 0;
+        s.slo[b] = 0;
+    }
+    __syncthreads();
+    each([&](unsigned long long key) {
+        if (key >> (sh + dw) != pre) return;
+        int d = (int)(key >> sh) & (nb - 1);
+        unsigned r = (unsigned)(key >> ib) & 0x7FFFF;
+        atomicAdd(&s.cnt[d], 1u);
+        atomicAdd(&s.shi[d], r >> 10);
+        atomicAdd(&s.slo[d], r & 1023);
+    });
+    __syncthreads();
+    if (threadIdx.x < 32) { /* lane l: the l-th segment of bins from the top */
+        bool first = bucket < 0;
+        /* a bin's value: its mass (first level), else its significands' sum */
+        auto val = [&](int b) {
+            int bk = first ? b : bucket;
+            unsigned long long sig = (unsigned long long)s.cnt[b] * ((16 + (bk & 15)) << 19) +
+                                     ((unsigned long long)s.shi[b] << 10) + s.slo[b];
+            return first ? pick_fixed(bk, sig) : sig;
+        };
+        int l = threadIdx.x, seg = nb >= 32 ? nb / 32 : 1, top = nb - 1 - l * seg, n = l < nb ? seg : 0;
+        unsigned c = 0;
+        unsigned long long v = 0;
+        for (int i = 0; i < n; i++) {
+            c += s.cnt[top - i];
+            v += val(top - i);
+        }
+        unsigned ci = c;
+        unsigned long long vi = v;
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned tc = __shfl_up_sync(~0u, ci, o);
+            unsigned long long tv = __shfl_up_sync(~0u, vi, o);
+            if (l >= o) {
+                ci += tc;
+                vi += tv;
+            }
+        }
+        unsigned ca = cb + (ci - c);
+        unsigned long long va = (first ? mb : sb) + (vi - v);
+        int found = -1;
+        for (int i = 0; i < n; i++) {
+            int b = top - i;
+            unsigned nc = ca + s.cnt[b];
+            unsigned long long nv = va + val(b);
+            if (s.cnt[b] && (nc >= k || (first ? nv : mb + pick_fixed(bucket, nv)) >= P)) {
+                found = b;
+                break;
+            }
+            ca = nc;
+            va = nv;
+        }
+        unsigned hit = __ballot_sync(~0u, found >= 0);
+        if (hit && l == __ffs(hit) - 1) {
+            s.dig = found;
+            s.cb = ca;
+            s.vb = va;
+        }
+        if (!hit && !l) s.dig = -1;
+    }
+    __syncthreads();
+    int d = s.dig;
+    if (d >= 0) {
+        cb = s.cb;
+        (bucket < 0 ? mb : sb) = s.vb;
+    }
+    return d;
+}
+
+/* The key of the last token kept (0: all of them, where neither limit is met). */
+__device__ unsigned long long pick_select(pick_smem &s, const pick_row &R, int top_k, float top_p)
+{
+    unsigned k = top_k > 0 ? (unsigned)top_k : UINT_MAX, cb = 0;
+    unsigned long long P = top_p < 1 ? (unsigned long long)((double)top_p * PICK_FIX) : ULLONG_MAX, mb = 0, sb = 0;
+    auto row = [&](auto f) {
+        R.each([&](int j, float v) {
+            float p = R.p(v);
+            if (p > 0) f(R.key(p, j));
+        });
+    };
+    int rem = 19 + R.ib; /* the key's bits below the first level's digit */
+    int b = pick_level(s, row, R.ib, rem, 11, 0, -1, k, P, cb, mb, sb);
+    if (b < 0) return 0;
+    unsigned long long pre = (unsigned long long)b;
+    bool listed = s.cnt[b] <= PICK_LIST;
+    __syncthreads(); /* s.cnt read before the next level clears it */
+    if (listed) {
+        if (!threadIdx.x) s.n_list = 0;
+        __syncthreads();
+        row([&](unsigned long long key) {
+            if (key >> rem != pre) return;
+            s.key[atomicAdd(&s.n_list, 1)] = key;
+        });
+        __syncthreads();
+    }
+    auto list = [&](auto f) {
+        for (int i = threadIdx.x; i < s.n_list; i += blockDim.x) f(s.key[i]);
+    };
+    while (rem > 0) {
+        int dw = min(8, rem);
+        rem -= dw;
+        int d = listed ? pick_level(s, list, R.ib, rem, dw, pre, b, k, P, cb, mb, sb)
+                       : pick_level(s, row, R.ib, rem, dw, pre, b, k, P, cb, mb, sb);
+        /* d >= 0: the prefix's tokens met the limit, and their masses add exactly */
+        pre = pre << dw | (unsigned long long)max(d, 0);
+    }
+    return pre;
+}
+
+/* The inverse CDF at u of the weights w(j, logit), ids ascending (see above); best
+ * where the total is not a finite number >= floor. Warp w sums a contiguous range of
+ * the row, 128 tokens a step (four a lane, coalesced), a block scan of the warps' sums
+ * finds the warp where u x the total falls, and that warp walks its range the same
+ * way: a step's lane sums, a warp scan, then the one lane's four tokens. */
+template <typename W>
+__device__ int pick_draw(pick_smem &s, const pick_row &R, W w, double u, double floor, int best)
+{
+    int wp = threadIdx.x / 32, l = threadIdx.x % 32, nw = (int)blockDim.x / 32, V = R.V;
+    int per = (V + nw * 128 - 1) / (nw * 128) * 128, j0 = min(V, wp * per), j1 = min(V, j0 + per);
+    double part = 0;
+    int last = -1;
+    for (int jb = j0; jb < j1; jb += 512) { /* four steps' loads in flight */
+        float4 a[4];
+        #pragma unroll
+        for (int q = 0; q < 4; q++) a[q] = jb + 128 * q < j1 ? R.load4(jb + 128 * q + 4 * l) : make_float4(NAN, NAN, NAN, NAN);
+        #pragma unroll
+        for (int q = 0; q < 4; q++) {
+            int j = jb + 128 * q + 4 * l;
+            float e[4] = {w(j, a[q].x), w(j + 1, a[q].y), w(j + 2, a[q].z), w(j + 3, a[q].w)};
+            #pragma unroll
+            for (int t = 0; t < 4; t++) {
+                part += e[t];
+                last = e[t] > 0 ? j + t : last;
+            }
+        }
+    }
+    for (int o = 16; o; o >>= 1) {
+        part += __shfl_xor_sync(~0u, part, o);
+        last = max(last, __shfl_xor_sync(~0u, last, o));
+    }
+    /* the warps' sums, one per warp, scanned in warp order */
+    double total, pre = pick_scan(l == 0 ? part : 0.0, s, &total);
+    pre = __shfl_sync(~0u, pre, 0);
+    if (!threadIdx.x) {
+        s.pick = INT_MAX;
+        s.last = -1;
+    }
+    __syncthreads();
+    if (!(total >= floor && total < INFINITY)) return best; /* a NaN or an infinite logit */
+    if (!l) atomicMax(&s.last, last);
+    double target = u * total;
+    if (target >= pre && target < pre + part) { /* this warp's range */
+        double c = pre;
+        for (int jb = j0; jb < j1; jb += 128) {
+            int j = jb + 4 * l;
+            float4 a = R.load4(j);
+            float e[4] = {w(j, a.x), w(j + 1, a.y), w(j + 2, a.z), w(j + 3, a.w)};
+            double ls = (double)e[0] + e[1] + e[2] + e[3], incl = ls;
+            for (int o = 1; o < 32; o <<= 1) {
+                double t = __shfl_up_sync(~0u, incl, o);
+                if (l >= o) incl += t;
+            }
+            double step = __shfl_sync(~0u, incl, 31);
+            if (target < c + step) { /* in this step: the first lane whose sum passes it */
+                unsigned in = __ballot_sync(~0u, target < c + incl);
+                if (l == __ffs(in) - 1) {
+                    double cc = c + incl - ls;
+                    int got = -1;
+                    for (int t = 0; t < 4 && got < 0; t++) {
+                        cc += e[t];
+                        got = target < cc ? j + t : got;
+                    }
+                    for (int t = 3; t >= 0 && got < 0; t--) /* rounding: the lane's last weighted token */
+                        got = e[t] > 0 ? j + t : got;
+                    atomicMin(&s.pick, got);
+                }
+                break;
+            }
+            c += step;
+        }
+    }
+    __syncthreads();
+    /* no step took it (u x total past the end by rounding): the last token with weight */
+    return s.pick != INT_MAX ? s.pick : s.last >= 0 ? s.last : best;
+}
+
 __global__ void __launch_bounds__(1024) pick_rows_kernel(int32_t *out, const float *__restrict__ x, int V,
                                                          pick_args a)
 {
     cu_pdl_wait();
     cu_pdl_launch();
     const float *r = x + (size_t)blockIdx.x * V;
-    __shared__ float sv[32];
-    __shared__ int si[32];
-    __shared__ double sd[32];
-    __shared__ int best_s;
-    __shared__ float mx_s;
+    __shared__ pick_smem s;
+    const ds_pick pk = a.p[blockIdx.x];
+    pick_row R = {r, 0.0f, 1.0f / pk.temperature, 1.0f, V, V > 1 ? 32 - __clz(V - 1) : 1, ((uintptr_t)r & 15) == 0};
     int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = (int)blockDim.x / 32;
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int j = threadIdx.x; j < V; j += blockDim.x) argmax_pair(bv, bi, r[j], j);
+    R.each([&](int j, float v) { argmax_pair(bv, bi, v, j); });
     for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
     if (!l) {
-        sv[w] = bv;
-        si[w] = bi;
+        s.sv[w] = bv;
+        s.si[w] = bi;
     }
     __syncthreads();
     if (!w) {
-        bv = l < nw ? sv[l] : -INFINITY;
-        bi = l < nw ? si[l] : INT_MAX;
+        bv = l < nw ? s.sv[l] : -INFINITY;
+        bi = l < nw ? s.si[l] : INT_MAX;
         for (int o = 16; o; o >>= 1) argmax_pair(bv, bi, __shfl_down_sync(~0u, bv, o), __shfl_down_sync(~0u, bi, o));
         if (!l) {
-            best_s = r[0] != r[0] || bi == INT_MAX ? 0 : bi;
-            mx_s = r[best_s];
+            s.best = r[0] != r[0] || bi == INT_MAX ? 0 : bi;
+            s.mx = r[s.best];
         }
     }
     __syncthreads();
-    int best = best_s;
-    float T = a.temp[blockIdx.x];
-    if (!(T > 0)) {
-        if (!threadIdx.x) out[blockIdx.x] = best;
-        return;
-    }
-    float mx = mx_s, inv_t = 1.0f / T;
-    int chunk = (V + (int)blockDim.x - 1) / (int)blockDim.x, j0 = min(V, (int)threadIdx.x * chunk),
-        j1 = min(V, j0 + chunk);
-    double part = 0;
-    int last = -1;
-    for (int j = j0; j < j1; j++) {
-        float z = (r[j] - mx) * inv_t, e = z >= PICK_CUT ? expf(z) : 0.0f;
-        part += e;
-        last = e > 0 ? j : last;
-    }
-    /* the chunks' exclusive prefix sums over the block, and the total */
-    double incl = part;
-    for (int o = 1; o < 32; o <<= 1) {
-        double t = __shfl_up_sync(~0u, incl, o);
-        if (l >= o) incl += t;
-    }
-    int lb = last;
-    for (int o = 16; o; o >>= 1) lb = max(lb, __shfl_xor_sync(~0u, lb, o));
-    __shared__ double total_s;
-    __shared__ int pick_s, last_s;
-    if (l == 31) sd[w] = incl;
-    if (!l) si[w] = lb;
-    __syncthreads();
-    if (!w) {
-        double t = l < nw ? sd[l] : 0, ti = t;
-        for (int o = 1; o < 32; o <<= 1) {
-            double q = __shfl_up_sync(~0u, ti, o);
-            if (l >= o) ti += q;
-        }
-        int lw = l < nw ? si[l] : -1;
-        for (int o = 16; o; o >>= 1) lw = max(lw, __shfl_xor_sync(~0u, lw, o));
-        sd[l] = ti - t; /* the warps' exclusive prefixes */
-        if (l == 31) total_s = ti;
-        if (!l) {
-            last_s = lw;
-            pick_s = INT_MAX;
+    int best = s.best, got = best;
+    R.mx = s.mx;
+    if (!(pk.temperature > 0)) {
+        /* greedy */
+    } else if (!(pk.top_k > 0 || pk.top_p < 1)) {
+        got = pick_draw(s, R, [&](int, float v) { return R.e(v); }, pk.u, 1.0, best);
+    } else {
+        double part = 0, total;
+        R.each([&](int, float v) { part += R.e(v); });
+        pick_scan(part, s, &total);
+        if (total >= 1 && total < INFINITY) {
+            R.inv = 1.0f / (float)total;
+            unsigned long long kmin = pick_select(s, R, pk.top_k, pk.top_p);
+            got = pick_draw(
+                s, R,
+                [&](int j, float v) {
+                    float p = R.p(v);
+                    return p > 0 && R.key(p, j) >= kmin ? p : 0.0f;
+                },
+                pk.u, 0.0, best);
         }
     }
-    __syncthreads();
-    double total = total_s, pre = sd[w] + (incl - part);
-    if (!(total >= 1 && total < INFINITY)) { /* a NaN or an infinite logit */
-        if (!threadIdx.x) out[blockIdx.x] = best;
-        return;
-    }
-    double target = a.u[blockIdx.x] * total;
-    if (target >= pre && target < pre + part) { /* this thread's chunk */
-        double c = pre;
-        int got = last;
-        for (int j = j0; j < j1; j++) {
-            float z = (r[j] - mx) * inv_t, e = z >= PICK_CUT ? expf(z) : 0.0f;
-            c += e;
-            if (target < c) {
-                got = j;
-                break;
-            }
-        }
-        atomicMin(&pick_s, got);
-    }
-    __syncthreads();
-    /* no chunk took it (u x total past the end by rounding): the last token with weight */
-    if (!threadIdx.x) out[blockIdx.x] = pick_s != INT_MAX ? pick_s : last_s >= 0 ? last_s : best;
+    if (!threadIdx.x) out[blockIdx.x] = got;
 }
 
-static void cu_pick_rows(int32_t *host_out, const float *x, int n, int V, const float *temp, const double *u)
+static void cu_pick_rows(int32_t *host_out, const float *x, int n, int V, const ds_pick *p)
 {
     if (n <= 0 || V <= 0) return;
     int32_t *d = (int32_t *)cu_alloc(sizeof(int32_t) * (size_t)n);
@@ -1823,10 +2107,7 @@ static void cu_pick_rows(int32_t *host_out, const float *x, int n, int V, const 
     for (int i0 = 0; i0 < n; i0 += PICK_MAXN) {
         int m = min(PICK_MAXN, n - i0);
         pick_args a = {};
-        for (int i = 0; i < m; i++) {
-            a.temp[i] = temp ? temp[i0 + i] : 0.0f;
-            a.u[i] = u ? u[i0 + i] : 0.0;
-        }
+        for (int i = 0; i < m; i++) a.p[i] = p ? p[i0 + i] : ds_pick{0.0f, 0, 1.0f, 0.0};
         cu_launch(pick_rows_kernel, dim3((unsigned)m), dim3(1024), 0, d + i0, x + (size_t)i0 * V, V, a);
     }
     cu_download(host_out, d, sizeof(int32_t) * (size_t)n);
