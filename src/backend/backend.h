@@ -75,10 +75,13 @@ typedef struct {
 
 /* One row's settings for pick_rows (model/sampler.h's meanings). */
 typedef struct {
-    float temperature; /* <= 0: greedy */
-    int top_k;         /* 0: off */
-    float top_p;       /* 1: off */
-    double u;          /* the uniform in [0, 1) of the draw */
+    float temperature;    /* <= 0: greedy */
+    int top_k;            /* 0: off */
+    float top_p;          /* 1: off */
+    double u;             /* the uniform in [0, 1) of the draw */
+    float penalty;        /* the repetition penalty (1: off) on the n_hist tokens of */
+    int n_hist;           /* hist (distinct valid ids, host memory; sampler_distinct), */
+    const int32_t *hist;  /* applied to the row first (sampler_penalise) */
 } ds_pick;
 
 typedef struct ds_ops {
@@ -120,9 +123,10 @@ typedef struct ds_ops {
     void (*download)(void *host_dst, const void *src, size_t bytes);
     /* Optional (NULL: download the rows and pick on the host): for the rows i < n of
      * x (n, V), host_out[i] = the pick that model/sampler.h's sampler_pick_u makes of
-     * row i with p[i]'s settings and uniform (the argmax for a temperature <= 0); p is
-     * a host array, NULL for all greedy. Waits as download does. */
-    void (*pick_rows)(int32_t *host_out, const float *x, int n, int V, const ds_pick *p);
+     * row i with p[i]'s settings and uniform after p[i]'s penalty (the argmax for a
+     * temperature <= 0); p is a host array, NULL for all greedy. x may be changed
+     * (the penalised logits). Waits as download does. */
+    void (*pick_rows)(int32_t *host_out, float *x, int n, int V, const ds_pick *p);
     /* Waits until every queued op has finished. */
     void (*sync)(void);
     void (*zero)(void *p, size_t bytes);

@@ -461,9 +461,11 @@ done:
     return s;
 }
 
-/* sampler_pick_u for a host row with p's settings (NULL: greedy). */
-static int32_t pick_host(const float *row, int V, const ds_pick *p)
+/* sampler_pick_u for a host row with p's settings (NULL: greedy), after p's penalty
+ * (on row). */
+static int32_t pick_host(float *row, int V, const ds_pick *p)
 {
+    if (p && p->n_hist > 0) sampler_penalise(row, p->hist, p->n_hist, p->penalty);
     if (!p || !(p->temperature > 0)) return sampler_argmax(row, V);
     if (!(p->top_k > 0 || p->top_p < 1)) {
         float *scratch = malloc(sizeof(float) * (size_t)V);
@@ -483,7 +485,7 @@ static int32_t pick_host(const float *row, int V, const ds_pick *p)
  * or when next is set only the picks (pick: see ds_ops.pick_rows) into next, on
  * the device when the backend can (logits then unused; else the host's scratch).
  * World size 1: the rows are the whole vocabulary. */
-static void deliver(const ds_model *m, const float *d, int n, float *logits, const ds_pick *pick, int32_t *next)
+static void deliver(const ds_model *m, float *d, int n, float *logits, const ds_pick *pick, int32_t *next)
 {
     int V = m->vocab_local;
     if (next && m->ops->pick_rows) {

@@ -138,17 +138,20 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
     for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
     int n_active = 0;
     for (int i = 0; i < n; i++) active[n_active++] = i;
-    /* No sequence with a penalty, and top-k or top-p only where the backend picks
-     * on the device: the steps return the next tokens themselves (no logits
+    /* Where the backend picks on the device (one rank), or no sequence has top-k,
+     * top-p or a penalty: the steps return the next tokens themselves (no logits
      * downloaded where the backend picks). Each sequence's uniform for its next
      * pick is drawn with the step, from the same stream and in the same order as
-     * sampler_pick would. */
+     * sampler_pick would; its penalty goes with the step as the distinct tokens of
+     * its history, the token fed included. */
     bool pick = true, device = g->m->ops->pick_rows && g->m->world_size == 1;
     for (int i = 0; i < n; i++)
-        pick &= samplers[i].p.repetition_penalty == 1.0f &&
-                (device || (samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1));
+        pick &= device || (samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1 &&
+                           samplers[i].p.repetition_penalty == 1.0f);
+    int hcap = g->ctx < g->vocab ? g->ctx : g->vocab; /* distinct tokens of a history */
     ds_pick *pk = pick ? malloc(sizeof(ds_pick) * (size_t)n) : NULL;
-    if (pick && !pk) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    int32_t *hist = pick ? malloc(sizeof(int32_t) * (size_t)n * hcap) : NULL;
+    if (pick && (!pk || !hist)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
     double t0 = now_s();
@@ -168,14 +171,21 @@ ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *le
         }
         n_active = k;
         for (int a = 0; pick && a < n_active; a++) {
-            ds_sampler *sm = &samplers[active[a]];
+            int i = active[a];
+            ds_sampler *sm = &samplers[i];
             pk[a] = (ds_pick){sm->p.temperature, sm->p.top_k, sm->p.top_p,
-                              sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0};
+                              sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0, sm->p.repetition_penalty, 0, NULL};
+            if (sm->p.repetition_penalty != 1.0f) { /* the fed token in its slot (gen_step keeps it there) */
+                g->cached[i][g->n_cached[i]] = next[a];
+                pk[a].hist = hist + (size_t)a * hcap;
+                pk[a].n_hist = sampler_distinct(sm, g->cached[i], g->n_cached[i] + 1, hist + (size_t)a * hcap);
+            }
         }
         if (n_active) s = gen_step(g, n_active, active, next, pk);
     }
     g->decode_s += now_s() - t0;
     free(pk);
+    free(hist);
     free(active);
     free(next);
     return s;

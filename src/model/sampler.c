@@ -73,21 +73,35 @@ static int by_prob_desc(const void *a, const void *b)
     return x < y ? 1 : x > y ? -1 : (*(const int *)a - *(const int *)b);
 }
 
-/* Each distinct token of the history once (a token's stamp says it was done in
- * this call), CTRL's rule. */
-static void penalise(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+int sampler_distinct(ds_sampler *s, const int32_t *history, int n_history, int32_t *out)
 {
     if (++s->epoch == 0) { /* wrapped: old stamps could match */
         memset(s->stamp, 0, sizeof(uint32_t) * (size_t)s->vocab);
         s->epoch = 1;
     }
+    int n = 0;
     for (int i = 0; i < n_history; i++) {
         int t = history[i];
         if (t < 0 || t >= s->vocab || s->stamp[t] == s->epoch) continue;
         s->stamp[t] = s->epoch;
-        float *l = &logits[t];
-        *l = *l > 0 ? *l / s->p.repetition_penalty : *l * s->p.repetition_penalty;
+        out[n++] = t;
     }
+    return n;
+}
+
+void sampler_penalise(float *logits, const int32_t *ids, int n, float penalty)
+{
+    for (int i = 0; i < n; i++) {
+        float *l = &logits[ids[i]];
+        *l = *l > 0 ? *l / penalty : *l * penalty;
+    }
+}
+
+/* Each distinct token of the history once, CTRL's rule (s->order as the list). */
+static void penalise(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+{
+    int n = sampler_distinct(s, history, n_history, s->order); /* at most vocab */
+    sampler_penalise(logits, s->order, n, s->p.repetition_penalty);
 }
 
 /* e^z for z in [-87, 0]: z = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial

@@ -56,6 +56,15 @@ void sampler_free(ds_sampler *s);
  * in this sequence (for the repetition penalty). */
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history);
 
+/* The distinct ids of history that are valid tokens (0 <= id < vocab), in the
+ * order they first appear, into out (min(n_history, vocab) ids at most);
+ * returns their count. */
+int sampler_distinct(ds_sampler *s, const int32_t *history, int n_history, int32_t *out);
+
+/* The repetition penalty on logits[ids[i]] for i < n (ids distinct): a positive
+ * logit divided by penalty, a negative one multiplied (CTRL's rule). */
+void sampler_penalise(float *logits, const int32_t *ids, int n, float penalty);
+
 /* sampler_pick after the penalty, with the uniform u in [0, 1) given (the
  * stream untouched): temperature, top-k, top-p and the draw. */
 int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u);

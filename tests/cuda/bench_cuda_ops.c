@@ -193,7 +193,7 @@ static void bench_pick(int n, float sd, bool peaked, ds_pick pk)
     /* device memory from the pool, as in a decode step (test mode's managed buffers
      * would make each call's small output buffer a cudaMallocManaged and a cudaFree) */
     cuda_set_test_mode(false);
-    pick_ctx c = {G->alloc(sizeof(float) * nv), n, {{0, 0, 1, 0}}};
+    pick_ctx c = {G->alloc(sizeof(float) * nv), n, {{0, 0, 1, 0, 1, 0, NULL}}};
     G->upload(c.x, h, sizeof(float) * nv);
     free(h);
     for (int i = 0; i < n; i++) {
@@ -251,7 +251,8 @@ int main(void)
     bench_attention(1, 128, 4096);
     bench_attention(8, 128, 4096);
     static const ds_pick picks[] = {
-        {0, 0, 1, 0}, {0.7f, 0, 1, 0}, {0.7f, 40, 1, 0}, {0.7f, 0, 0.9f, 0}, {0.7f, 40, 0.9f, 0}, {2.0f, 0, 0.9f, 0},
+        {0, 0, 1, 0, 1, 0, NULL},    {0.7f, 0, 1, 0, 1, 0, NULL},    {0.7f, 40, 1, 0, 1, 0, NULL},
+        {0.7f, 0, 0.9f, 0, 1, 0, NULL}, {0.7f, 40, 0.9f, 0, 1, 0, NULL}, {2.0f, 0, 0.9f, 0, 1, 0, NULL},
     };
     for (size_t i = 0; i < sizeof picks / sizeof *picks; i++) {
         bench_pick(1, 1.0f, false, picks[i]);

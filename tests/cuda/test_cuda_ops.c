@@ -1611,35 +1611,48 @@ static void test_stage19(void)
     set_variant("HEADS_T3", NULL);
 }
 
-/* The host's pick of row (V) with pk's settings, through a sampler of those settings. */
+/* The host's pick of row (V) with pk's settings, through a sampler of those settings,
+ * after pk's penalty (on a copy). */
 static int host_pick(const float *row, int V, ds_pick pk, double u)
 {
     ds_sampler sm;
     ds_sampling set = {pk.temperature, pk.top_k, pk.top_p, 1.0f};
+    float *w = malloc(sizeof(float) * (size_t)V);
     CHECK(sampler_init(&sm, &set, 0, V) == DS_OK);
-    int k = sampler_pick_u(&sm, row, u);
+    memcpy(w, row, sizeof(float) * (size_t)V);
+    sampler_penalise(w, pk.hist, pk.n_hist, pk.penalty);
+    int k = sampler_pick_u(&sm, w, u);
     sampler_free(&sm);
+    free(w);
     return k;
 }
 
 /* pick_rows against sampler_argmax (greedy: ties, NaNs, infinities) and against
- * sampler_pick_u for the same uniform, with and without top-k / top-p (the device
- * sums in double, the host in float lanes, whose error over 129280 weights reaches
- * ~1e-5 of the total, and their exps differ in the last bit, so a pick may be the
- * host's pick for u - 1e-4 .. u + 1e-4 instead; a wrong exp, temperature or kept set
- * is off by far more), rows of every length around the block size up to the V3
- * vocabulary. Kind 1's ties put thousands of tokens in one bucket at the largest V
- * (the select's path that reads the row again), kind 0's few (the shared list). */
+ * sampler_pick_u for the same uniform, with and without top-k / top-p and the
+ * repetition penalty (the device sums in double, the host in float lanes, whose
+ * error over 129280 weights reaches ~1e-5 of the total, and their exps differ in the
+ * last bit, so a pick may be the host's pick for u - 1e-4 .. u + 1e-4 instead; a
+ * wrong exp, temperature, penalty or kept set is off by far more), rows of every
+ * length around the block size up to the V3 vocabulary. Kind 1's ties put thousands
+ * of tokens in one bucket at the largest V (the select's path that reads the row
+ * again), kind 0's few (the shared list). A penalised row's history: up to 300
+ * random ids with repeats, made distinct by sampler_distinct. */
 static void test_pick_rows(void)
 {
     static const int Vs[] = {1, 7, 1023, 1024, 1025, 4099, 129280};
-    static const ds_pick sets[] = {
-        {0.2f, 0, 1.0f, 0}, {0.7f, 0, 1.0f, 0}, {1.0f, 0, 1.0f, 0}, {3.0f, 0, 1.0f, 0},  /* temperature */
-        {0.7f, 40, 1.0f, 0}, {1.0f, 1, 1.0f, 0}, {1.0f, 2000, 1.0f, 0}, {3.0f, 200000, 1.0f, 0}, /* top-k */
-        {0.7f, 0, 0.9f, 0}, {1.0f, 0, 0.5f, 0}, {0.2f, 0, 0.999f, 0}, {3.0f, 0, 0.05f, 0},  /* top-p */
-        {0.7f, 40, 0.9f, 0}, {1.5f, 700, 0.3f, 0}, {1.0f, 3, 0.99f, 0}, {2.0f, 5000, 0.95f, 0}, /* both */
+    static const struct {
+        float t;
+        int k;
+        float p, pen;
+    } sets[] = {
+        {0.2f, 0, 1, 1}, {0.7f, 0, 1, 1}, {1, 0, 1, 1}, {3, 0, 1, 1},            /* temperature */
+        {0.7f, 40, 1, 1}, {1, 1, 1, 1}, {1, 2000, 1, 1}, {3, 200000, 1, 1},      /* top-k */
+        {0.7f, 0, 0.9f, 1}, {1, 0, 0.5f, 1}, {0.2f, 0, 0.999f, 1}, {3, 0, 0.05f, 1}, /* top-p */
+        {0.7f, 40, 0.9f, 1}, {1.5f, 700, 0.3f, 1}, {1, 3, 0.99f, 1}, {2, 5000, 0.95f, 1}, /* both */
+        {0, 0, 1, 1.3f}, {0.7f, 0, 1, 1.3f}, {0.7f, 40, 0.9f, 1.1f}, {1, 0, 0.9f, 0.7f}, /* penalty */
     };
     int n_sets = (int)(sizeof sets / sizeof *sets);
+    int32_t hist[8][300];
     for (size_t vi = 0; vi < sizeof Vs / sizeof *Vs; vi++)
         for (int kind = 0; kind < 5; kind++) {
             int V = Vs[vi], n = 8;
@@ -1657,13 +1670,23 @@ static void test_pick_rows(void)
             int bad = 0;
             for (int r = 0; r < n; r++) bad += got[r] != sampler_argmax(h + (size_t)r * V, V);
             CHECK_MSG(bad == 0, "pick_rows greedy V %d kind %d: %d of %d rows differ", V, kind, bad, n);
-            for (int rep = 0; rep < 2 * n_sets / n; rep++) {
+            ds_sampler dist;
+            CHECK(sampler_init(&dist, &(ds_sampling){1, 0, 1, 1}, 0, V) == DS_OK);
+            for (int rep = 0; rep < 3 * n_sets / n; rep++) {
                 ds_pick pk[8];
                 for (int r = 0; r < n; r++) {
-                    pk[r] = sets[(r + rep * n) % n_sets];
+                    int k = (r + rep * n) % n_sets;
+                    pk[r] = (ds_pick){sets[k].t, sets[k].k, sets[k].p, (frand() + 1) / 2, sets[k].pen, 0, NULL};
                     if (r == (rep % n)) pk[r].temperature = 0.0f; /* one greedy row among them */
-                    pk[r].u = (frand() + 1) / 2;
+                    if (sets[k].pen != 1) {
+                        int32_t raw[300];
+                        int nr = 1 + (int)((frand() + 1) / 2 * 299);
+                        for (int i = 0; i < nr; i++) raw[i] = (int32_t)((frand() + 1) / 2 * V) % V;
+                        pk[r].n_hist = sampler_distinct(&dist, raw, nr, hist[r]);
+                        pk[r].hist = hist[r];
+                    }
                 }
+                memcpy(g, h, sizeof(float) * (size_t)n * V); /* the penalty changed the rows */
                 G->pick_rows(got, g, n, V, pk);
                 bad = 0;
                 for (int r = 0; r < n; r++) {
@@ -1674,12 +1697,13 @@ static void test_pick_rows(void)
                     int hi = host_pick(row, V, pk[r], fmin(0.999999999, pk[r].u + 1e-4));
                     if (got[r] >= lo && got[r] <= hi) continue;
                     bad++;
-                    fprintf(stderr, "  row %d: T %g top-k %d top-p %g u %.9f: device %d, host %d (%d .. %d)\n", r,
-                            pk[r].temperature, pk[r].top_k, pk[r].top_p, pk[r].u, got[r], want, lo, hi);
+                    fprintf(stderr, "  row %d: T %g top-k %d top-p %g penalty %g u %.9f: device %d, host %d (%d .. %d)\n",
+                            r, pk[r].temperature, pk[r].top_k, pk[r].top_p, pk[r].penalty, pk[r].u, got[r], want, lo, hi);
                 }
                 CHECK_MSG(bad == 0, "pick_rows V %d kind %d round %d: %d of %d rows off the host's pick", V, kind, rep,
                           bad, n);
             }
+            sampler_free(&dist);
             G->free(g);
             free(h);
         }

@@ -1726,6 +1726,8 @@ static void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, 
 
 struct pick_args {
     ds_pick p[PICK_MAXN];
+    int hoff[PICK_MAXN];  /* row i's penalised tokens: hd[hoff[i]] .. (p[i].n_hist of them) */
+    const int32_t *hd;
 };
 
 struct pick_smem {
@@ -1747,10 +1749,10 @@ struct pick_row {
     float mx, inv_t, inv;
     int V, ib; /* ib: the bits of V - 1 */
     bool al;   /* r is 16-byte aligned: float4 loads */
-    __device__ float e(float v) const
+    __device__ float e(float v) const /* __expf: ~2e-6 relative at z = -40, far inside what a draw resolves */
     {
         float z = (v - mx) * inv_t;
-        return z >= PICK_CUT ? expf(z) : 0.0f;
+        return z >= PICK_CUT ? __expf(z) : 0.0f;
     }
     __device__ float p(float v) const { return e(v) * inv; }
     __device__ unsigned long long key(float pj, int j) const
@@ -2044,14 +2046,23 @@ __device__ int pick_draw(pick_smem &s, const pick_row &R, W w, double u, double 
     return s.pick != INT_MAX ? s.pick : s.last >= 0 ? s.last : best;
 }
 
-__global__ void __launch_bounds__(1024) pick_rows_kernel(int32_t *out, const float *__restrict__ x, int V,
-                                                         pick_args a)
+__global__ void __launch_bounds__(1024) pick_rows_kernel(int32_t *out, float *x, int V, pick_args a)
 {
     cu_pdl_wait();
     cu_pdl_launch();
-    const float *r = x + (size_t)blockIdx.x * V;
+    float *r = x + (size_t)blockIdx.x * V; /* not __restrict__: the penalty writes it, the passes read it */
     __shared__ pick_smem s;
     const ds_pick pk = a.p[blockIdx.x];
+    if (pk.n_hist > 0) { /* sampler_penalise: the tokens are distinct */
+        const int32_t *h = a.hd + a.hoff[blockIdx.x];
+        for (int i = threadIdx.x; i < pk.n_hist; i += blockDim.x) {
+            int t = h[i];
+            if (t < 0 || t >= V) continue;
+            float v = r[t];
+            r[t] = v > 0 ? v / pk.penalty : v * pk.penalty;
+        }
+        __syncthreads();
+    }
     pick_row R = {r, 0.0f, 1.0f / pk.temperature, 1.0f, V, V > 1 ? 32 - __clz(V - 1) : 1, ((uintptr_t)r & 15) == 0};
     int w = threadIdx.x / 32, l = threadIdx.x % 32, nw = (int)blockDim.x / 32;
     float bv = -INFINITY;
@@ -2098,16 +2109,35 @@ __global__ void __launch_bounds__(1024) pick_rows_kernel(int32_t *out, const flo
     if (!threadIdx.x) out[blockIdx.x] = got;
 }
 
-static void cu_pick_rows(int32_t *host_out, const float *x, int n, int V, const ds_pick *p)
+static void cu_pick_rows(int32_t *host_out, float *x, int n, int V, const ds_pick *p)
 {
     if (n <= 0 || V <= 0) return;
-    int32_t *d = (int32_t *)cu_alloc(sizeof(int32_t) * (size_t)n);
-    if (!d) return; /* cu_alloc recorded the failure */
+    size_t nh = 0;
+    for (int i = 0; p && i < n; i++) nh += p[i].n_hist > 0 ? (size_t)p[i].n_hist : 0;
+    int32_t *d = (int32_t *)cu_alloc(sizeof(int32_t) * ((size_t)n + nh)), *hs = nh ? (int32_t *)malloc(sizeof(int32_t) * nh) : NULL;
+    if (!d || (nh && !hs)) { /* cu_alloc recorded its failure */
+        if (d) cu_check(cudaErrorMemoryAllocation, "pick_rows: host memory for the penalised tokens");
+        cu_free(d);
+        return;
+    }
     cu_zero(d, sizeof(int32_t) * (size_t)n);
+    for (int i = 0, o = 0; i < n && nh; i++)
+        if (p[i].n_hist > 0) {
+            memcpy(hs + o, p[i].hist, sizeof(int32_t) * (size_t)p[i].n_hist);
+            o += p[i].n_hist;
+        }
+    if (nh) cu_upload(d + n, hs, sizeof(int32_t) * nh);
+    free(hs);
+    int off = 0;
     for (int i0 = 0; i0 < n; i0 += PICK_MAXN) {
         int m = min(PICK_MAXN, n - i0);
         pick_args a = {};
-        for (int i = 0; i < m; i++) a.p[i] = p ? p[i0 + i] : ds_pick{0.0f, 0, 1.0f, 0.0};
+        a.hd = d + n;
+        for (int i = 0; i < m; i++) {
+            a.p[i] = p ? p[i0 + i] : ds_pick{0.0f, 0, 1.0f, 0.0, 1.0f, 0, NULL};
+            a.hoff[i] = off;
+            off += a.p[i].n_hist > 0 ? a.p[i].n_hist : 0;
+        }
         cu_launch(pick_rows_kernel, dim3((unsigned)m), dim3(1024), 0, d + i0, x + (size_t)i0 * V, V, a);
     }
     cu_download(host_out, d, sizeof(int32_t) * (size_t)n);
