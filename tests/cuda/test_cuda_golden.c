@@ -8,6 +8,8 @@
  * the same argmax wherever the reference's top two differ by more than 1e-2.
  * FP8 GEMM path (default and ue8m0 scales): mean cosine >= 0.9 against the
  * fp8gemm rows, as on the CPU (FP8 activations make this random net chaotic).
+ * On s40 (absorb) also model_forward_pick, picked on the device, against the host
+ * sampler on the same step's logits (pick_check.h).
  * Exits 0 with "skipped: no GPU" when there is no CUDA device. */
 #include <jansson.h>
 #include <string.h>
@@ -15,6 +17,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "model/model.h"
+#include "model/pick_check.h"
 #include "test.h"
 
 static double now(void)
@@ -166,6 +169,7 @@ int main(void)
                 continue;
             }
             float *pre = run(m, tok, n, false), *step = run(m, tok, n, true);
+            if (mi == 0 && si == 1) check_forward_pick(m, tok, n, false); /* the picks on the device */
             if (modes[mi].gemm == DS_GEMM_BF16) {
                 snprintf(label, sizeof label, "%s/%s prefill", modes[mi].row, names[si]);
                 compare_close(label, pre, t->data, n, V);

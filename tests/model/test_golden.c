@@ -6,11 +6,13 @@
  * one prefill pass (logits at every position) and one token at a time through
  * the KV cache: max |engine - ref| <= 1e-3 max |ref| per row, same argmax.
  * FP8 GEMM path: mean cosine >= 0.9 against the fp8gemm rows (FP8 activation
- * quantisation makes this random network chaotic; see the golden README). */
+ * quantisation makes this random network chaotic; see the golden README).
+ * On s40 (absorb) also model_forward_pick against the host sampler (pick_check.h). */
 #include <jansson.h>
 #include <string.h>
 
 #include "model/model.h"
+#include "pick_check.h"
 #include "test.h"
 
 static int argmax(const float *x, int n)
@@ -129,6 +131,7 @@ int main(void)
             const st_tensor *pl = st_find(ref, key);
             if (!t || !pl) continue;
             float *pre = run(m, tok, n, false), *step = run(m, tok, n, true);
+            if (mi == 0 && si == 1) check_forward_pick(m, tok, n, true);
             if (modes[mi].gemm == DS_GEMM_BF16) {
                 snprintf(label, sizeof label, "%s/%s prefill", modes[mi].label, names[si]);
                 compare_exact(label, pre, t->data, n, V);
