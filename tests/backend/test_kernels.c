@@ -166,12 +166,83 @@ static void gemm_split(float *y, const float *x, int n, const ds_weight *w, int 
     avx512_matmul_gemm(y, x, n, w, row0, rows);
 }
 
+static void gemm_hilo8(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    cpu_gemm_prec keep = cpu_gemm_precision;
+    cpu_gemm_precision = CPU_GEMM_HILO8;
+    avx512_matmul_gemm(y, x, n, w, row0, rows);
+    cpu_gemm_precision = keep;
+}
+
 static void gemm_bf16(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
 {
     cpu_gemm_prec keep = cpu_gemm_precision;
     cpu_gemm_precision = CPU_GEMM_BF16;
     avx512_matmul_gemm(y, x, n, w, row0, rows);
     cpu_gemm_precision = keep;
+}
+
+/* The HILO8 GEMM against its error bound (cpu_simd.h): per 128-column block
+ * b, lo_k = x_k - bf16(x_k) is rounded to a multiple of sl = max |lo| / 127
+ * and w_k to one of sw = max |w| / 127, so
+ *   |got - sum x_k w_k| <= sum_b (sl_b / 2 sum |w_k| + sw_b / 2 sum |lo_k|
+ *                                  + sl_b sw_b / 4 x 128)
+ * plus float32 rounding (1e-6 of sum |x_k w_k|). A wrong scale or a saturated
+ * code breaks the bound; a mere float32 tolerance cannot tell. Every e4m3
+ * code is in the FP8 weights, odd sizes, several 1024-column chunks. */
+static void check_hilo8(void)
+{
+    static const int shapes[][4] = {
+        {1, 1, 0, 1}, {5, 17, 1, 3}, {37, 130, 0, 37}, {130, 257, 2, 127}, {300, 129, 100, 190},
+        {70, 2048, 0, 70}, {150, 1157, 5, 140}, {65, 2100, 0, 65}, {20, 4500, 3, 17},
+    };
+    static const int ns[] = {1, 5, 6, 7, 13, 50};
+    static const ds_wfmt fmts[] = {DS_W_BF16, DS_W_FP8};
+    int worst_i = -1;
+    double worst = 0;
+    for (size_t fi = 0; fi < 2; fi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++) {
+                int rows = shapes[si][0], K = shapes[si][1], row0 = shapes[si][2], nr = shapes[si][3], n = ns[ni];
+                tweight w = make_weight(fmts[fi], rows, K);
+                float *x = rand_vec((size_t)n * K), *got = out_buf((size_t)n * nr);
+                if (si % 2) /* a column of outliers */
+                    for (int t = 0; t < n; t++) x[(size_t)t * K + K / 2] *= 1000.0f;
+                gemm_hilo8(got, x, n, &w.w, row0, nr);
+                float *row = malloc(sizeof(float) * (size_t)K);
+                int bad = 0;
+                for (int r = 0; r < nr; r++) {
+                    cpu_dequant_row(&w.w, row0 + r, row);
+                    for (int t = 0; t < n; t++) {
+                        const float *xt = x + (size_t)t * K;
+                        double exact = 0, mag = 0, bound = 0;
+                        for (int k0 = 0; k0 < K; k0 += 128) {
+                            double ml = 0, mw = 0, sw_ = 0, sl_ = 0;
+                            for (int k = k0; k < K && k < k0 + 128; k++) {
+                                double lo = (double)xt[k] - bf16_to_f32(f32_to_bf16(xt[k]));
+                                exact += (double)xt[k] * row[k];
+                                mag += fabs((double)xt[k] * row[k]);
+                                ml = fmax(ml, fabs(lo));
+                                mw = fmax(mw, fabs((double)row[k]));
+                                sw_ += fabs((double)row[k]);
+                                sl_ += fabs(lo);
+                            }
+                            bound += ml / 254 * sw_ + mw / 254 * sl_ + ml * mw / (127.0 * 127 * 4) * 128;
+                        }
+                        double e = fabs(got[(size_t)t * nr + r] - exact), lim = 1.01 * bound + 1e-6 * mag;
+                        bad += !(e <= lim);
+                        if (e / lim > worst) worst = e / lim, worst_i = (int)(fi * 100 + si);
+                    }
+                }
+                CHECK_MSG(bad == 0, "avx512 gemm hilo8 fmt %d %dx%d rows [%d,+%d) n %d: %d outputs past the bound",
+                          (int)fmts[fi], rows, K, row0, nr, n, bad);
+                CHECK(sentinels_ok(got, (size_t)n * nr));
+                free(row);
+                free(x);
+                free(got);
+                free_weight(&w);
+            }
+    printf("avx512 gemm hilo8: worst error %.2f of its bound (case %d)\n", worst, worst_i);
 }
 
 /* Every non-NaN e4m3 code, through the decode kernel: a (256, 1) weight of
@@ -590,6 +661,7 @@ int main(void)
      * x - hi - lo <= 2^-18 |x|, plus float32 sums: 1e-5 */
     check_matmul("avx512 decode", avx512_matmul_decode, 1e-6, 1e-5);
     check_matmul("avx512 gemm split", gemm_split, 1e-5, 1e-5);
+    check_hilo8();
     /* bf16 activations: each x_k rounded by at most 2^-9 relative */
     check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512, 2.0 / 512);
     check_matmul_t("avx512 matmul_t", avx512_matmul_t);

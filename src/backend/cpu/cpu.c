@@ -6,8 +6,9 @@
  * the batched matmul_many, matmul_heads(_t), moe_experts on AVX-512; matmul
  * on AVX2). The choice is made at run time with
  * __builtin_cpu_supports, so one binary runs on any x86-64.
- * DSV3_CPU_GEMM=bf16 in the environment selects bf16-rounded activations for
- * the prefill GEMM (see cpu_simd.h); the default keeps float32 accuracy. */
+ * DSV3_CPU_GEMM=bf16|split|hilo8 in the environment selects the precision of
+ * the prefill GEMM's activations (see cpu_simd.h); the default, hilo8, keeps
+ * the golden tests' accuracy. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -98,7 +99,7 @@ bool cpu_has_avx512(void)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16") && cpu_has_avx2();
+           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512vnni") && cpu_has_avx2();
 #else
     return false;
 #endif
@@ -145,6 +146,8 @@ static void fill_fast(void)
          * golden tests' 1e-3 tolerance on the (chaotic) tiny model; opt-in */
         const char *prec = getenv("DSV3_CPU_GEMM");
         if (prec && !strcmp(prec, "bf16")) cpu_gemm_precision = CPU_GEMM_BF16;
+        if (prec && !strcmp(prec, "split")) cpu_gemm_precision = CPU_GEMM_SPLIT;
+        if (prec && !strcmp(prec, "hilo8")) cpu_gemm_precision = CPU_GEMM_HILO8;
     } else if (cpu_has_avx2()) {
         g_fast.name = "cpu-avx2";
         g_fast.matmul = avx2_matmul;

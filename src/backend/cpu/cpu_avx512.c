@@ -16,22 +16,24 @@
  * xs[k] = x[k] * s[rb][k/128] * 2^8, so the inner loops are plain dot products.
  * Prefill (many tokens): compute bound. vdpbf16ps on weights packed once per
  * matmul into k-pair panels (FP8 is exact in bf16), activations broadcast
- * as bf16 pairs, rounded or split hi+lo (see cpu_gemm_precision). */
+ * as bf16 pairs, rounded or split hi+lo, or as bf16 hi plus an int8 lo
+ * against an int8 copy of the panel (see cpu_gemm_precision). */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/numeric.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 #include "quant.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
-cpu_gemm_prec cpu_gemm_precision = CPU_GEMM_SPLIT;
+cpu_gemm_prec cpu_gemm_precision = CPU_GEMM_HILO8;
 int cpu_gemm_min_tokens = 16;
 
 /* ---- widening loads ---------------------------------------------------- */
@@ -722,31 +724,117 @@ AVX512 INLINE void transpose16(__m512i r[16])
     }
 }
 
-/* Rows [r, r+nr), nr <= 64, columns [k0, k0+kc) packed as wp[p][v][16]: the
- * pair p of rows r+16v.. r+16v+15. Rows past nr, columns past K are zero. */
-AVX512 static void gemm_pack(uint32_t *wp, const ds_weight *w, int r, int nr, int k0, int kc)
+/* Largest |w| over columns [k, k+128) of a row (past K: 0), in the units
+ * load_w widens to (FP8: value 2^-8), from the codes' magnitude bits. */
+AVX512 static float block_max(ds_wfmt f, const void *row, int k, int K)
 {
-    int K = w->cols, esz = w->fmt == DS_W_FP8 ? 1 : 2;
+    int nk = MIN(DS_BLOCK, K - k);
+    if (f == DS_W_FP8) {
+        const uint8_t *c = (const uint8_t *)row + k;
+        const __m512i mag = _mm512_set1_epi8(0x7f); /* without the sign, codes order as their magnitudes */
+        __m512i m = _mm512_and_si512(_mm512_maskz_loadu_epi8(nk >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << nk) - 1, c), mag);
+        if (nk > 64)
+            m = _mm512_max_epu8(
+                m, _mm512_and_si512(_mm512_maskz_loadu_epi8(nk >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << (nk - 64)) - 1, c + 64),
+                                    mag));
+        __m256i h = _mm256_max_epu8(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+        __m128i q = _mm_max_epu8(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+        q = _mm_max_epu8(q, _mm_srli_si128(q, 8));
+        q = _mm_max_epu8(q, _mm_srli_si128(q, 4));
+        q = _mm_max_epu8(q, _mm_srli_si128(q, 2));
+        q = _mm_max_epu8(q, _mm_srli_si128(q, 1));
+        return fp8_e4m3_to_f32((uint8_t)_mm_cvtsi128_si32(q)) * (1.0f / 256.0f);
+    }
+    const uint16_t *c = (const uint16_t *)row + k;
+    __m512i m = _mm512_setzero_si512();
+    for (int j = 0; j < nk; j += 32)
+        m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(mask32(nk - j), c + j), _mm512_set1_epi16(0x7fff)));
+    __m256i h = _mm256_max_epu16(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
+    __m128i q = _mm_max_epu16(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    q = _mm_max_epu16(q, _mm_srli_si128(q, 8));
+    q = _mm_max_epu16(q, _mm_srli_si128(q, 4));
+    q = _mm_max_epu16(q, _mm_srli_si128(q, 2));
+    uint32_t bits = (uint32_t)(_mm_cvtsi128_si32(q) & 0xffff) << 16;
+    float v;
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+/* Rows [r, r+nr), nr <= 64, columns [k0, k0+kc) packed as wp[p][v][16]: the
+ * pair p of rows r+16v.. r+16v+15. Rows past nr, columns past K are zero.
+ * With wq (HILO8) also the int8 panel (see gemm_tile8): wq[q][v][16] the quad
+ * q (columns k0+4q .. +3, one 32-bit lane a row) of the same rows, stored +128
+ * (unsigned), and per block b and row i sw[b][i], the int8 scale times the
+ * row's value of one widened unit (FP8: block scale 2^8, BF16: 1). The int8
+ * values come from the same widened registers as the pairs. */
+AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL], const ds_weight *w, int r, int nr,
+                             int k0, int kc)
+{
+    int K = w->cols, esz = w->fmt == DS_W_FP8 ? 1 : 2, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    bool fp8 = w->fmt == DS_W_FP8;
+    float inv[GEMM_PANEL];
     for (int v = 0; v < 4 && 16 * v < nr; v++)
-        for (int k = 0; k < kc; k += 32) {
-            __m512i m[16];
+        for (int k = 0; k < kc; k += 64) {
+            if (wq && k % DS_BLOCK == 0)
+                for (int i = 0; i < 16; i++) { /* this block's int8 scales */
+                    int ri = 16 * v + i;
+                    float mw = ri < nr ? block_max(w->fmt, w_row(w, r + ri), k0 + k, K) : 0.0f;
+                    float unit = fp8 && ri < nr ? w->scale[(size_t)((r + ri) / DS_BLOCK) * kb + (k0 + k) / DS_BLOCK] * 256.0f
+                                                : 1.0f;
+                    inv[ri] = mw > 0 ? 127.0f / mw : 0.0f; /* 0 also for NaN */
+                    sw[k / DS_BLOCK][ri] = mw > 0 ? mw / 127.0f * unit : 0.0f;
+                }
+            __m512i m[2][16], q8[16];
             #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
                 if (16 * v + i >= nr) {
-                    m[i] = _mm512_setzero_si512();
+                    m[0][i] = m[1][i] = q8[i] = _mm512_setzero_si512();
                     continue;
                 }
                 const char *row = w_row(w, r + 16 * v + i);
                 /* 16 short strided streams: prefetch 256 columns ahead */
                 if (k + 256 < kc) _mm_prefetch(row + (size_t)(k0 + k + 256) * esz, _MM_HINT_T0);
-                m[i] = load_pairs(w->fmt, row, k0 + k, K - k0 - k);
+                __m512 f[4];
+                #pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    int kk = k0 + k + 32 * h, nk = K - kk;
+                    if (fp8) {
+                        fp8x32_to_f32(_mm256_maskz_loadu_epi8(mask32(nk), (const uint8_t *)row + kk), &f[2 * h], &f[2 * h + 1]);
+                        m[h][i] = (__m512i)_mm512_cvtne2ps_pbh(f[2 * h + 1], f[2 * h]); /* exact */
+                    } else {
+                        m[h][i] = _mm512_maskz_loadu_epi16(mask32(nk), (const uint16_t *)row + kk);
+                        f[2 * h] = bf16x16_to_f32(_mm512_castsi512_si256(m[h][i]));
+                        f[2 * h + 1] = bf16x16_to_f32(_mm512_extracti64x4_epi64(m[h][i], 1));
+                    }
+                }
+                if (wq) {
+                    __m512 s = _mm512_set1_ps(inv[16 * v + i]);
+                    __m128i c[4];
+                    #pragma GCC unroll 4
+                    for (int j = 0; j < 4; j++) c[j] = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(f[j], s)));
+                    __m512i u = _mm512_inserti32x4(_mm512_castsi128_si512(c[0]), c[1], 1);
+                    u = _mm512_inserti32x4(_mm512_inserti32x4(u, c[2], 2), c[3], 3);
+                    q8[i] = _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80));
+                }
             }
-            transpose16(m);
-            #pragma GCC unroll 16
-            for (int q = 0; q < 16; q++) _mm512_store_si512(wp + ((size_t)(k / 2 + q) * 4 + v) * 16, m[q]);
+            #pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                transpose16(m[h]);
+                #pragma GCC unroll 16
+                for (int q = 0; q < 16; q++)
+                    _mm512_store_si512(wp + ((size_t)(k / 2 + 16 * h + q) * 4 + v) * 16, m[h][q]);
+            }
+            if (wq) {
+                transpose16(q8);
+                #pragma GCC unroll 16
+                for (int q = 0; q < 16; q++) _mm512_store_si512(wq + ((size_t)(k / 4 + q) * 4 + v) * 16, q8[q]);
+            }
         }
-    for (int v = (nr + 15) / 16; v < 4; v++) /* vectors wholly past nr */
-        for (int p = 0; p < (kc + 31) / 32 * 16; p++) _mm512_store_si512(wp + ((size_t)p * 4 + v) * 16, _mm512_setzero_si512());
+    for (int v = (nr + 15) / 16; v < 4; v++) { /* vectors wholly past nr */
+        for (int p = 0; p < (kc + 63) / 64 * 32; p++) _mm512_store_si512(wp + ((size_t)p * 4 + v) * 16, _mm512_setzero_si512());
+        for (int q = 0; wq && q < (kc + 63) / 64 * 16; q++)
+            _mm512_store_si512(wq + ((size_t)q * 4 + v) * 16, _mm512_setzero_si512());
+    }
 }
 
 /* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and xa[t], t < T; s per
@@ -790,6 +878,109 @@ AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32
     }
 }
 
+/* ---- HILO8: the lo part on int8 (cpu_gemm_precision CPU_GEMM_HILO8) -----
+ * The hi products are the BF16 mode's. lo = x - hi is at most 2^-9 |x|, so
+ * its product needs only ~8 bits on each side: lo goes to int8 per token and
+ * 128-column block (q = round(lo * 127 / max |lo|)), the weights to int8 per
+ * row and block (round(w * 127 / max |w|), stored + 128 as vpdpbusd's
+ * unsigned operand) while the panel is packed, so one vpdpbusd does 64
+ * products where vdpbf16ps does 32. The + 128 adds 128 x the sum of the
+ * token's q over the block, which the sums start without. Each block's int32
+ * sums are scaled by the two scales into the float outputs. Per product the
+ * error is at most (max |lo| |w| + |lo| max |w|) / 254 plus float32 rounding:
+ * about 2^-16 of max |x| max |w|, where SPLIT's is 2^-17 |x w|. */
+
+/* Token t's lo bytes xl[t][0 .. nb*128) (signed; columns past K are 0), their
+ * scales sl[t][b] and -128 x their sums so[t][b]. */
+AVX512 static void gemm_acts8(int8_t *xl, size_t ldl, float *sl, int32_t *so, size_t lds, const float *x, int K, int t)
+{
+    const float *xi = x + (size_t)t * K;
+    int8_t *o = xl + (size_t)t * ldl;
+    for (int b = 0; b * DS_BLOCK < K; b++) {
+        __m512 r[DS_BLOCK / 16], mx = _mm512_setzero_ps();
+        #pragma GCC unroll 8
+        for (int i = 0; i < DS_BLOCK / 16; i++) {
+            int k = b * DS_BLOCK + 16 * i;
+            __m512 a = _mm512_maskz_loadu_ps(k < K ? mask16(K - k) : 0, xi + k);
+            __m512 h = bf16x16_to_f32((__m256i)_mm512_cvtneps_pbh(a));
+            r[i] = _mm512_sub_ps(a, h);
+            mx = _mm512_max_ps(mx, _mm512_abs_ps(r[i]));
+        }
+        float m = _mm512_reduce_max_ps(mx);
+        __m512 inv = _mm512_set1_ps(m > 0 ? 127.0f / m : 0.0f); /* 0 also for NaN */
+        __m512i sum = _mm512_setzero_si512();
+        #pragma GCC unroll 8
+        for (int i = 0; i < DS_BLOCK / 16; i++) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(r[i], inv));
+            q = _mm512_max_epi32(_mm512_min_epi32(q, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+            sum = _mm512_add_epi32(sum, q);
+            _mm_storeu_si128((__m128i *)(o + b * DS_BLOCK + 16 * i), _mm512_cvtepi32_epi8(q));
+        }
+        sl[(size_t)t * lds + b] = m > 0 ? m / 127.0f : 0.0f;
+        so[(size_t)t * lds + b] = -128 * _mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* acc + the four-byte dot products of a (unsigned) and b (signed) per lane.
+ * In asm: GCC 12's _mm512_dpbusd_epi32 made it copy and spill every
+ * accumulator of the tile below on each step. */
+AVX512 INLINE __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    return acc;
+}
+
+typedef int32_t ua32 __attribute__((may_alias, aligned(1)));
+
+/* y[t][0..64) += sw * sl[t] * (so[t] + sum over the 32 quads of one block of
+ * wq and xl[t]), t < T; rows masked by rm. xl: the block's first byte of
+ * token 0, rows ldl bytes apart; sl, so: token 0's of the block, lds apart. */
+AVX512 INLINE void gemm_tile8(int T, const uint32_t *wq, const int8_t *xl, size_t ldl, float *y, size_t ldy,
+                              const float *sw, const float *sl, const int32_t *so, size_t lds, const __mmask16 *rm)
+{
+    __m512i acc[4][GEMM_GT];
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++)
+        #pragma GCC unroll 16
+        for (int v = 0; v < 4; v++) acc[v][t] = _mm512_set1_epi32(so[t * lds]);
+    for (int q = 0; q < DS_BLOCK / 4; q++) {
+        const uint32_t *wv = wq + (size_t)q * 64;
+        __m512i b[4];
+        #pragma GCC unroll 16
+        for (int v = 0; v < 4; v++) b[v] = _mm512_load_si512(wv + 16 * v);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            __m512i a = _mm512_set1_epi32(*(const ua32 *)(xl + t * ldl + 4 * q));
+            #pragma GCC unroll 16
+            for (int v = 0; v < 4; v++) acc[v][t] = dpbusd(acc[v][t], b[v], a);
+        }
+    }
+    #pragma GCC unroll 16
+    for (int v = 0; v < 4; v++) {
+        __m512 s = _mm512_loadu_ps(sw + 16 * v);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            float *o = y + t * ldy + 16 * v;
+            __m512 d = _mm512_cvtepi32_ps(acc[v][t]);
+            __m512 r = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(sl[t * lds])), _mm512_maskz_loadu_ps(rm[v], o));
+            _mm512_mask_storeu_ps(o, rm[v], r);
+        }
+    }
+}
+
+AVX512 static void gemm_tiles8(int T, const uint32_t *wq, const int8_t *xl, size_t ldl, float *y, size_t ldy,
+                               const float *sw, const float *sl, const int32_t *so, size_t lds, const __mmask16 *rm)
+{
+    switch (T) {
+    case 6: gemm_tile8(6, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    case 5: gemm_tile8(5, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    case 4: gemm_tile8(4, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    case 3: gemm_tile8(3, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    case 2: gemm_tile8(2, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    default: gemm_tile8(1, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    }
+}
+
 #define GEMM_T_CASES(S)                                                                            \
     switch (T) {                                                                                   \
     case 6: gemm_tile(6, S, wp, xa, ldx, p0, p1, y, ldy, sv, rm, add); break;                      \
@@ -807,35 +998,55 @@ AVX512 static void gemm_tiles(int T, bool split, const uint32_t *wp, const uint3
     else GEMM_T_CASES(false)
 }
 
-/* One panel: rows [a, a+nr) relative to row0, all n tokens. */
-AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr,
-                              const uint32_t *xa, size_t ldx, uint32_t *wp, bool split)
+/* The activations of one GEMM: xa the bf16 pairs (split: hi, lo) per token,
+ * ldx uint32 apart; HILO8 also xl / sl (gemm_acts8). */
+typedef struct {
+    const uint32_t *xa;
+    size_t ldx;
+    const int8_t *xl;
+    size_t ldl;
+    const float *sl;
+    const int32_t *so;
+    size_t lds;
+} gemm_x;
+
+/* One panel: rows [a, a+nr) relative to row0, all n tokens; wp holds the
+ * bf16 panel and, for HILO8, the int8 panel after it. */
+AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr, const gemm_x *gx,
+                              uint32_t *wp, cpu_gemm_prec prec)
 {
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, e = split ? 2 : 1;
-    bool fp8 = w->fmt == DS_W_FP8;
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    bool split = prec == CPU_GEMM_SPLIT, h8 = prec == CPU_GEMM_HILO8, fp8 = w->fmt == DS_W_FP8;
+    int e = split ? 2 : 1;
+    size_t ldx = gx->ldx;
+    uint32_t *wq = wp + (size_t)GEMM_KC / 2 * GEMM_PANEL;
     __mmask16 rm[4];
     for (int v = 0; v < 4; v++) rm[v] = 16 * v < nr ? mask16(nr - 16 * v) : 0;
     float sc[GEMM_KC / DS_BLOCK][GEMM_PANEL]; /* FP8: scale * 2^8 per block and row */
+    float sw[GEMM_KC / DS_BLOCK][GEMM_PANEL];
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
-        gemm_pack(wp, w, row0 + a, nr, k0, kc);
+        gemm_pack(wp, h8 ? wq : NULL, sw, w, row0 + a, nr, k0, kc);
         if (fp8)
             for (int b = 0; b * DS_BLOCK < kc; b++)
                 for (int i = 0; i < GEMM_PANEL; i++)
                     sc[b][i] = i < nr ? w->scale[(size_t)((row0 + a + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f
                                       : 0.0f;
-        const uint32_t *xc = xa + (size_t)(k0 / 2) * e;
+        const uint32_t *xc = gx->xa + (size_t)(k0 / 2) * e;
         for (int t = 0; t < n; t += GEMM_GT) {
             int T = MIN(GEMM_GT, n - t);
             float *yt = y + (size_t)t * rows + a;
             const uint32_t *xt = xc + (size_t)t * ldx;
-            if (!fp8) {
-                gemm_tiles(T, split, wp, xt, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
-                continue;
+            if (!fp8) gemm_tiles(T, split, wp, xt, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
+            for (int b = 0; b * DS_BLOCK < kc; b++) {
+                if (fp8)
+                    gemm_tiles(T, split, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt,
+                               (size_t)rows, sc[b], rm, k0 > 0 || b > 0);
+                if (h8)
+                    gemm_tiles8(T, wq + (size_t)b * DS_BLOCK / 4 * 64, gx->xl + (size_t)t * gx->ldl + k0 + b * DS_BLOCK,
+                                gx->ldl, yt, (size_t)rows, sw[b], gx->sl + (size_t)t * gx->lds + k0 / DS_BLOCK + b,
+                                gx->so + (size_t)t * gx->lds + k0 / DS_BLOCK + b, gx->lds, rm);
             }
-            for (int b = 0; b * DS_BLOCK < kc; b++)
-                gemm_tiles(T, split, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt, (size_t)rows,
-                           sc[b], rm, k0 > 0 || b > 0);
         }
     }
 }
@@ -847,20 +1058,35 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
         return;
     }
     if (n <= 0 || rows <= 0) return;
-    bool split = cpu_gemm_precision == CPU_GEMM_SPLIT;
-    int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL;
-    size_t ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16;
-    uint32_t *xa = cpu_scratch(3, sizeof(uint32_t) * ldx * (size_t)n); /* the calling thread's, shared below */
-    if (!xa) {
-        cpu_fail_oom("packed GEMM activations", sizeof(uint32_t) * ldx * (size_t)n);
+    cpu_gemm_prec prec = cpu_gemm_precision;
+    bool split = prec == CPU_GEMM_SPLIT, h8 = prec == CPU_GEMM_HILO8;
+    int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL, nb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    gemm_x gx = {.ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16};
+    if (h8) {
+        gx.ldl = (size_t)nb * DS_BLOCK;
+        gx.lds = ((size_t)nb + 15) / 16 * 16;
+    }
+    size_t xbytes = (sizeof(uint32_t) * gx.ldx + gx.ldl + (sizeof(float) + sizeof(int32_t)) * gx.lds) * (size_t)n;
+    uint8_t *xbuf = cpu_scratch(3, xbytes); /* the calling thread's, shared below */
+    if (!xbuf) {
+        cpu_fail_oom("packed GEMM activations", xbytes);
         return;
     }
+    uint32_t *xa = (uint32_t *)xbuf;
+    float *sl = (float *)(xbuf + sizeof(uint32_t) * gx.ldx * (size_t)n);
+    int32_t *so = (int32_t *)(sl + gx.lds * (size_t)n);
+    int8_t *xl = (int8_t *)(so + gx.lds * (size_t)n);
+    gx.xa = xa;
+    gx.sl = sl;
+    gx.so = so;
+    gx.xl = xl;
+    size_t wbytes = sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL + (h8 ? (size_t)GEMM_KC * GEMM_PANEL : 0);
     int failed = 0;
     #pragma omp parallel
     {
-        uint32_t *wp = cpu_scratch(1, sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
+        uint32_t *wp = cpu_scratch(1, wbytes);
         if (!wp) {
-            cpu_fail_oom("a packed weight panel", sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL);
+            cpu_fail_oom("a packed weight panel", wbytes);
             #pragma omp atomic write
             failed = 1;
         }
@@ -870,11 +1096,14 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
         stop = failed;
         if (!stop) { /* every thread takes the same branch: the loops below are shared */
             #pragma omp for schedule(static)
-            for (int t = 0; t < n; t++) gemm_acts(xa, ldx, x, K, t, split);
+            for (int t = 0; t < n; t++) {
+                gemm_acts(xa, gx.ldx, x, K, t, split);
+                if (h8) gemm_acts8(xl, gx.ldl, sl, so, gx.lds, x, K, t);
+            }
             #pragma omp for schedule(dynamic, 1)
             for (int pi = 0; pi < np; pi++)
-                gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), xa, ldx,
-                           wp, split);
+                gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), &gx, wp,
+                           prec);
         }
     }
 }

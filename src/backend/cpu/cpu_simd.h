@@ -14,15 +14,22 @@
 #include "backend/backend.h"
 
 /* Which instruction sets this CPU offers (cached after the first call). */
-bool cpu_has_avx512(void);  /* F, BW, VL, DQ and BF16 (vdpbf16ps) */
+bool cpu_has_avx512(void);  /* F, BW, VL, DQ, BF16 (vdpbf16ps) and VNNI (vpdpbusd) */
 bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
 
 /* Precision of the batched (prefill) GEMM's activations on the AVX-512 path:
  *   CPU_GEMM_BF16:  x rounded to bf16 once, one vdpbf16ps per pair of k;
  *   CPU_GEMM_SPLIT: x = hi + lo (two bf16), w exact in bf16, twice the work,
- *                   about float32 accuracy.
- * Weights (BF16, or FP8 which is exact in bf16) are never rounded. */
-typedef enum { CPU_GEMM_BF16, CPU_GEMM_SPLIT } cpu_gemm_prec;
+ *                   about float32 accuracy;
+ *   CPU_GEMM_HILO8: x = hi + lo, hi in bf16 against the exact weights, lo
+ *                   (x - hi, at most 2^-9 |x|) as int8 per token and 128
+ *                   columns against an int8 copy of the weight panel made
+ *                   while packing (per row and 128 columns) with vpdpbusd,
+ *                   which does 64 products an instruction: 3/4 of SPLIT's
+ *                   work; error about 2^-16 of max |x| max |w| a product.
+ * In every mode the hi products use the exact weights (BF16, or FP8 which is
+ * exact in bf16). */
+typedef enum { CPU_GEMM_BF16, CPU_GEMM_SPLIT, CPU_GEMM_HILO8 } cpu_gemm_prec;
 extern cpu_gemm_prec cpu_gemm_precision;
 /* Token counts from which matmul uses the batched GEMM (below: the decode kernel). */
 extern int cpu_gemm_min_tokens;
