@@ -764,13 +764,13 @@ AVX512 static float block_max(ds_wfmt f, const void *row, int k, int K)
  * pair p of rows r+16v.. r+16v+15. Rows past nr, columns past K are zero.
  * With wq (HILO8) also the int8 panel (see gemm_tile8): wq[q][v][16] the quad
  * q (columns k0+4q .. +3, one 32-bit lane a row) of the same rows, stored +128
- * (unsigned), and per block b and row i sw[b][i], the int8 scale times the
- * row's value of one widened unit (FP8: block scale 2^8, BF16: 1). The int8
- * values come from the same widened registers as the pairs. */
+ * (unsigned), and per block b and row i sw[b][i], the int8 scale in widened
+ * units (the FP8 block scale is applied with the pairs'). The int8 values
+ * come from the same widened registers as the pairs. */
 AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL], const ds_weight *w, int r, int nr,
                              int k0, int kc)
 {
-    int K = w->cols, esz = w->fmt == DS_W_FP8 ? 1 : 2, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    int K = w->cols, esz = w->fmt == DS_W_FP8 ? 1 : 2;
     bool fp8 = w->fmt == DS_W_FP8;
     float inv[GEMM_PANEL];
     for (int v = 0; v < 4 && 16 * v < nr; v++)
@@ -779,10 +779,8 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
                 for (int i = 0; i < 16; i++) { /* this block's int8 scales */
                     int ri = 16 * v + i;
                     float mw = ri < nr ? block_max(w->fmt, w_row(w, r + ri), k0 + k, K) : 0.0f;
-                    float unit = fp8 && ri < nr ? w->scale[(size_t)((r + ri) / DS_BLOCK) * kb + (k0 + k) / DS_BLOCK] * 256.0f
-                                                : 1.0f;
                     inv[ri] = mw > 0 ? 127.0f / mw : 0.0f; /* 0 also for NaN */
-                    sw[k / DS_BLOCK][ri] = mw > 0 ? mw / 127.0f * unit : 0.0f;
+                    sw[k / DS_BLOCK][ri] = mw > 0 ? mw / 127.0f : 0.0f;
                 }
             __m512i m[2][16], q8[16];
             #pragma GCC unroll 16
@@ -932,54 +930,87 @@ AVX512 INLINE __m512i dpbusd(__m512i acc, __m512i a, __m512i b)
 
 typedef int32_t ua32 __attribute__((may_alias, aligned(1)));
 
-/* y[t][0..64) += sw * sl[t] * (so[t] + sum over the 32 quads of one block of
- * wq and xl[t]), t < T; rows masked by rm. xl: the block's first byte of
- * token 0, rows ldl bytes apart; sl, so: token 0's of the block, lds apart. */
-AVX512 INLINE void gemm_tile8(int T, const uint32_t *wq, const int8_t *xl, size_t ldl, float *y, size_t ldy,
-                              const float *sw, const float *sl, const int32_t *so, size_t lds, const __mmask16 *rm)
+/* One block of a HILO8 tile: y[t][0..64) (+)= s * (hi + lo), t < T, where
+ * hi is the sum over pairs [p0, p1) of wp and xa[t] (as gemm_tile) and lo =
+ * sw * sl[t] * (so[t] + the sum over the block's 32 quads of wq and xl[t]);
+ * s per row (sv, or 1 when NULL), rows masked by rm. lo is summed first, in
+ * int32, and its float value starts the hi sums, so each block reads and
+ * writes y once. xl: the block's first byte of token 0, rows ldl bytes apart;
+ * sl, so: token 0's of the block, lds apart. */
+AVX512 INLINE void gemm_tile8(int T, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
+                              const uint32_t *wq, const int8_t *xl, size_t ldl, const float *sw, const float *sl,
+                              const int32_t *so, size_t lds, float *y, size_t ldy, const float *sv, const __mmask16 *rm,
+                              bool add)
 {
-    __m512i acc[4][GEMM_GT];
-    #pragma GCC unroll 16
-    for (int t = 0; t < T; t++)
+    __m512 acc[4][GEMM_GT];
+    {
+        __m512i ai[4][GEMM_GT];
         #pragma GCC unroll 16
-        for (int v = 0; v < 4; v++) acc[v][t] = _mm512_set1_epi32(so[t * lds]);
-    for (int q = 0; q < DS_BLOCK / 4; q++) {
-        const uint32_t *wv = wq + (size_t)q * 64;
-        __m512i b[4];
+        for (int t = 0; t < T; t++)
+            #pragma GCC unroll 16
+            for (int v = 0; v < 4; v++) ai[v][t] = _mm512_set1_epi32(so[t * lds]);
+        for (int q = 0; q < DS_BLOCK / 4; q++) {
+            const uint32_t *wv = wq + (size_t)q * 64;
+            __m512i b[4];
+            #pragma GCC unroll 16
+            for (int v = 0; v < 4; v++) b[v] = _mm512_load_si512(wv + 16 * v);
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++) {
+                __m512i a = _mm512_set1_epi32(*(const ua32 *)(xl + t * ldl + 4 * q));
+                #pragma GCC unroll 16
+                for (int v = 0; v < 4; v++) ai[v][t] = dpbusd(ai[v][t], b[v], a);
+            }
+        }
         #pragma GCC unroll 16
-        for (int v = 0; v < 4; v++) b[v] = _mm512_load_si512(wv + 16 * v);
+        for (int v = 0; v < 4; v++) {
+            __m512 s = _mm512_loadu_ps(sw + 16 * v);
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++)
+                acc[v][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(ai[v][t]), _mm512_mul_ps(s, _mm512_set1_ps(sl[t * lds])));
+        }
+    }
+    for (int p = p0; p < p1; p++) {
+        const uint32_t *wv = wp + (size_t)p * 64;
+        __m512bh b[4];
+        #pragma GCC unroll 16
+        for (int v = 0; v < 4; v++) b[v] = (__m512bh)_mm512_load_si512(wv + 16 * v);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
-            __m512i a = _mm512_set1_epi32(*(const ua32 *)(xl + t * ldl + 4 * q));
+            __m512bh h = (__m512bh)_mm512_set1_epi32((int)xa[t * ldx + (size_t)p]);
             #pragma GCC unroll 16
-            for (int v = 0; v < 4; v++) acc[v][t] = dpbusd(acc[v][t], b[v], a);
+            for (int v = 0; v < 4; v++) acc[v][t] = _mm512_dpbf16_ps(acc[v][t], b[v], h);
         }
     }
     #pragma GCC unroll 16
     for (int v = 0; v < 4; v++) {
-        __m512 s = _mm512_loadu_ps(sw + 16 * v);
+        __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             float *o = y + t * ldy + 16 * v;
-            __m512 d = _mm512_cvtepi32_ps(acc[v][t]);
-            __m512 r = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(sl[t * lds])), _mm512_maskz_loadu_ps(rm[v], o));
+            __m512 r = add ? _mm512_fmadd_ps(acc[v][t], s, _mm512_maskz_loadu_ps(rm[v], o)) : _mm512_mul_ps(acc[v][t], s);
             _mm512_mask_storeu_ps(o, rm[v], r);
         }
     }
 }
 
-AVX512 static void gemm_tiles8(int T, const uint32_t *wq, const int8_t *xl, size_t ldl, float *y, size_t ldy,
-                               const float *sw, const float *sl, const int32_t *so, size_t lds, const __mmask16 *rm)
+#define GEMM_T8(N)                                                                                                \
+    gemm_tile8(N, wp, xa, ldx, p0, p1, wq, xl, ldl, sw, sl, so, lds, y, ldy, sv, rm, add)
+
+AVX512 static void gemm_tiles8(int T, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
+                               const uint32_t *wq, const int8_t *xl, size_t ldl, const float *sw, const float *sl,
+                               const int32_t *so, size_t lds, float *y, size_t ldy, const float *sv,
+                               const __mmask16 *rm, bool add)
 {
     switch (T) {
-    case 6: gemm_tile8(6, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
-    case 5: gemm_tile8(5, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
-    case 4: gemm_tile8(4, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
-    case 3: gemm_tile8(3, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
-    case 2: gemm_tile8(2, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
-    default: gemm_tile8(1, wq, xl, ldl, y, ldy, sw, sl, so, lds, rm); break;
+    case 6: GEMM_T8(6); break;
+    case 5: GEMM_T8(5); break;
+    case 4: GEMM_T8(4); break;
+    case 3: GEMM_T8(3); break;
+    case 2: GEMM_T8(2); break;
+    default: GEMM_T8(1); break;
     }
 }
+#undef GEMM_T8
 
 #define GEMM_T_CASES(S)                                                                            \
     switch (T) {                                                                                   \
@@ -1037,16 +1068,23 @@ AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int
             int T = MIN(GEMM_GT, n - t);
             float *yt = y + (size_t)t * rows + a;
             const uint32_t *xt = xc + (size_t)t * ldx;
-            if (!fp8) gemm_tiles(T, split, wp, xt, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
-            for (int b = 0; b * DS_BLOCK < kc; b++) {
-                if (fp8)
-                    gemm_tiles(T, split, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt,
-                               (size_t)rows, sc[b], rm, k0 > 0 || b > 0);
-                if (h8)
-                    gemm_tiles8(T, wq + (size_t)b * DS_BLOCK / 4 * 64, gx->xl + (size_t)t * gx->ldl + k0 + b * DS_BLOCK,
-                                gx->ldl, yt, (size_t)rows, sw[b], gx->sl + (size_t)t * gx->lds + k0 / DS_BLOCK + b,
-                                gx->so + (size_t)t * gx->lds + k0 / DS_BLOCK + b, gx->lds, rm);
+            if (h8) {
+                for (int b = 0; b * DS_BLOCK < kc; b++) {
+                    size_t sb = (size_t)t * gx->lds + k0 / DS_BLOCK + b;
+                    gemm_tiles8(T, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2),
+                                wq + (size_t)b * DS_BLOCK / 4 * 64, gx->xl + (size_t)t * gx->ldl + k0 + b * DS_BLOCK,
+                                gx->ldl, sw[b], gx->sl + sb, gx->so + sb, gx->lds, yt, (size_t)rows, fp8 ? sc[b] : NULL,
+                                rm, k0 > 0 || b > 0);
+                }
+                continue;
             }
+            if (!fp8) {
+                gemm_tiles(T, split, wp, xt, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
+                continue;
+            }
+            for (int b = 0; b * DS_BLOCK < kc; b++)
+                gemm_tiles(T, split, wp, xt, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt, (size_t)rows,
+                           sc[b], rm, k0 > 0 || b > 0);
         }
     }
 }
