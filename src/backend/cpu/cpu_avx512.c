@@ -724,14 +724,15 @@ AVX512 INLINE void transpose16(__m512i r[16])
     }
 }
 
-/* Largest |w| over columns [k, k+128) of a row (past K: 0), in the units
- * load_w widens to (FP8: value 2^-8), from the codes' magnitude bits. */
-AVX512 static float block_max(ds_wfmt f, const void *row, int k, int K)
+/* The largest magnitude code over columns [k, k+128) of a row (past K: 0):
+ * FP8 the e4m3 code without its sign, BF16 the bits without the sign (both
+ * order as the magnitudes they encode). */
+AVX512 static uint16_t block_max(ds_wfmt f, const void *row, int k, int K)
 {
     int nk = MIN(DS_BLOCK, K - k);
     if (f == DS_W_FP8) {
         const uint8_t *c = (const uint8_t *)row + k;
-        const __m512i mag = _mm512_set1_epi8(0x7f); /* without the sign, codes order as their magnitudes */
+        const __m512i mag = _mm512_set1_epi8(0x7f);
         __m512i m = _mm512_and_si512(_mm512_maskz_loadu_epi8(nk >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << nk) - 1, c), mag);
         if (nk > 64)
             m = _mm512_max_epu8(
@@ -743,7 +744,7 @@ AVX512 static float block_max(ds_wfmt f, const void *row, int k, int K)
         q = _mm_max_epu8(q, _mm_srli_si128(q, 4));
         q = _mm_max_epu8(q, _mm_srli_si128(q, 2));
         q = _mm_max_epu8(q, _mm_srli_si128(q, 1));
-        return fp8_e4m3_to_f32((uint8_t)_mm_cvtsi128_si32(q)) * (1.0f / 256.0f);
+        return (uint16_t)(_mm_cvtsi128_si32(q) & 0xff);
     }
     const uint16_t *c = (const uint16_t *)row + k;
     __m512i m = _mm512_setzero_si512();
@@ -754,10 +755,7 @@ AVX512 static float block_max(ds_wfmt f, const void *row, int k, int K)
     q = _mm_max_epu16(q, _mm_srli_si128(q, 8));
     q = _mm_max_epu16(q, _mm_srli_si128(q, 4));
     q = _mm_max_epu16(q, _mm_srli_si128(q, 2));
-    uint32_t bits = (uint32_t)(_mm_cvtsi128_si32(q) & 0xffff) << 16;
-    float v;
-    memcpy(&v, &bits, sizeof v);
-    return v;
+    return (uint16_t)(_mm_cvtsi128_si32(q) & 0xffff);
 }
 
 /* Rows [r, r+nr), nr <= 64, columns [k0, k0+kc) packed as wp[p][v][16]: the
@@ -775,13 +773,15 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
     float inv[GEMM_PANEL];
     for (int v = 0; v < 4 && 16 * v < nr; v++)
         for (int k = 0; k < kc; k += 64) {
-            if (wq && k % DS_BLOCK == 0)
-                for (int i = 0; i < 16; i++) { /* this block's int8 scales */
-                    int ri = 16 * v + i;
-                    float mw = ri < nr ? block_max(w->fmt, w_row(w, r + ri), k0 + k, K) : 0.0f;
-                    inv[ri] = mw > 0 ? 127.0f / mw : 0.0f; /* 0 also for NaN */
-                    sw[k / DS_BLOCK][ri] = mw > 0 ? mw / 127.0f : 0.0f;
-                }
+            if (wq && k % DS_BLOCK == 0) { /* this block's int8 scales, 16 rows at once */
+                uint16_t mc[16];
+                for (int i = 0; i < 16; i++) mc[i] = 16 * v + i < nr ? block_max(w->fmt, w_row(w, r + 16 * v + i), k0 + k, K) : 0;
+                __m256i c = _mm256_loadu_si256((const __m256i *)mc);
+                __m512 mw = fp8 ? fp8x16_to_f32(_mm256_cvtepi16_epi8(c)) : bf16x16_to_f32(c);
+                __mmask16 ok = _mm512_cmp_ps_mask(mw, _mm512_setzero_ps(), _CMP_GT_OQ); /* not 0, not NaN */
+                _mm512_storeu_ps(inv + 16 * v, _mm512_maskz_div_ps(ok, _mm512_set1_ps(127.0f), mw));
+                _mm512_storeu_ps(sw[k / DS_BLOCK] + 16 * v, _mm512_maskz_mul_ps(ok, mw, _mm512_set1_ps(1.0f / 127.0f)));
+            }
             __m512i m[2][16], q8[16];
             #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
@@ -805,13 +805,12 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
                         f[2 * h + 1] = bf16x16_to_f32(_mm512_extracti64x4_epi64(m[h][i], 1));
                     }
                 }
-                if (wq) {
+                if (wq) { /* 128-bit lane l, dword j: columns 16 j + 4 l .. + 3 (packs work per lane) */
                     __m512 s = _mm512_set1_ps(inv[16 * v + i]);
-                    __m128i c[4];
+                    __m512i d[4];
                     #pragma GCC unroll 4
-                    for (int j = 0; j < 4; j++) c[j] = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(f[j], s)));
-                    __m512i u = _mm512_inserti32x4(_mm512_castsi128_si512(c[0]), c[1], 1);
-                    u = _mm512_inserti32x4(_mm512_inserti32x4(u, c[2], 2), c[3], 3);
+                    for (int j = 0; j < 4; j++) d[j] = _mm512_cvtps_epi32(_mm512_mul_ps(f[j], s));
+                    __m512i u = _mm512_packs_epi16(_mm512_packs_epi32(d[0], d[1]), _mm512_packs_epi32(d[2], d[3]));
                     q8[i] = _mm512_xor_si512(u, _mm512_set1_epi8((char)0x80));
                 }
             }
@@ -825,7 +824,8 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
             if (wq) {
                 transpose16(q8);
                 #pragma GCC unroll 16
-                for (int q = 0; q < 16; q++) _mm512_store_si512(wq + ((size_t)(k / 4 + q) * 4 + v) * 16, q8[q]);
+                for (int q = 0; q < 16; q++) /* q8[4 l + j]: the quad 4 j + l */
+                    _mm512_store_si512(wq + ((size_t)(k / 4 + 4 * (q % 4) + q / 4) * 4 + v) * 16, q8[q]);
             }
         }
     for (int v = (nr + 15) / 16; v < 4; v++) { /* vectors wholly past nr */
