@@ -835,16 +835,11 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
     }
 }
 
-/* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and xa[t], t < T; s per
- * row (sv, or 1 when NULL), rows masked by rm. */
-AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
-                             float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+/* acc[v][t] += the sum over pairs [p0, p1) of wp and xa[t] (split: the hi and
+ * lo pairs side by side), t < T. */
+AVX512 INLINE void tile_pairs(int T, bool split, __m512 acc[4][GEMM_GT], const uint32_t *wp, const uint32_t *xa,
+                              size_t ldx, int p0, int p1)
 {
-    __m512 acc[4][GEMM_GT];
-    #pragma GCC unroll 16
-    for (int v = 0; v < 4; v++)
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) acc[v][t] = _mm512_setzero_ps();
     int e = split ? 2 : 1;
     for (int p = p0; p < p1; p++) {
         const uint32_t *wq = wp + (size_t)p * 64;
@@ -864,6 +859,13 @@ AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32
             }
         }
     }
+}
+
+/* y[t][0..64) (+)= s * acc[.][t], t < T; s per row (sv, or 1 when NULL), rows
+ * masked by rm. */
+AVX512 INLINE void tile_store(int T, __m512 acc[4][GEMM_GT], float *y, size_t ldy, const float *sv,
+                              const __mmask16 *rm, bool add)
+{
     #pragma GCC unroll 16
     for (int v = 0; v < 4; v++) {
         __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
@@ -874,6 +876,20 @@ AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32
             _mm512_mask_storeu_ps(o, rm[v], r);
         }
     }
+}
+
+/* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and xa[t], t < T; s per
+ * row (sv, or 1 when NULL), rows masked by rm. */
+AVX512 INLINE void gemm_tile(int T, bool split, const uint32_t *wp, const uint32_t *xa, size_t ldx, int p0, int p1,
+                             float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+{
+    __m512 acc[4][GEMM_GT];
+    #pragma GCC unroll 16
+    for (int v = 0; v < 4; v++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[v][t] = _mm512_setzero_ps();
+    tile_pairs(T, split, acc, wp, xa, ldx, p0, p1);
+    tile_store(T, acc, y, ldy, sv, rm, add);
 }
 
 /* ---- HILO8: the lo part on int8 (cpu_gemm_precision CPU_GEMM_HILO8) -----
@@ -969,28 +985,8 @@ AVX512 INLINE void gemm_tile8(int T, const uint32_t *wp, const uint32_t *xa, siz
                 acc[v][t] = _mm512_mul_ps(_mm512_cvtepi32_ps(ai[v][t]), _mm512_mul_ps(s, _mm512_set1_ps(sl[t * lds])));
         }
     }
-    for (int p = p0; p < p1; p++) {
-        const uint32_t *wv = wp + (size_t)p * 64;
-        __m512bh b[4];
-        #pragma GCC unroll 16
-        for (int v = 0; v < 4; v++) b[v] = (__m512bh)_mm512_load_si512(wv + 16 * v);
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            __m512bh h = (__m512bh)_mm512_set1_epi32((int)xa[t * ldx + (size_t)p]);
-            #pragma GCC unroll 16
-            for (int v = 0; v < 4; v++) acc[v][t] = _mm512_dpbf16_ps(acc[v][t], b[v], h);
-        }
-    }
-    #pragma GCC unroll 16
-    for (int v = 0; v < 4; v++) {
-        __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
-        #pragma GCC unroll 16
-        for (int t = 0; t < T; t++) {
-            float *o = y + t * ldy + 16 * v;
-            __m512 r = add ? _mm512_fmadd_ps(acc[v][t], s, _mm512_maskz_loadu_ps(rm[v], o)) : _mm512_mul_ps(acc[v][t], s);
-            _mm512_mask_storeu_ps(o, rm[v], r);
-        }
-    }
+    tile_pairs(T, false, acc, wp, xa, ldx, p0, p1);
+    tile_store(T, acc, y, ldy, sv, rm, add);
 }
 
 #define GEMM_T8(N)                                                                                                \
