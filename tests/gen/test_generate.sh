@@ -46,6 +46,38 @@ grep -q '^Prompt: Hello, who are you?$' "$tmp/gen.out" && grep -q '^Completion: 
 grep -q 'tokens/s' "$tmp/gen.err" && ok || bad "speed report on stderr"
 grep -q 'tokens/s' "$tmp/gen.out" && bad "speed report leaked to stdout" || ok
 
+# a prompt of over 1024 tokens: prefilled in three chunks (generate.c's PREFILL_CHUNK,
+# 512), then the same argmax chain as one pass of dsv3 logits
+node -e 'let s=[];for(let i=0;i<140;i++)s.push("Sentence "+i+" is about the tide.");console.log(s.join(" "))' > "$tmp/big.txt"
+node -e 'const c=JSON.parse(require("fs").readFileSync(process.argv[1]));c.max_seq_len=2048;console.log(JSON.stringify(c))' \
+    "$cfg" > "$tmp/cfg_big.json"
+"$bin" generate --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --input-file "$tmp/big.txt" --temperature 0 \
+    --max-new-tokens 3 --print-ids > "$tmp/big.out" 2> "$tmp/big.err" || bad "generate long prompt: $(cat "$tmp/big.err")"
+printf '[{"role":"user","content":%s}]' "$(node -e 'console.log(JSON.stringify(process.argv[1]))' "$(cat "$tmp/big.txt")")" > "$tmp/chat.json"
+ids=$("$bin" tokenize --tokenizer "$tmp/m" --chat "$tmp/chat.json" --add-generation-prompt) || bad "tokenize long prompt"
+seq=$(echo $ids | tr ' ' ',')
+nt=$(echo $ids | wc -w)
+[ "$nt" -gt 1024 ] && ok || bad "long prompt: $nt tokens, want over 1024"
+want=""
+for s in 1 2 3; do
+  "$bin" logits --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --tokens "$seq" --out "$tmp/l.st" 2>/dev/null || { bad "logits long"; break; }
+  t=$(node "$root/tests/gen/argmax.js" "$tmp/l.st")
+  [ "$t" = 1 ] && break
+  want="$want $t"; seq="$seq,$t"
+done
+got=$(grep '^Ids:' "$tmp/big.out" | sed 's/^Ids://')
+[ "$(echo $got)" = "$(echo $want)" ] && ok || bad "long prompt: generate gave [$got], one-pass logits [$want]"
+# sampled among the top 5 (their probabilities count, not only the largest; gaps
+# far above rounding): chunks of 512 and of 100 against the whole prompt in one
+# pass, same seed. Shifting a later chunk's positions by one fails both.
+for ch in 512 100 4096; do
+  DSV3_PREFILL_CHUNK=$ch "$bin" generate --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --input-file "$tmp/big.txt" \
+      --temperature 1 --top-k 5 --seed 11 --max-new-tokens 12 --print-ids 2>/dev/null | grep '^Ids:' > "$tmp/big_$ch.ids" \
+      || bad "generate long prompt, chunks of $ch"
+done
+cmp -s "$tmp/big_512.ids" "$tmp/big_4096.ids" && ok || bad "long prompt sampled: chunks of 512 [$(cat "$tmp/big_512.ids")], one pass [$(cat "$tmp/big_4096.ids")]"
+cmp -s "$tmp/big_100.ids" "$tmp/big_4096.ids" && ok || bad "long prompt sampled: chunks of 100 [$(cat "$tmp/big_100.ids")], one pass [$(cat "$tmp/big_4096.ids")]"
+
 # more prompts than max_batch_size (4 in config_demo): processed in batches
 for k in 1 2 3 4 5 6; do echo "prompt number $k"; done > "$tmp/p6.txt"
 "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/p6.txt" --max-new-tokens 2 --seed 3 > "$tmp/g6.out" 2>/dev/null \
