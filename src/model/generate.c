@@ -5,11 +5,14 @@
 #include <string.h>
 #include <time.h>
 
-/* Prompt tokens per forward pass. Larger chunks give each routed expert more
- * tokens to reuse its packed weights across (CPU prefill of the 16B shapes,
- * Zen 4: 256 tokens 113-133 tok/s, 512 135-141, 1024 136-138).
- * DSV3_PREFILL_CHUNK overrides it (tests compare chunkings). */
-#define PREFILL_CHUNK 512
+/* Prompt tokens per forward pass. Larger passes give each routed expert more
+ * tokens to reuse its weights across; the attention work of a prompt is the
+ * same in any chunking. Prefill of one pass of the 16B shapes (dsv3 bench -p):
+ * CPU (8 layers, Zen 4) 256 tokens 113-133 tok/s, 512 135-141, 1024 136-138;
+ * H200 (FP8) 256 11.1k, 512 15.5k, 1024 18.1k, 2048 14.6k (dense causal
+ * attention over the pass grows with its square). DSV3_PREFILL_CHUNK
+ * overrides it (tests compare chunkings). */
+#define PREFILL_CHUNK 1024
 
 static int prefill_chunk(void)
 {

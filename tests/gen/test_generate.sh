@@ -46,8 +46,8 @@ grep -q '^Prompt: Hello, who are you?$' "$tmp/gen.out" && grep -q '^Completion: 
 grep -q 'tokens/s' "$tmp/gen.err" && ok || bad "speed report on stderr"
 grep -q 'tokens/s' "$tmp/gen.out" && bad "speed report leaked to stdout" || ok
 
-# a prompt of over 1024 tokens: prefilled in three chunks (generate.c's PREFILL_CHUNK,
-# 512), then the same argmax chain as one pass of dsv3 logits
+# a prompt of over 1024 tokens: prefilled in two passes (generate.c's PREFILL_CHUNK,
+# 1024), then the same argmax chain as one pass of dsv3 logits
 node -e 'let s=[];for(let i=0;i<140;i++)s.push("Sentence "+i+" is about the tide.");console.log(s.join(" "))' > "$tmp/big.txt"
 node -e 'const c=JSON.parse(require("fs").readFileSync(process.argv[1]));c.max_seq_len=2048;console.log(JSON.stringify(c))' \
     "$cfg" > "$tmp/cfg_big.json"
@@ -68,8 +68,8 @@ done
 got=$(grep '^Ids:' "$tmp/big.out" | sed 's/^Ids://')
 [ "$(echo $got)" = "$(echo $want)" ] && ok || bad "long prompt: generate gave [$got], one-pass logits [$want]"
 # sampled among the top 5 (their probabilities count, not only the largest; gaps
-# far above rounding): chunks of 512 and of 100 against the whole prompt in one
-# pass, same seed. Shifting a later chunk's positions by one fails both.
+# far above rounding): passes of 512 and of 100 against the whole prompt in one
+# pass, same seed. Shifting a later pass's positions by one fails both.
 for ch in 512 100 4096; do
   DSV3_PREFILL_CHUNK=$ch "$bin" generate --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --input-file "$tmp/big.txt" \
       --temperature 1 --top-k 5 --seed 11 --max-new-tokens 12 --print-ids 2>/dev/null | grep '^Ids:' > "$tmp/big_$ch.ids" \
