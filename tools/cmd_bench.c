@@ -206,8 +206,10 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
         if (beside_bw > 0) printf("; %5.1f%% of %5.1f beside", 100 * beside_frac, beside_bw);
         printf("\n");
     } else {
-        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak (%5.1f f32 FMA)\n", np, d,
-               s.med, s.min, s.max, gflops, 100 * gflops / lim, lim, r->fma);
+        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak", np, d, s.med, s.min,
+               s.max, gflops, 100 * gflops / lim, lim);
+        if (r->fma > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's limit is its tensor cores' */
+        printf("\n");
     }
     fflush(stdout);
 }
