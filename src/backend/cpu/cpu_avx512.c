@@ -600,6 +600,10 @@ AVX512 void avx512_act_fake_quant(const float *x, int m, int k, float *y, bool u
         }
 }
 
+#define GEMM_MAX_JOBS 16 /* GEMMs in one parallel region (matmul_many) */
+AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj);
+static bool gemm_job(const ds_matmul_job *j);
+
 AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
 {
     bool each = false, q = false;
@@ -636,9 +640,21 @@ AVX512 void avx512_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_im
         free(qj);
         return;
     }
-    /* batched GEMMs are long enough to have a parallel region each */
-    for (int i = 0; i < n_jobs; i++)
-        avx512_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
+    /* the GEMM jobs in regions of up to GEMM_MAX_JOBS, the rest on the decode kernel */
+    ds_matmul_job g[GEMM_MAX_JOBS];
+    int ng = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        if (!gemm_job(&jobs[i])) {
+            avx512_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
+            continue;
+        }
+        g[ng++] = jobs[i];
+        if (ng == GEMM_MAX_JOBS) {
+            gemm_jobs(g, ng);
+            ng = 0;
+        }
+    }
+    if (ng) gemm_jobs(g, ng);
 }
 
 /* ---- prefill GEMM with vdpbf16ps ----------------------------------------
@@ -1085,35 +1101,61 @@ AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int
     }
 }
 
-AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+/* GEMM jobs (BF16 or FP8 weights) in one parallel region: the activations of
+ * each distinct input packed once (jobs that share x, as w1 and w3 do, share
+ * them), then every job's panels in one dynamic loop, so that two threads
+ * wait for each other once, not once a job. */
+AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
 {
-    if (w->fmt == DS_W_F32) { /* not exact in bf16 */
-        avx512_matmul_decode(y, x, n, w, row0, rows);
-        return;
-    }
-    if (n <= 0 || rows <= 0) return;
     cpu_gemm_prec prec = cpu_gemm_precision;
     bool split = prec == CPU_GEMM_SPLIT, h8 = prec == CPU_GEMM_HILO8;
-    int K = w->cols, np = (rows + GEMM_PANEL - 1) / GEMM_PANEL, nb = (K + DS_BLOCK - 1) / DS_BLOCK;
-    gemm_x gx = {.ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16};
-    if (h8) {
-        gx.ldl = (size_t)nb * DS_BLOCK;
-        gx.lds = ((size_t)nb + 15) / 16 * 16;
+    gemm_x gxs[GEMM_MAX_JOBS];
+    int set[GEMM_MAX_JOBS], first[GEMM_MAX_JOBS + 1], pfirst[GEMM_MAX_JOBS + 1], ns = 0;
+    size_t off[GEMM_MAX_JOBS], xbytes = 0;
+    first[0] = pfirst[0] = 0;
+    for (int j = 0; j < nj; j++) {
+        const ds_matmul_job *jb = &jobs[j];
+        set[j] = -1;
+        for (int i = 0; i < j && set[j] < 0; i++)
+            if (jobs[i].x == jb->x && jobs[i].n == jb->n && jobs[i].w->cols == jb->w->cols) set[j] = set[i];
+        pfirst[j + 1] = pfirst[j] + (jb->rows + GEMM_PANEL - 1) / GEMM_PANEL;
+        if (set[j] >= 0) continue;
+        int K = jb->w->cols, nb = (K + DS_BLOCK - 1) / DS_BLOCK;
+        gemm_x g = {.ldx = ((size_t)(K + 1) / 2 * (split ? 2 : 1) + 15) / 16 * 16};
+        if (h8) {
+            g.ldl = (size_t)nb * DS_BLOCK;
+            g.lds = ((size_t)nb + 15) / 16 * 16;
+        }
+        off[ns] = xbytes;
+        xbytes += (sizeof(uint32_t) * g.ldx + g.ldl + (sizeof(float) + sizeof(int32_t)) * g.lds) * (size_t)jb->n;
+        gxs[ns] = g;
+        first[ns + 1] = first[ns] + jb->n;
+        set[j] = ns++;
     }
-    size_t xbytes = (sizeof(uint32_t) * gx.ldx + gx.ldl + (sizeof(float) + sizeof(int32_t)) * gx.lds) * (size_t)n;
     uint8_t *xbuf = cpu_scratch(3, xbytes); /* the calling thread's, shared below */
     if (!xbuf) {
         cpu_fail_oom("packed GEMM activations", xbytes);
         return;
     }
-    uint32_t *xa = (uint32_t *)xbuf;
-    float *sl = (float *)(xbuf + sizeof(uint32_t) * gx.ldx * (size_t)n);
-    int32_t *so = (int32_t *)(sl + gx.lds * (size_t)n);
-    int8_t *xl = (int8_t *)(so + gx.lds * (size_t)n);
-    gx.xa = xa;
-    gx.sl = sl;
-    gx.so = so;
-    gx.xl = xl;
+    struct { /* a distinct input's packed activations, writable */
+        const float *x;
+        int K;
+        uint32_t *xa;
+        float *sl;
+        int32_t *so;
+        int8_t *xl;
+    } in[GEMM_MAX_JOBS];
+    for (int j = 0; j < nj; j++) {
+        int si = set[j];
+        gemm_x *g = &gxs[si];
+        size_t n = (size_t)jobs[j].n;
+        in[si].x = jobs[j].x;
+        in[si].K = jobs[j].w->cols;
+        g->xa = in[si].xa = (uint32_t *)(xbuf + off[si]);
+        g->sl = in[si].sl = (float *)(in[si].xa + g->ldx * n);
+        g->so = in[si].so = (int32_t *)(in[si].sl + g->lds * n);
+        g->xl = in[si].xl = (int8_t *)(in[si].so + g->lds * n);
+    }
     size_t wbytes = sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL + (h8 ? (size_t)GEMM_KC * GEMM_PANEL : 0);
     int failed = 0;
     #pragma omp parallel
@@ -1130,16 +1172,41 @@ AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight 
         stop = failed;
         if (!stop) { /* every thread takes the same branch: the loops below are shared */
             #pragma omp for schedule(static)
-            for (int t = 0; t < n; t++) {
-                gemm_acts(xa, gx.ldx, x, K, t, split);
-                if (h8) gemm_acts8(xl, gx.ldl, sl, so, gx.lds, x, K, t);
+            for (int u = 0; u < first[ns]; u++) {
+                int si = 0;
+                while (u >= first[si + 1]) si++;
+                int t = u - first[si];
+                gemm_acts(in[si].xa, gxs[si].ldx, in[si].x, in[si].K, t, split);
+                if (h8) gemm_acts8(in[si].xl, gxs[si].ldl, in[si].sl, in[si].so, gxs[si].lds, in[si].x, in[si].K, t);
             }
             #pragma omp for schedule(dynamic, 1)
-            for (int pi = 0; pi < np; pi++)
-                gemm_panel(y, n, w, row0, rows, pi * GEMM_PANEL, MIN(GEMM_PANEL, rows - pi * GEMM_PANEL), &gx, wp,
+            for (int u = 0; u < pfirst[nj]; u++) {
+                int j = 0;
+                while (u >= pfirst[j + 1]) j++;
+                const ds_matmul_job *jb = &jobs[j];
+                int a = (u - pfirst[j]) * GEMM_PANEL;
+                gemm_panel(jb->y, jb->n, jb->w, jb->row0, jb->rows, a, MIN(GEMM_PANEL, jb->rows - a), &gxs[set[j]], wp,
                            prec);
+            }
         }
     }
+}
+
+/* Whether gemm_jobs takes a job (else the decode kernel does). */
+static bool gemm_job(const ds_matmul_job *j)
+{
+    return j->w->fmt != DS_W_F32 && j->n >= cpu_gemm_min_tokens && j->n > 0 && j->rows > 0;
+}
+
+AVX512 void avx512_matmul_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    if (w->fmt == DS_W_F32) { /* not exact in bf16 */
+        avx512_matmul_decode(y, x, n, w, row0, rows);
+        return;
+    }
+    if (n <= 0 || rows <= 0) return;
+    ds_matmul_job j = {y, x, n, w, row0, rows};
+    gemm_jobs(&j, 1);
 }
 
 AVX512 void avx512_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
