@@ -468,7 +468,7 @@ typedef void (*moe_fn)(float *y, const float *x, int n, int K, const int *idx, c
 
 static void check_moe_gemm(const char *label, moe_fn moe, ds_gemm_impl gemm)
 {
-    static const int ns[] = {1, 3, 40, 100};
+    static const int ns[] = {1, 3, 40, 100, 300}; /* 300: several of cpu_moe.c's chunks */
     static const ds_wfmt fmts[] = {DS_W_FP8, DS_W_BF16};
     int E = 10, K = 3, e0 = 2, ne = 6, dim = 130, inter = 70, inter_s = 150;
     for (int sh = 0; sh < 2; sh++)

@@ -7,17 +7,18 @@
  * w3 of all its experts together, then their w2s. A decode step (a few
  * tokens, 6-8 experts each) is one chunk, so all its experts' rows are spread
  * over the threads in one parallel region instead of three regions per
- * expert; a prefill gives each expert's batched GEMMs their own regions, as
- * before. The shared experts ride along in the last chunk's two calls (all
- * tokens, weight 1), added after every routed expert. Sums run in expert
- * order, as in the reference's moe_experts. */
+ * expert; in a prefill each call's batched GEMMs share one region too (up to
+ * 16 of them: avx512_matmul_many), so chunks of 256 rows (not 64) mean fewer
+ * regions: pp512 of the 16B shapes ~1% faster. The shared experts ride along
+ * in the last chunk's two calls (all tokens, weight 1), added after every
+ * routed expert. Sums run in expert order, as in the reference's moe_experts. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 
-#define MOE_CHUNK 64
+#define MOE_CHUNK 256
 
 typedef void (*many_fn)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
 typedef void (*silu_fn)(float *a, const float *b, size_t n);
