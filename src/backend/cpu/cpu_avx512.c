@@ -1042,7 +1042,8 @@ AVX512 static void gemm_tiles(int T, bool split, const uint32_t *wp, const uint3
 }
 
 /* The activations of one GEMM: xa the bf16 pairs (split: hi, lo) per token,
- * ldx uint32 apart; HILO8 also xl / sl (gemm_acts8). */
+ * ldx uint32 apart; HILO8 also the lo bytes xl, ldl apart, and their scales
+ * sl and offsets so, lds apart (gemm_acts8). */
 typedef struct {
     const uint32_t *xa;
     size_t ldx;
