@@ -81,6 +81,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     if (keep == n) keep = n - 1; /* recompute the last token to get its logits */
     g->n_cached[seq] = keep;
     int chunk = prefill_chunk();
+    if (chunk > n) chunk = n;
     int *sq = malloc(sizeof(int) * (size_t)chunk), *pos = malloc(sizeof(int) * (size_t)chunk);
     bool *want = calloc((size_t)chunk, 1);
     ds_status s = DS_OK;
