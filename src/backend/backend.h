@@ -62,6 +62,14 @@ typedef struct {
     /* Every pos[t] is below pos_bound, a bound the host knows (0: none known). A
      * recorded step keeps its bound for every replay (forward.c's graph classes). */
     int pos_bound;
+    /* Optional (absorb, backends with attn_head_last): head h attends positions
+     * 0 .. min(pos[t], head_last[h]) only. forward.c's expanded prefill uses
+     * the heads for a pass's tokens, each with its own causal limit. */
+    const int *head_last;
+    /* Absorb, with head_last: scores use the cache rows' first key_dims columns
+     * (0: all kv_rank) and the output is their columns [val_off, kv_rank), rows
+     * of kv_rank - val_off (expanded rows [k_nope | v]). */
+    int key_dims, val_off;
 } ds_attn_args;
 
 /* One product of a batch of matmuls: y[n][rows] = x[n][w->cols] @ W[row0:row0+rows]^T. */
@@ -106,6 +114,7 @@ typedef struct ds_ops {
     void (*rope)(float *x, int n, int nvec, int stride, int off, int rope, const int *pos,
                  const float *cos_tab, const float *sin_tab);
     void (*attention)(const ds_attn_args *a, ds_attn_impl impl);
+    bool attn_head_last; /* attention honours ds_attn_args.head_last (absorb) */
     /* a[i] = silu(a[i]) * b[i] */
     void (*silu_mul)(float *a, const float *b, size_t n);
     /* y[i] += x[i] */

@@ -68,18 +68,23 @@ static void scatter_cols(const ds_ops *ops, float *dst, const float *src, int n,
 
 /* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
  * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
+/* q_pe (n, H, rope) from q: the (token, head) pairs as n*H rows of qk floats,
+ * rotated on the way (rot) or already rotated in q. */
+static void absorb_qp(const ds_model *m, int n, const float *q, float *qp, const batch *rot)
+{
+    const ds_ops *ops = m->ops;
+    int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, rope = m->cfg.qk_rope_head_dim, qk = m->qk_head_dim;
+    if (rot) ops->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, rot->pos, m->cos_tab, m->sin_tab);
+    else ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
+}
+
 static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q, float *qc, float *qp, float *t1,
                      float *t2, const batch *rot, bool qp_done)
 {
     const ds_ops *ops = m->ops;
-    int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim, rope = m->cfg.qk_rope_head_dim;
+    int H = m->n_local_heads, nope = m->cfg.qk_nope_head_dim;
     int qk = m->qk_head_dim, vd = m->cfg.v_head_dim, R = m->cfg.kv_lora_rank;
-    /* q_pe: the (token, head) pairs as n*H rows of qk floats (rot: not rotated yet;
-     * qp_done: mla_prologue wrote it) */
-    if (rot && !qp_done)
-        ops->rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, rot->pos, m->cos_tab, m->sin_tab);
-    else if (!qp_done)
-        ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
+    if (!qp_done) absorb_qp(m, n, q, qp, rot); /* qp_done: mla_prologue wrote it */
     if (ops->matmul_heads_t) {
         ops->matmul_heads_t(qc, R, q, qk, n, H, &l->wkv_b, 0, nope + vd, nope);
         return;
@@ -105,6 +110,80 @@ static void absorb_out(const ds_model *m, const ds_layer *l, int n, const float 
         ops->matmul(t2, t1, n, &l->wkv_b, h * (nope + vd) + nope, vd, DS_GEMM_BF16, false);
         scatter_cols(ops, ov, t2, n, H * vd, h * vd, vd);
     }
+}
+
+/* Absorb attention of a long prefill pass in the expanded (MHA) form, where
+ * the backend's attention takes per-head limits (ds_ops.attn_head_last). Per
+ * head: [k_nope | v] of every position of the pass's sequence so far
+ * (0 .. pos0 + n - 1) from the latent cache with wkv_b, then the absorb kernel
+ * with the pass's tokens as its heads: scores of q_nope against the rows'
+ * k_nope columns plus the shared rotated k_pe, token i limited to position
+ * pos0 + i, and the output from the rows' v columns. Per token, position and
+ * head that is nope + rope + vd products (320 at V3's shapes) where the absorb
+ * form takes 2 kv_rank + rope (1088), plus kv_rank x (nope + vd) a position
+ * and head to expand once a pass. qp: the rotated q_pe, (n, H, rope). */
+#define EXPAND_MIN 64     /* tokens in a pass from which it pays (CPU) */
+#define EXPAND_TOKENS 64  /* tokens a kernel call takes as its heads */
+#define EXPAND_BYTES ((size_t)64 << 20) /* the expanded rows of a group of heads */
+
+static ds_status mla_expanded(ds_model *m, ds_kvcache *kv, int li, const batch *b, const float *q, const float *qp,
+                              float *ov)
+{
+    const ds_config *c = &m->cfg;
+    const ds_layer *l = &m->layers[li];
+    const ds_ops *ops = m->ops;
+    int n = b->n, H = m->n_local_heads, nope = c->qk_nope_head_dim, rope = c->qk_rope_head_dim, vd = c->v_head_dim;
+    int qk = m->qk_head_dim, R = c->kv_lora_rank, W = nope + vd, P = b->pos0 + n;
+    size_t per_head = sizeof(float) * (size_t)P * W;
+    int G = EXPAND_BYTES / per_head < 1 ? 1 : (int)(EXPAND_BYTES / per_head);
+    if (G > H) G = H;
+    if (G > 16) G = 16;
+    float *e = scratch(m, (size_t)G * P * W), *qv = scratch(m, (size_t)n * W), *qpv = scratch(m, (size_t)n * rope);
+    float *o = scratch(m, (size_t)EXPAND_TOKENS * vd);
+    int *last = malloc(sizeof(int) * (size_t)n);
+    ds_status s = DS_OK;
+    if (!e || !qv || !qpv || !o || !last) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for the expanded attention of %d tokens at %d positions", n, P);
+        goto done;
+    }
+    const float *lat = kv->kv[li] + (size_t)b->seq0 * kv->ctx * R;
+    const float *pe = kv->pe[li] + (size_t)b->seq0 * kv->ctx * rope;
+    for (int i = 0; i < n; i++) last[i] = b->pos0 + i;
+    for (int h0 = 0; h0 < H; h0 += G) {
+        int g = H - h0 < G ? H - h0 : G;
+        ds_matmul_job jobs[16];
+        for (int k = 0; k < g; k++) jobs[k] = (ds_matmul_job){e + (size_t)k * P * W, lat, P, &l->wkv_b, (h0 + k) * W, W};
+        if (ops->matmul_many) ops->matmul_many(jobs, g, m->opt.gemm, c->scale_ue8m0);
+        else
+            for (int k = 0; k < g; k++) ops->matmul(jobs[k].y, lat, P, &l->wkv_b, jobs[k].row0, W, m->opt.gemm, c->scale_ue8m0);
+        for (int k = 0; k < g; k++) {
+            int h = h0 + k;
+            for (int i = 0; i < n; i++) { /* q rows as long as the cache rows; the kernel reads their nope */
+                memcpy(qv + (size_t)i * W, q + ((size_t)i * H + h) * qk, sizeof(float) * (size_t)nope);
+                memset(qv + (size_t)i * W + nope, 0, sizeof(float) * (size_t)vd);
+                memcpy(qpv + (size_t)i * rope, qp + ((size_t)i * H + h) * rope, sizeof(float) * (size_t)rope);
+            }
+            for (int t0 = 0; t0 < n; t0 += EXPAND_TOKENS) {
+                int T = n - t0 < EXPAND_TOKENS ? n - t0 : EXPAND_TOKENS, zero = 0, pmax = b->pos0 + t0 + T - 1;
+                ds_attn_args a = {
+                    .n_tokens = 1, .seq = &zero, .pos = &pmax, .n_heads = T, .nope = nope, .rope = rope, .vdim = vd,
+                    .kv_rank = W, .softmax_scale = m->softmax_scale, .q_c = qv + (size_t)t0 * W,
+                    .q_pe = qpv + (size_t)t0 * rope, .kv_cache = e + (size_t)k * P * W, .pe_cache = pe, .ctx = P,
+                    .out = o, .head_last = last + t0, .key_dims = nope, .val_off = nope,
+                };
+                ops->attention(&a, DS_ATTN_ABSORB);
+                for (int i = 0; i < T; i++)
+                    memcpy(ov + ((size_t)(t0 + i) * H + h) * vd, o + (size_t)i * vd, sizeof(float) * (size_t)vd);
+            }
+        }
+    }
+done:
+    ops->free(e);
+    ops->free(qv);
+    ops->free(qpv);
+    ops->free(o);
+    free(last);
+    return s;
 }
 
 /* MLA.forward: x (n, dim) -> out (n, dim). pend (may be NULL): x is not made yet; it is
@@ -192,7 +271,11 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, float 
         a.pe_cache = pc;
         ds_attn_args whole = a; /* the backend's one-op form, when it takes the problem */
         whole.out = ov;
-        if (!pro || !ops->mla_attend || !ops->mla_attend(&whole, &l->wkv_b, q, qk)) {
+        bool expand = ops->attn_head_last && b->contiguous && n >= EXPAND_MIN;
+        if (expand) {
+            if (!pro) absorb_qp(m, n, q, qp, fused ? b : NULL);
+            s = mla_expanded(m, kv, li, b, q, qp, ov);
+        } else if (!pro || !ops->mla_attend || !ops->mla_attend(&whole, &l->wkv_b, q, qk)) {
             absorb_q(m, l, n, q, qc, qp, t1, t2, fused ? b : NULL, pro);
             a.q_c = qc;
             ops->attention(&a, DS_ATTN_ABSORB);
@@ -200,6 +283,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, float 
         }
         ops->free(qc);
         ops->free(qp);
+        if (s) goto done;
     } else {
         /* naive: k = [k_nope, k_pe], v from wkv_b(kv_norm(latent)); cache full K and V */
         float *kvb = scratch(m, (size_t)n * H * (nope + vd));

@@ -338,6 +338,45 @@ static void check_attention(const char *label, attn_fn attn)
     }
 }
 
+/* Absorb attention with per-head limits, key columns and a value offset (the
+ * expanded prefill: forward.c's mla_expanded, the pass's tokens as heads),
+ * against the reference. Limits from 0 (a thread's half of the positions all
+ * masked for that head) to the token's own position. */
+static void check_attention_expanded(const char *label, attn_fn attn)
+{
+    static const int cases[][6] = {
+        /* heads, row, key columns, value offset, rope, position */
+        {64, 256, 128, 128, 64, 700}, {13, 64, 32, 32, 32, 130}, {5, 96, 48, 32, 16, 40}, {9, 64, 64, 0, 16, 200},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int H = cases[ci][0], W = cases[ci][1], Rk = cases[ci][2], vo = cases[ci][3], P = cases[ci][4];
+        int pos = cases[ci][5], ctx = pos + 5, Ro = W - vo, seq = 0;
+        float *kv = rand_vec((size_t)ctx * W), *pe = rand_vec((size_t)ctx * P);
+        float *qc = rand_vec((size_t)H * W), *qp = rand_vec((size_t)H * P);
+        float *ref = out_buf((size_t)H * Ro), *got = out_buf((size_t)H * Ro);
+        int *last = malloc(sizeof(int) * (size_t)H);
+        for (int h = 0; h < H; h++) last[h] = h == 0 ? 0 : h == 1 ? pos : (int)(urand() * (pos + 1));
+        ds_attn_args a = {.n_tokens = 1, .seq = &seq, .pos = &pos, .n_heads = H, .nope = 8, .rope = P, .vdim = 8,
+                          .kv_rank = W, .softmax_scale = 0.05f, .q_c = qc, .q_pe = qp, .kv_cache = kv, .pe_cache = pe,
+                          .ctx = ctx, .out = ref, .head_last = last, .key_dims = Rk, .val_off = vo};
+        cpu_ref_ops.attention(&a, DS_ATTN_ABSORB);
+        a.out = got;
+        attn(&a, DS_ATTN_ABSORB);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)H * Ro; i++) worst = fmax(worst, fabs((double)got[i] - ref[i]));
+        CHECK_MSG(worst <= 1e-5, "%s H %d row %d key %d value offset %d pos %d: error %.3g", label, H, W, Rk, vo, pos,
+                  worst);
+        CHECK(sentinels_ok(got, (size_t)H * Ro));
+        free(kv);
+        free(pe);
+        free(qc);
+        free(qp);
+        free(ref);
+        free(got);
+        free(last);
+    }
+}
+
 typedef void (*silu_fn)(float *a, const float *b, size_t n);
 
 static void check_silu(const char *label, silu_fn silu)
@@ -666,6 +705,7 @@ int main(void)
     check_matmul("avx512 gemm bf16", gemm_bf16, 2.0 / 512, 2.0 / 512);
     check_matmul_t("avx512 matmul_t", avx512_matmul_t);
     check_attention("avx512 attention", avx512_attention);
+    check_attention_expanded("avx512 attention", avx512_attention);
     check_silu("avx512 silu_mul", avx512_silu_mul);
     check_matmul_many("avx512 matmul_many", avx512_matmul_many);
     check_heads("avx512", avx512_matmul_heads, avx512_matmul_heads_t);

@@ -35,7 +35,7 @@ static void att_merge(int H, int R, int nparts, float *const *mx, float *const *
 
 void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
 {
-    int H = a->n_heads, R = a->kv_rank, nth = omp_get_max_threads();
+    int H = a->n_heads, R = a->kv_rank - a->val_off, nth = omp_get_max_threads(); /* R: output row */
     bool by_token = a->n_tokens >= nth;
     float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
     if (!mx) {

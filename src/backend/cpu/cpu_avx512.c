@@ -1417,13 +1417,13 @@ AVX512 INLINE __m512 reduce16(const __m512 *a)
 AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp,
                               const float *kv, const float *pe, int h, int j, int jb, float *sc, bool pf)
 {
-    int R = a->kv_rank, P = a->rope;
+    int R = a->kv_rank, Rk = a->key_dims ? a->key_dims : R, P = a->rope;
     __m512 acc[4][4];
     #pragma GCC unroll 16
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 16
         for (int v = 0; v < JN; v++) acc[u][v] = _mm512_setzero_ps();
-    for (int c = 0; c < R; c += 16) {
+    for (int c = 0; c < Rk; c += 16) {
         __m512 kvv[4];
         if (pf)
             #pragma GCC unroll 16
@@ -1468,8 +1468,8 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
  * accumulators. Eight heads x 2 vectors (each cache row chunk loaded from L2 once for
  * eight heads) ran the values pass ~9% faster at 16 heads than 4 x 4; 4 x 4 and 1 x 4
  * take the heads past the last multiple of eight. */
-AVX512 INLINE void att_values(int HN, int NV, int R, const float *kv, int jb, int nj, const float *p, int h, int c,
-                              float *o)
+AVX512 INLINE void att_values(int HN, int NV, int R, int ld, const float *kv, int jb, int nj, const float *p, int h,
+                              int c, float *o)
 {
     __m512 acc[8][4];
     #pragma GCC unroll 16
@@ -1477,7 +1477,7 @@ AVX512 INLINE void att_values(int HN, int NV, int R, const float *kv, int jb, in
         #pragma GCC unroll 16
         for (int i = 0; i < NV; i++) acc[u][i] = _mm512_loadu_ps(o + (size_t)(h + u) * R + c + 16 * i);
     for (int j = 0; j < nj; j++) {
-        const float *kr = kv + (size_t)(jb + j) * R + c;
+        const float *kr = kv + (size_t)(jb + j) * ld + c;
         __m512 kvv[4];
         #pragma GCC unroll 16
         for (int i = 0; i < NV; i++) kvv[i] = _mm512_loadu_ps(kr + 16 * i);
@@ -1504,9 +1504,11 @@ AVX512 INLINE void att_values(int HN, int NV, int R, const float *kv, int jb, in
  * L1 at once, q from L2), 0.63-0.65 ms. */
 AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
-    int H = a->n_heads, R = a->kv_rank, s = a->seq[t];
-    const float *qc = a->q_c + (size_t)t * H * R, *qp = a->q_pe + (size_t)t * H * a->rope;
-    const float *kv = a->kv_cache + (size_t)s * a->ctx * R, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    /* ld: a cache row; R: the output's columns (ld - val_off), from val_off on */
+    int H = a->n_heads, ld = a->kv_rank, R = ld - a->val_off, s = a->seq[t];
+    const float *qc = a->q_c + (size_t)t * H * ld, *qp = a->q_pe + (size_t)t * H * a->rope;
+    const float *kv = a->kv_cache + (size_t)s * a->ctx * ld, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    const float *kvo = kv + a->val_off; /* the values' columns */
     int H8 = R % 32 ? 0 : H / 8 * 8; /* heads the values pass takes eight at a time */
     for (int h = 0; h < H; h++) {
         mx[h] = -INFINITY;
@@ -1525,6 +1527,13 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
+            if (a->head_last && a->head_last[h] < jb + nj - 1) { /* past the head's own limit */
+                for (int j = a->head_last[h] + 1 - jb > 0 ? a->head_last[h] + 1 - jb : 0; j < nj; j++) sh[j] = -INFINITY;
+                if (a->head_last[h] < jb && m == -INFINITY) { /* nothing seen yet: the block adds nothing */
+                    memset(sh, 0, sizeof(float) * (size_t)nj);
+                    continue;
+                }
+            }
             for (int j = 0; j < nj; j += 16) {
                 __mmask16 k = mask16(nj - j);
                 m = fmaxf(m, _mm512_mask_reduce_max_ps(k, _mm512_maskz_loadu_ps(k, sh + j)));
@@ -1546,17 +1555,17 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
             }
         }
         for (int c = 0; c < R; c += 32)
-            for (h = 0; h + 8 <= H8; h += 8) att_values(8, 2, R, kv, jb, nj, sc, h, c, o);
+            for (h = 0; h + 8 <= H8; h += 8) att_values(8, 2, R, ld, kvo, jb, nj, sc, h, c, o);
         for (int c = 0; c < R; c += 64) {
             h = H8;
             if (R - c >= 64) {
-                for (; h + 4 <= H; h += 4) att_values(4, 4, R, kv, jb, nj, sc, h, c, o);
-                for (; h < H; h++) att_values(1, 4, R, kv, jb, nj, sc, h, c, o);
+                for (; h + 4 <= H; h += 4) att_values(4, 4, R, ld, kvo, jb, nj, sc, h, c, o);
+                for (; h < H; h++) att_values(1, 4, R, ld, kvo, jb, nj, sc, h, c, o);
             } else {
                 for (; h < H; h++)
                     for (int j = 0; j < nj; j++) {
                         float p = sc[(size_t)h * ATT_JB + j];
-                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kv[(size_t)(jb + j) * R + cc];
+                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kvo[(size_t)(jb + j) * ld + cc];
                     }
             }
         }
@@ -1565,7 +1574,7 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
 
 AVX512 void avx512_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
-    if (impl != DS_ATTN_ABSORB || a->kv_rank % 16 || a->rope % 16) {
+    if (impl != DS_ATTN_ABSORB || a->kv_rank % 16 || a->rope % 16 || a->key_dims % 16 || a->val_off % 16) {
         cpu_ref_ops.attention(a, impl);
         return;
     }

@@ -212,19 +212,21 @@ static void attention_ref(const ds_attn_args *a, ds_attn_impl impl)
         for (int th = 0; th < total; th++) {
             if (!sc) continue;
             int t = th / H, h = th % H, len = a->pos[t] + 1, s = a->seq[t];
+            if (impl == DS_ATTN_ABSORB && a->head_last && a->head_last[h] + 1 < len) len = a->head_last[h] + 1;
             if (impl == DS_ATTN_ABSORB) {
-                const float *qc = a->q_c + ((size_t)t * H + h) * a->kv_rank;
+                int R = a->kv_rank, Rk = a->key_dims ? a->key_dims : R, Ro = R - a->val_off;
+                const float *qc = a->q_c + ((size_t)t * H + h) * R;
                 const float *qp = a->q_pe + ((size_t)t * H + h) * a->rope;
-                const float *kv = a->kv_cache + (size_t)s * a->ctx * a->kv_rank;
+                const float *kv = a->kv_cache + (size_t)s * a->ctx * R;
                 const float *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
                 for (int j = 0; j < len; j++)
-                    sc[j] = (dot_ref(qc, kv + (size_t)j * a->kv_rank, a->kv_rank) +
-                             dot_ref(qp, pe + (size_t)j * a->rope, a->rope)) * a->softmax_scale;
+                    sc[j] = (dot_ref(qc, kv + (size_t)j * R, Rk) + dot_ref(qp, pe + (size_t)j * a->rope, a->rope)) *
+                            a->softmax_scale;
                 softmax_ref(sc, len);
-                float *o = a->out + ((size_t)t * H + h) * a->kv_rank;
-                memset(o, 0, sizeof(float) * (size_t)a->kv_rank);
+                float *o = a->out + ((size_t)t * H + h) * Ro;
+                memset(o, 0, sizeof(float) * (size_t)Ro);
                 for (int j = 0; j < len; j++)
-                    for (int c = 0; c < a->kv_rank; c++) o[c] += sc[j] * kv[(size_t)j * a->kv_rank + c];
+                    for (int c = 0; c < Ro; c++) o[c] += sc[j] * kv[(size_t)j * R + a->val_off + c];
             } else {
                 int qk = a->nope + a->rope;
                 const float *q = a->q + ((size_t)t * H + h) * qk;
@@ -518,6 +520,7 @@ static void rope_copy_ref(float *dst, int ds, const int *di, const float *src, i
 
 const ds_ops cpu_ref_ops = {
     .name = "cpu-ref",
+    .attn_head_last = true,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .matmul = matmul_ref,
