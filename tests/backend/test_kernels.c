@@ -367,12 +367,8 @@ static void check_attention_expanded(const char *label, attn_fn attn)
         CHECK_MSG(worst <= 1e-5, "%s H %d row %d key %d value offset %d pos %d: error %.3g", label, H, W, Rk, vo, pos,
                   worst);
         CHECK(sentinels_ok(got, (size_t)H * Ro));
-        free(kv);
-        free(pe);
-        free(qc);
-        free(qp);
-        free(ref);
-        free(got);
+        float *bufs[] = {kv, pe, qc, qp, ref, got};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
         free(last);
     }
 }
