@@ -66,8 +66,6 @@ static void scatter_cols(const ds_ops *ops, float *dst, const float *src, int n,
     ops->copy_rows(dst + off, stride, NULL, src, len, NULL, n, len);
 }
 
-/* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
- * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
 /* q_pe (n, H, rope) from q: the (token, head) pairs as n*H rows of qk floats,
  * rotated on the way (rot) or already rotated in q. */
 static void absorb_qp(const ds_model *m, int n, const float *q, float *qp, const batch *rot)
@@ -78,6 +76,8 @@ static void absorb_qp(const ds_model *m, int n, const float *q, float *qp, const
     else ops->copy_rows(qp, rope, NULL, q + nope, qk, NULL, n * H, rope);
 }
 
+/* Absorb attention's products with wkv_b, per head h (wkv_b rows h*(nope+vd) ..):
+ * q_c[t, h] = q_nope[t, h] @ wkv_b[h, :nope]  (n, H, R); q_pe[t, h] = q[t, h, nope:]. */
 static void absorb_q(const ds_model *m, const ds_layer *l, int n, const float *q, float *qc, float *qp, float *t1,
                      float *t2, const batch *rot, bool qp_done)
 {
@@ -121,13 +121,14 @@ static void absorb_out(const ds_model *m, const ds_layer *l, int n, const float 
  * pos0 + i, and the output from the rows' v columns. Per token, position and
  * head that is nope + rope + vd products (320 at V3's shapes) where the absorb
  * form takes 2 kv_rank + rope (1088), plus kv_rank x (nope + vd) a position
- * and head to expand once a pass. qp: the rotated q_pe, (n, H, rope). */
-/* Tokens in a pass from which it pays: the expansion costs about as much as the
- * attention products it saves on ~256 tokens at any depth (8-layer 16B shapes,
- * Zen 4, pp at depth 4096, expanded / absorb: 64 tokens 44 / 58 tok/s, 128
- * 55 / 69, 256 75-76 / 74-79, 512 102 / 82). DSV3_EXPAND_MIN overrides it
- * (the golden test runs it from 1). */
-#define EXPAND_MIN 384
+ * and head to expand once a pass. qp: the rotated q_pe, (n, H, rope).
+ *   The expansion costs about what the products save on a pass of ~256 tokens
+ * (8-layer 16B shapes, Zen 4, pp at depth 4096, expanded / absorb: 64 tokens
+ * 44 / 58 tok/s, 128 55 / 69, 256 75-76 / 74-79, 512 102 / 82), hence
+ * EXPAND_MIN; DSV3_EXPAND_MIN overrides it (the golden test runs it from 1).
+ * wkv_b is dequantised exactly, as in the absorb form (no act_quant of the
+ * latent under --gemm-impl fp8). */
+#define EXPAND_MIN 384    /* tokens in a pass from which it pays (above) */
 #define EXPAND_TOKENS 64  /* tokens a kernel call takes as its heads */
 #define EXPAND_BYTES ((size_t)64 << 20) /* the expanded rows of a group of heads */
 
@@ -165,9 +166,9 @@ static ds_status mla_expanded(ds_model *m, ds_kvcache *kv, int li, const batch *
         int g = H - h0 < G ? H - h0 : G;
         ds_matmul_job jobs[16];
         for (int k = 0; k < g; k++) jobs[k] = (ds_matmul_job){e + (size_t)k * P * W, lat, P, &l->wkv_b, (h0 + k) * W, W};
-        if (ops->matmul_many) ops->matmul_many(jobs, g, m->opt.gemm, c->scale_ue8m0);
+        if (ops->matmul_many) ops->matmul_many(jobs, g, DS_GEMM_BF16, false);
         else
-            for (int k = 0; k < g; k++) ops->matmul(jobs[k].y, lat, P, &l->wkv_b, jobs[k].row0, W, m->opt.gemm, c->scale_ue8m0);
+            for (int k = 0; k < g; k++) ops->matmul(jobs[k].y, lat, P, &l->wkv_b, jobs[k].row0, W, DS_GEMM_BF16, false);
         for (int k = 0; k < g; k++) {
             int h = h0 + k;
             for (int i = 0; i < n; i++) { /* q rows as long as the cache rows; the kernel reads their nope */
