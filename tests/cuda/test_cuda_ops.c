@@ -1822,6 +1822,9 @@ int main(void)
     printf("-- prefill products on warpgroup MMA (DSV3_CUDA_WGMMA=1)\n");
     set_variant("WGMMA", "1");
     test_prefill_products();
+    printf("-- prefill products on warpgroup MMA, weights from registers (DSV3_CUDA_WGMMA=2)\n");
+    set_variant("WGMMA", "2");
+    test_prefill_products();
     set_variant("WGMMA", NULL);
 
     test_stage7();

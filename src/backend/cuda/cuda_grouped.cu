@@ -637,14 +637,223 @@ static bool gw_image(void)
     return ok == 1;
 }
 
-/* Whether gw_kernel is asked for (DSV3_CUDA_WGMMA=1) and can run here. */
-static bool gw_ok(void) { return cu_v.wgmma && gw_image(); }
+/* Which warpgroup-MMA kernel is asked for (DSV3_CUDA_WGMMA: 1 gw_kernel, 2
+ * gr_kernel) and can run here; 0: gf_kernel. */
+static int gw_ok(void) { return cu_v.wgmma == 1 || cu_v.wgmma == 2 ? (gw_image() ? cu_v.wgmma : 0) : 0; }
 
 template <int F, bool SPLIT>
 static bool gw_ready(void)
 {
     static bool done;
     return gk_smem(&done, gw_kernel<F, true, SPLIT>, gw_kernel<F, false, SPLIT>, sizeof(gw_smem<F>));
+}
+
+/* ---- gr_kernel (session 19, DSV3_CUDA_WGMMA=2): gw_kernel with the operands the
+ * other way round. The weights are wgmma's A operand, from registers: each thread
+ * reads its fragment's codes (or bf16 pairs) from the raw rows that cp.async
+ * landed and converts them in registers (e4m3 pairs to f16 pairs, exact), so the
+ * step needs no conversion pass through shared memory and one barrier. The
+ * activations are the B operand (N = the tile's 64 tokens), hi and lo in
+ * 128-byte swizzled tiles (GR_SW), read by descriptor. Two warpgroups of 64 weight
+ * rows each (UP: warpgroup 0 the w1 rows, 1 the w3 rows); a step is 4 x 16 k,
+ * hi and lo each, into partial sums that are then scaled per token (the step's
+ * activation scales come with its stage) and per weight block into the float32
+ * sums, as in gf_kernel. Same grid, tiles, arguments and outputs as gf_kernel. */
+#define GR_RAW(F) ((F) == DS_W_FP8 ? GF_BK + 16 : 2 * GF_BK + 16) /* raw row bytes: the fragment reads conflict-free */
+#define GR_ST(F) ((F) == DS_W_FP8 ? 4 : 3)
+
+/* Element (r, c) of a 64 x 64 f16 tile in wgmma's 128-byte swizzle (K-major): row r
+ * is 128 bytes at r * 128, its 16-byte chunk c / 8 at chunk (c / 8) ^ (r % 8). A
+ * warp's cp.async then reads four whole 128-byte lines of x and writes 512 distinct
+ * bytes (the core layout, written conflict-free, made it read 8 half lines). The
+ * tile must start on 1024 bytes. */
+#define GR_SW(r, c) ((r) * 64 + ((((c) >> 3) ^ ((r) & 7)) << 3) + ((c) & 7))
+
+template <int F>
+struct __align__(1024) gr_stage {
+    uint16_t a[2][GG_BM * GF_BK]; /* activations hi, lo: GR_SW layout */
+    uint8_t b[GF_BN * GR_RAW(F)]; /* weights: raw rows */
+    float xs[GG_BM];              /* the step's activation scale of each token */
+};
+template <int F>
+union gr_smem {
+    gr_stage<F> s[GR_ST(F)];
+    float c[GG_BM][GF_CLD];
+};
+
+/* a 4-byte cp.async (zeros when !p) */
+__device__ __forceinline__ void gr_cp4(void *sp, const void *g, bool p)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(sp);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(p ? 4 : 0));
+}
+
+template <int F, bool UP, bool SPLIT>
+__device__ __forceinline__ void gr_issue(gr_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
+                                         const float *__restrict__ xs, int kc, int t0, int t1, const cu_weight &wa,
+                                         const cu_weight &wb, int r0, int rows, int k, int k0, int row0)
+{
+    int tid = threadIdx.x;
+    #pragma unroll
+    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
+        bool in = t < t1 && kk < k;
+        size_t off = in ? (size_t)t * k + kk : 0;
+        cu_cp16(&st.a[0][GR_SW(m, c)], xh + off, in);
+        if (SPLIT) cu_cp16(&st.a[1][GR_SW(m, c)], xl + off, in);
+    }
+    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
+    #pragma unroll
+    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
+        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
+        bool in = r < rows && kk < k;
+        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
+        cu_cp16(st.b + n * GR_RAW(F) + c, (const uint8_t *)w.data + off, in);
+    }
+    if (tid < GG_BM) {
+        bool in = t0 + tid < t1;
+        gr_cp4(&st.xs[tid], xs + (in ? (size_t)(t0 + tid) * kc + k0 / GF_BK : 0), in);
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* wgmma's descriptor of a K-major tile in GR_SW from p (k16 slices 32 bytes apart):
+ * 128-byte swizzle, 1024 bytes from one 8-row group to the next */
+__device__ __forceinline__ uint64_t gr_desc(const void *p)
+{
+    uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
+    return ((a & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#define GR_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+/* wgmma m64n64k16, A (the weights) from registers a, B by descriptor db (K-major);
+ * acc 0: the sums start from zero */
+#define GR_MMA(T)                                                                                            \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                                    \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                  \
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "        \
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                \
+                 : GR_D8(0), GR_D8(8), GR_D8(16), GR_D8(24)                                                  \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+template <bool BF>
+__device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db, int acc)
+{
+    if (BF) GR_MMA("bf16");
+    else GR_MMA("f16");
+}
+#undef GR_MMA
+#undef GR_D8
+#endif
+
+template <int F, bool UP, bool SPLIT>
+__global__ void __launch_bounds__(GG_THREADS, 2)
+gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
+          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
+          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+          int k, int rows, int row0, int ksteps, size_t ystride)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char gr_raw[];
+    /* the stages on 1024 bytes (the launch asks for 1 KB more) */
+    gr_smem<F> &sm = *(gr_smem<F> *)(gr_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(gr_raw) & 1023)) & 1023));
+    const bool BF = F == DS_W_BF16;
+    const int ST = GR_ST(F);
+    int4 tl = tiles[blockIdx.y];
+    int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return;
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
+    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
+    const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
+    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
+    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
+    float acc[32], part[32];
+    #pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
+    #pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nks)
+            gr_issue<F, UP, SPLIT>(sm.s[s], xh, xl, xs, kc, t0, t1, wa, wb, r0, rows, k, (ks0 + s) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    /* the thread's fragment rows: 16 w4 + g and + 8 of the warpgroup's 64 */
+    const int ra = wg * 64 + 16 * w4 + g;
+    for (int it = 0; it < nks; it++) {
+        int ks = ks0 + it;
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GR_ST(F) - 2));
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads(); /* the step's stage is in, and the stage refilled below is done with */
+        int nx = it + ST - 1;
+        if (nx < nks)
+            gr_issue<F, UP, SPLIT>(sm.s[nx % ST], xh, xl, xs, kc, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
+        asm volatile("cp.async.commit_group;\n" ::);
+        const gr_stage<F> &st = sm.s[it % ST];
+        float sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
+        /* A fragments (mma.m16n8k16's A layout per warp): rows g, g + 8; k 2q, 2q + 1
+         * and 2q + 8, 2q + 9 of each 16 */
+        uint32_t a[GF_BK / 16][4];
+        const uint8_t *w0 = st.b + ra * GR_RAW(F), *w1 = w0 + 8 * GR_RAW(F);
+        #pragma unroll
+        for (int s = 0; s < GF_BK / 16; s++) {
+            int kk = 16 * s + 2 * q;
+            if (BF) {
+                a[s][0] = *(const uint32_t *)(w0 + 2 * kk);
+                a[s][1] = *(const uint32_t *)(w1 + 2 * kk);
+                a[s][2] = *(const uint32_t *)(w0 + 2 * kk + 16);
+                a[s][3] = *(const uint32_t *)(w1 + 2 * kk + 16);
+            } else {
+                a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + kk), 0);
+                a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + kk), 0);
+                a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + kk + 8), 0);
+                a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + kk + 8), 0);
+            }
+            #pragma unroll
+            for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
+        }
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int s = 0; s < GF_BK / 16; s++)
+            #pragma unroll
+            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
+                gr_mma<BF>(part, a[s], gr_desc(&st.a[hl][s * 16]), s || hl);
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            float2 f = *(const float2 *)&st.xs[8 * j + 2 * q];
+            f.x *= sw, f.y *= sw;
+            acc[4 * j] += f.x * part[4 * j];
+            acc[4 * j + 1] += f.y * part[4 * j + 1];
+            acc[4 * j + 2] += f.x * part[4 * j + 2];
+            acc[4 * j + 3] += f.y * part[4 * j + 3];
+        }
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads(); /* the stages are done with: the tile goes where they were */
+    #pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int t = 8 * j + 2 * q;
+        sm.c[t][ra] = acc[4 * j];
+        sm.c[t + 1][ra] = acc[4 * j + 1];
+        sm.c[t][ra + 8] = acc[4 * j + 2];
+        sm.c[t + 1][ra + 8] = acc[4 * j + 3];
+    }
+    __syncthreads();
+    gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
+#endif
+}
+
+template <int F, bool SPLIT>
+static bool gr_ready(void)
+{
+    static bool done;
+    return gk_smem(&done, gr_kernel<F, true, SPLIT>, gr_kernel<F, false, SPLIT>, sizeof(gr_smem<F>) + 1024);
 }
 
 /* The experts on gf_kernel: x gathered, then up and down. */
@@ -657,18 +866,18 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
-    bool gw = gw_ok();
-    bool ok = xb && hb && sc && (gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
+    int gw = gw_ok();
+    bool ok = xb && hb && sc && (gw == 2 ? gr_ready<F, SPLIT>() : gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
     if (ok) {
-        size_t smem = gw ? sizeof(gw_smem<F>) : sizeof(gf_smem<F>);
+        size_t smem = gw == 2 ? sizeof(gr_smem<F>) + 1024 : gw ? sizeof(gw_smem<F>) : sizeof(gf_smem<F>);
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)nk * xc;
         gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
-        (gw ? gw_kernel<F, true, SPLIT> : gf_kernel<F, true, SPLIT>)<<<gu, GG_THREADS, smem, cu_s>>>(
-            NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
-        (gw ? gw_kernel<F, false, SPLIT> : gf_kernel<F, false, SPLIT>)<<<gd, GG_THREADS, smem, cu_s>>>(
-            ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
+        (gw == 2 ? gr_kernel<F, true, SPLIT> : gw ? gw_kernel<F, true, SPLIT> : gf_kernel<F, true, SPLIT>)<<<
+            gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
+        (gw == 2 ? gr_kernel<F, false, SPLIT> : gw ? gw_kernel<F, false, SPLIT> : gf_kernel<F, false, SPLIT>)<<<
+            gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -777,14 +986,15 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
-    bool gw = row0 % 64 == 0 && gw_ok(); /* a warpgroup's 64 rows in one scale block */
-    bool ok = xb && xs && part && (gw ? gw_ready<DS_W_FP8, SPLIT>() : gf_ready<DS_W_FP8, SPLIT>());
+    int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
+    bool ok = xb && xs && part &&
+              (gw == 2 ? gr_ready<DS_W_FP8, SPLIT>() : gw ? gw_ready<DS_W_FP8, SPLIT>() : gf_ready<DS_W_FP8, SPLIT>());
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
         gf_gather_kernel<false><<<cu_blocks((size_t)n * kc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        (gw ? gw_kernel<DS_W_FP8, false, SPLIT> : gf_kernel<DS_W_FP8, false, SPLIT>)<<<
-            grid, GG_THREADS, gw ? sizeof(gw_smem<DS_W_FP8>) : sizeof(gf_smem<DS_W_FP8>), cu_s>>>(
-            part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        size_t smem = gw == 2 ? sizeof(gr_smem<DS_W_FP8>) + 1024 : gw ? sizeof(gw_smem<DS_W_FP8>) : sizeof(gf_smem<DS_W_FP8>);
+        (gw == 2 ? gr_kernel<DS_W_FP8, false, SPLIT> : gw ? gw_kernel<DS_W_FP8, false, SPLIT> : gf_kernel<DS_W_FP8, false, SPLIT>)<<<
+            grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
