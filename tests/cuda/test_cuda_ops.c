@@ -1817,13 +1817,13 @@ int main(void)
     if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
     else unsetenv("DSV3_CUDA_GEMM");
     free(saved);
-    /* the warpgroup-MMA kernels (opt-in; the same products on mma.sync where the
-     * build has no sm_90a code) */
-    printf("-- prefill products on warpgroup MMA (DSV3_CUDA_WGMMA=1)\n");
-    set_variant("WGMMA", "1");
+    /* the other prefill kernels: the default is gr_kernel (DSV3_CUDA_WGMMA=2) where the
+     * build has sm_90a code, gf_kernel (mma.sync) elsewhere */
+    printf("-- prefill products on mma.sync (DSV3_CUDA_WGMMA=0)\n");
+    set_variant("WGMMA", "0");
     test_prefill_products();
-    printf("-- prefill products on warpgroup MMA, weights from registers (DSV3_CUDA_WGMMA=2)\n");
-    set_variant("WGMMA", "2");
+    printf("-- prefill products on warpgroup MMA, both operands from shared memory (DSV3_CUDA_WGMMA=1)\n");
+    set_variant("WGMMA", "1");
     test_prefill_products();
     set_variant("WGMMA", NULL);
 

@@ -1179,10 +1179,10 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
  * as gq_kernel; steps of 128 codes, one scale block, so each step's sums are scaled
  * once. Two warpgroups: each takes the 64 tokens against 64 of the block's 128
  * weight rows (UP: warpgroup 0 the w1 rows, 1 the w3 rows), four wgmma m64n64k32 a
- * step. Both operands are codes in shared memory in the no-swizzle core-matrix
- * layout (8 rows x 16 bytes contiguous; the next 16 k 128 bytes on, the next 8 rows
- * 1024), which is gw_kernel's byte layout: gw_desc and gw_chunk serve (a chunk of
- * 16 codes is one of gw_chunk's 8 f16 columns). cp.async stages GWQ_ST deep; every
+ * step. Both operands are codes in shared memory, a step's 128 codes of a row in
+ * one 128-byte swizzled row (gr_kernel's GR_SW and gr_desc, a 16-bit element being
+ * a pair of codes; session 19, was the no-swizzle core layout, whose cp.async read
+ * half lines of each row). cp.async stages GWQ_ST deep; every
  * step waits for its own wgmmas, two blocks per SM overlap one another's waits.
  * Needs row0 % 64 == 0 (a warpgroup's rows in one scale block). sm_90a only.
  * Precision: the FP8 tensor cores keep fewer bits than float32 in their own sums
@@ -1195,8 +1195,8 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
 #define GWQ_BK 128 /* codes (bytes) of k per step */
 #define GWQ_ST 4
 
-struct gwq_stage {
-    uint16_t a[GG_BM * GWQ_BK / 2]; /* core layout, as 16-bit pairs of codes */
+struct __align__(1024) gwq_stage {
+    uint16_t a[GG_BM * GWQ_BK / 2]; /* GR_SW layout, as 16-bit pairs of codes */
     uint16_t b[GF_BN * GWQ_BK / 2];
 };
 union gwq_smem {
@@ -1211,21 +1211,17 @@ __device__ __forceinline__ void gwq_issue(gwq_stage &st, const uint8_t *__restri
 {
     #pragma unroll
     for (int j = 0; j < GG_BM * GWQ_BK / 16 / GG_THREADS; j++) {
-        int m, c;
-        gw_chunk(threadIdx.x + j * GG_THREADS, &m, &c);
-        int t = t0 + m, kk = k0 + 2 * c;
+        int q = threadIdx.x + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + 2 * c;
         bool in = t < t1 && kk < k;
-        cu_cp16(&st.a[GW_CORE(m, c)], xq + (in ? (size_t)t * k + kk : 0), in);
+        cu_cp16(&st.a[GR_SW(m, c)], xq + (in ? (size_t)t * k + kk : 0), in);
     }
     #pragma unroll
     for (int j = 0; j < GF_BN * GWQ_BK / 16 / GG_THREADS; j++) {
-        int n, c;
-        gw_chunk(threadIdx.x + j * GG_THREADS, &n, &c);
-        int kk = k0 + 2 * c;
+        int q = threadIdx.x + j * GG_THREADS, n = q / 8, c = (q % 8) * 8, kk = k0 + 2 * c;
         const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
         bool in = r < rows && kk < k;
-        cu_cp16(&st.b[GW_CORE(n, c)], (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * k + kk : 0), in);
+        cu_cp16(&st.b[GR_SW(n, c)], (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * k + kk : 0), in);
     }
 }
 
@@ -1253,8 +1249,9 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
            int k, int rows, int row0, int ksteps, size_t ystride, bool fine)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(128) unsigned char gwq_raw[];
-    gwq_smem &sm = *(gwq_smem *)gwq_raw;
+    extern __shared__ __align__(1024) unsigned char gwq_raw[];
+    /* the stages on 1024 bytes (the launch asks for 1 KB more) */
+    gwq_smem &sm = *(gwq_smem *)(gwq_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(gwq_raw) & 1023)) & 1023));
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return; /* an empty tile past the device-grouped count */
@@ -1301,7 +1298,7 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
             #pragma unroll
             for (int kk = 0; kk < GWQ_BK / 2; kk += 16) {
                 asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                gwq_mma(part, gw_desc(&st.a[kk * 8]), gw_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk * 8]), 0);
+                gwq_mma(part, gr_desc(&st.a[kk]), gr_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk]), 0);
                 asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
                 asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
                 #pragma unroll
@@ -1312,7 +1309,7 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
         #pragma unroll
         for (int kk = 0; kk < GWQ_BK / 2; kk += 16) /* 32 codes = 16 pairs an instruction */
-            gwq_mma(part, gw_desc(&st.a[kk * 8]), gw_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk * 8]), kk);
+            gwq_mma(part, gr_desc(&st.a[kk]), gr_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk]), kk);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         #pragma unroll
@@ -1331,7 +1328,7 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
 static bool gwq_ready(void)
 {
     static bool done;
-    return cu_v.wgmma_q && gw_image() && gk_smem(&done, gwq_kernel<true>, gwq_kernel<false>, sizeof(gwq_smem));
+    return cu_v.wgmma_q && gw_image() && gk_smem(&done, gwq_kernel<true>, gwq_kernel<false>, sizeof(gwq_smem) + 1024);
 }
 
 static bool gq_ready(void)
@@ -1358,7 +1355,7 @@ bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu
     bool ok = part != NULL;
     if (ok) {
         if (wq)
-            gwq_kernel<false><<<grid, GG_THREADS, sizeof(gwq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
+            gwq_kernel<false><<<grid, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
                                                                            ny, cu_v.wgmma_q == 2);
         else
             gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
@@ -1386,14 +1383,14 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)mt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)mt);
         cu_act_quant_rows(x, list, total, nk, dim, xq, xs, ue8m0);
         if (wq)
-            gwq_kernel<true><<<gu, GG_THREADS, sizeof(gwq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
+            gwq_kernel<true><<<gu, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
                                                                          (dim + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
         else
             gq_kernel<true><<<gu, GG_THREADS, sizeof(gq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
                                                                        (dim + GF_BK - 1) / GF_BK, 0);
         cu_act_quant_rows(h, NULL, total, nk, inter, hq, hs, ue8m0);
         if (wq)
-            gwq_kernel<false><<<gd, GG_THREADS, sizeof(gwq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
+            gwq_kernel<false><<<gd, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
                                                                           dim, 0, (inter + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
         else
             gq_kernel<false><<<gd, GG_THREADS, sizeof(gq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,

@@ -505,8 +505,10 @@ struct cu_variants {
                  * this (0: never) */
     int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
                    * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
-    int wgmma; /* DSV3_CUDA_WGMMA (stage 13): prefill's grouped experts and dense FP8 products on
-                * warpgroup MMA (gw_kernel) where the build has sm_90a code; off unless 1 (slower) */
+    int wgmma; /* DSV3_CUDA_WGMMA: prefill's grouped experts and dense FP8 products on warpgroup
+                * MMA where the build has sm_90a code: 2 (the default since session 19) gr_kernel,
+                * the weights from registers; 1 gw_kernel (stage 13, slower than gf_kernel); 0
+                * gf_kernel (mma.sync), as everywhere without sm_90a code */
     int attn_tc; /* DSV3_CUDA_ATTN_TC (stage 14): decode attention in the absorb form on the tensor
                   * cores (attn_tc_kernel) where it fits; on unless 0 */
     int tc_tiles; /* DSV3_CUDA_TC_TILES: 32-position tiles per attn_tc_kernel split (0: about one
