@@ -1013,16 +1013,17 @@ gp_kernel(uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restric
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = part[0][i] = part[1][i] = 0.0f;
 
-    /* step g on buffers B: wait for its stage, refill, fragments, wgmmas; then fold step g - 1 */
-#define GP_STEP(B)                                                                                                   \
+    /* GP_ISSUE(B, g): wait for step g's stage, refill the one two steps back, the
+     * fragments into a[B] and the wgmmas into part[B]. Past the last step the stage
+     * holds old data: those products are never folded, and no branch around the wgmmas
+     * keeps ptxas from pipelining them. */
+#define GP_ISSUE(B, G)                                                                                               \
     {                                                                                                                \
         asm volatile("cp.async.wait_group %0;\n" ::"n"(GP_ST(F) - 3));                                               \
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");                                               \
         __syncthreads();                                                                                             \
         fetch();                                                                                                     \
-        /* past the last step the stage holds old data: its products are never folded, and no \
-         * branch around the wgmmas keeps ptxas from pipelining them */                                              \
-        const gr_stage<F> &st = sm.s[g % ST];                                                                        \
+        const gr_stage<F> &st = sm.s[(G) % ST];                                                                      \
         const uint8_t *w0 = st.b + ra * GR_RAW(F), *w1 = w0 + 8 * GR_RAW(F);                                          \
         _Pragma("unroll") for (int s = 0; s < GF_BK / 16; s++) {                                                     \
             int kk = 16 * s + 2 * q;                                                                                 \
@@ -1045,44 +1046,60 @@ gp_kernel(uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restric
             _Pragma("unroll") for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)                                           \
                 gr_mma<BF>(part[B], a[B][s], gr_desc(&st.a[hl][s * 16]), s || hl);                                   \
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");                                             \
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");                                            \
-        _Pragma("unroll") for (int i = 0; i < 32; i++) gp_fence(part[1 - B][i]);                                     \
-        if (g >= 1) { /* fold step g - 1 (stage (g - 1) % ST is refilled only next step) */                        \
-            const gr_stage<F> &sp = sm.s[(g - 1) % ST];                                                              \
-            float sw = BF ? 1.0f : srow[cks * GF_BK / DS_BLOCK];                                                     \
-            _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                          \
-                float2 f = *(const float2 *)&sp.xs[8 * j + 2 * q];                                                   \
-                f.x *= sw, f.y *= sw;                                                                                \
-                acc[4 * j] += f.x * part[1 - B][4 * j];                                                              \
-                acc[4 * j + 1] += f.y * part[1 - B][4 * j + 1];                                                      \
-                acc[4 * j + 2] += f.x * part[1 - B][4 * j + 2];                                                      \
-                acc[4 * j + 3] += f.y * part[1 - B][4 * j + 3];                                                      \
-            }                                                                                                        \
-            if (++cks == kc) { /* the tile's last step: its outputs */                                              \
-                _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                      \
-                    int t = 8 * j + 2 * q;                                                                           \
-                    sm.c[t][ra] = acc[4 * j];                                                                        \
-                    sm.c[t + 1][ra] = acc[4 * j + 1];                                                                \
-                    sm.c[t][ra + 8] = acc[4 * j + 2];                                                                \
-                    sm.c[t + 1][ra + 8] = acc[4 * j + 3];                                                            \
-                    acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;                            \
-                }                                                                                                    \
-                __syncthreads();                                                                                     \
-                gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, ct.y, ct.z, ct.w, rows);                   \
-                cks = 0;                                                                                             \
-                cT += gridDim.x;                                                                                     \
-                if (!gp_tile(tiles, cT, gx, mt, UP, &ct)) break;                                                     \
-                srow = srow_of(ct);                                                                                  \
-            }                                                                                                        \
+    }
+    /* GP_FOLD(B, g): step g's sums (part[B], complete) into acc with its scales (its
+     * stage is refilled two steps later); after a tile's last step, the tile's outputs;
+     * done after the last tile */
+#define GP_FOLD(B, G)                                                                                                \
+    if (!done) {                                                                                                     \
+        const gr_stage<F> &sp = sm.s[(G) % ST];                                                                      \
+        float sw = BF ? 1.0f : srow[cks * GF_BK / DS_BLOCK];                                                         \
+        _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                              \
+            float2 f = *(const float2 *)&sp.xs[8 * j + 2 * q];                                                       \
+            f.x *= sw, f.y *= sw;                                                                                    \
+            acc[4 * j] += f.x * part[B][4 * j];                                                                      \
+            acc[4 * j + 1] += f.y * part[B][4 * j + 1];                                                              \
+            acc[4 * j + 2] += f.x * part[B][4 * j + 2];                                                              \
+            acc[4 * j + 3] += f.y * part[B][4 * j + 3];                                                              \
         }                                                                                                            \
-        g++;                                                                                                         \
+        if (++cks == kc) {                                                                                           \
+            _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                          \
+                int t = 8 * j + 2 * q;                                                                               \
+                sm.c[t][ra] = acc[4 * j];                                                                            \
+                sm.c[t + 1][ra] = acc[4 * j + 1];                                                                    \
+                sm.c[t][ra + 8] = acc[4 * j + 2];                                                                    \
+                sm.c[t + 1][ra + 8] = acc[4 * j + 3];                                                                \
+                acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;                                \
+            }                                                                                                        \
+            __syncthreads();                                                                                         \
+            gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, ct.y, ct.z, ct.w, rows);                       \
+            cks = 0;                                                                                                 \
+            cT += gridDim.x;                                                                                         \
+            done = !gp_tile(tiles, cT, gx, mt, UP, &ct);                                                             \
+            if (!done) srow = srow_of(ct);                                                                           \
+        }                                                                                                            \
     }
-    for (int g = 0;;) {
-        GP_STEP(0)
-        GP_STEP(1)
+    /* Two steps an iteration. Step g + 1's barrier, loads and fragments run while step
+     * g's wgmmas do, and step g's fold while step g + 1's wgmmas do; nothing is
+     * outstanding across the loop's back edge or at its exit (with a group in flight
+     * there, or a fold of an older group after a newer one was issued, ptxas
+     * serialised every wgmma: C7514, C7517). */
+    bool done = false;
+    for (int g = 0; !done; g += 2) {
+        if (g >= 1) GP_FOLD(1, g - 1)
+        if (done) break;
+        GP_ISSUE(0, g)
+        GP_ISSUE(1, g + 1)
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < 32; i++) gp_fence(part[0][i]);
+        GP_FOLD(0, g)
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < 32; i++) gp_fence(part[1][i]);
     }
-#undef GP_STEP
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#undef GP_ISSUE
+#undef GP_FOLD
     asm volatile("cp.async.wait_group 0;\n" ::);
 #endif
 }
