@@ -1825,9 +1825,6 @@ int main(void)
     printf("-- prefill products on warpgroup MMA, both operands from shared memory (DSV3_CUDA_WGMMA=1)\n");
     set_variant("WGMMA", "1");
     test_prefill_products();
-    printf("-- prefill products on warpgroup MMA, persistent experts (DSV3_CUDA_WGMMA=3)\n");
-    set_variant("WGMMA", "3");
-    test_prefill_products();
     set_variant("WGMMA", NULL);
 
     test_stage7();

@@ -638,8 +638,8 @@ static bool gw_image(void)
 }
 
 /* Which warpgroup-MMA kernel is asked for (DSV3_CUDA_WGMMA: 1 gw_kernel, 2
- * gr_kernel, 3 gp_kernel for the experts) and can run here; 0: gf_kernel. */
-static int gw_ok(void) { return cu_v.wgmma >= 1 && cu_v.wgmma <= 3 ? (gw_image() ? cu_v.wgmma : 0) : 0; }
+ * gr_kernel) and can run here; 0: gf_kernel. */
+static int gw_ok(void) { return cu_v.wgmma == 1 || cu_v.wgmma == 2 ? (gw_image() ? cu_v.wgmma : 0) : 0; }
 
 template <int F, bool SPLIT>
 static bool gw_ready(void)
@@ -856,261 +856,6 @@ static bool gr_ready(void)
     return gk_smem(&done, gr_kernel<F, true, SPLIT>, gr_kernel<F, false, SPLIT>, sizeof(gr_smem<F>) + 1024);
 }
 
-/* ---- gp_kernel (session 19, DSV3_CUDA_WGMMA=3): gr_kernel's steps, persistent and
- * pipelined. One block per SM walks the launch's tiles (T = blockIdx.x, + gridDim.x,
- * ...; T = token tile * row tiles + row tile) as one stream of k steps, so the loads
- * of the next tile's first steps overlap the end of the current one. Each
- * warpgroup keeps two steps in flight: step g's fragments and partial sums go to
- * buffer g % 2 while step g - 1's sums, complete once the wait lets one group
- * pend, are scaled into the float32 sums. A stage is refilled two steps after its
- * use (the barrier of each step follows both warpgroups' waits for the step before
- * the last), so cp.async runs GP_ST - 2 steps ahead. The experts' products only
- * (no k split). */
-#define GP_ST(F) ((F) == DS_W_FP8 ? 6 : 5)
-
-template <int F>
-struct gp_smem {
-    gr_stage<F> s[GP_ST(F)];
-    float c[GG_BM][GF_CLD]; /* a finished tile, for gf_out */
-};
-
-/* The tile T of a gp_kernel launch (gx row tiles per token tile, mt token tiles):
- * false past the launch or the device's count (the tiles past it are empty). */
-__device__ __forceinline__ bool gp_tile(const int4 *__restrict__ tiles, int T, int gx, int mt, bool up, int4 *o)
-{
-    if (T >= gx * mt) return false;
-    int4 tl = tiles[T / gx];
-    if (tl.y >= tl.z) return false;
-    *o = make_int4(tl.x, tl.y, tl.z, (T % gx) * (up ? GF_BN / 2 : GF_BN));
-    return true;
-}
-
-/* Where the thread's cp.async of one tile read from (gr_issue's chunks, with the
- * per-step offsets left out): x rows (hi; lo is xl - xh further), weight rows,
- * the scale row, each with whether it lies inside the tile. */
-template <int F>
-struct gp_fetch {
-    const uint16_t *x[GG_BM * GF_BK / 8 / GG_THREADS];
-    const uint8_t *w[GF_BN * (F == DS_W_FP8 ? 1 : 2) * GF_BK / 16 / GG_THREADS];
-    const float *xs;
-    unsigned xin, win; /* bit j: chunk j inside */
-    bool xsin;
-};
-
-template <int F, bool UP>
-__device__ __forceinline__ void gp_fetch_tile(gp_fetch<F> &f, int4 tl, const cu_weight *__restrict__ wa_tab,
-                                              const cu_weight *__restrict__ wb_tab, const uint16_t *xh,
-                                              const float *xs, int kc, int k, int rows)
-{
-    int tid = threadIdx.x, t0 = tl.y, t1 = tl.z, r0 = tl.w;
-    f.xin = f.win = 0;
-    #pragma unroll
-    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, t = t0 + q / 8;
-        bool in = t < t1;
-        f.x[j] = xh + (in ? (size_t)t * k + (q % 8) * 8 : 0);
-        f.xin |= (unsigned)in << j;
-    }
-    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
-    const cu_weight wa = wa_tab[tl.x], wb = UP ? wb_tab[tl.x] : wa;
-    #pragma unroll
-    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
-        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
-        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
-        bool in = r < rows;
-        f.w[j] = (const uint8_t *)w.data + (in ? (size_t)r * k * es + c : 0);
-        f.win |= (unsigned)in << j;
-    }
-    f.xsin = tid < GG_BM && t0 + tid < t1;
-    f.xs = xs + (f.xsin ? (size_t)(t0 + tid) * kc : 0);
-}
-
-/* gr_issue from a gp_fetch: step ks (columns ks * GF_BK ..) into st */
-template <int F, bool SPLIT>
-__device__ __forceinline__ void gp_issue(gr_stage<F> &st, const gp_fetch<F> &f, size_t lo, int ks, int k)
-{
-    int tid = threadIdx.x, k0 = ks * GF_BK;
-    #pragma unroll
-    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
-        bool in = (f.xin >> j & 1) && k0 + c < k;
-        const uint16_t *p = in ? f.x[j] + k0 : f.x[j];
-        cu_cp16(&st.a[0][GR_SW(m, c)], p, in);
-        if (SPLIT) cu_cp16(&st.a[1][GR_SW(m, c)], p + lo, in);
-    }
-    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
-    #pragma unroll
-    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
-        bool in = (f.win >> j & 1) && k0 + c / es < k;
-        cu_cp16(st.b + n * GR_RAW(F) + c, in ? f.w[j] + (size_t)k0 * es : f.w[j], in);
-    }
-    if (tid < GG_BM) gr_cp4(&st.xs[tid], f.xsin ? f.xs + ks : f.xs, f.xsin);
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-/* Keeps the compiler from moving reads or writes of r across the asm statements
- * around it (the wgmma waits). */
-__device__ __forceinline__ void gp_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
-__device__ __forceinline__ void gp_fence(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
-
-#endif
-
-template <int F, bool UP, bool SPLIT>
-__global__ void __launch_bounds__(GG_THREADS, 1)
-gp_kernel(uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os, float *__restrict__ oy,
-          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
-          const int4 *__restrict__ tiles, int gx, int mt, const cu_weight *__restrict__ wa_tab,
-          const cu_weight *__restrict__ wb_tab, int k, int rows)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char gp_raw[];
-    gp_smem<F> &sm = *(gp_smem<F> *)(gp_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(gp_raw) & 1023)) & 1023));
-    const bool BF = F == DS_W_BF16;
-    const int ST = GP_ST(F), L = GP_ST(F) - 2;
-    const int kc = (k + GF_BK - 1) / GF_BK, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
-    const size_t lo = SPLIT ? (size_t)(xl - xh) : 0;
-    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g8 = lane / 4, q = lane % 4;
-    const int ra = wg * 64 + 16 * w4 + g8;
-
-    /* the fetch cursor: tile fT (ft), step fks; fv while it is inside a tile */
-    int fT = blockIdx.x, fks = 0, fg = 0;
-    int4 ft;
-    bool fv = gp_tile(tiles, fT, gx, mt, UP, &ft);
-    gp_fetch<F> fc;
-    if (fv) gp_fetch_tile<F, UP>(fc, ft, wa_tab, wb_tab, xh, xs, kc, k, rows);
-    auto fetch = [&]() {
-        if (fv) {
-            gp_issue<F, SPLIT>(sm.s[fg % ST], fc, lo, fks, k);
-            if (++fks == kc) {
-                fks = 0;
-                fT += gridDim.x;
-                fv = gp_tile(tiles, fT, gx, mt, UP, &ft);
-                if (fv) gp_fetch_tile<F, UP>(fc, ft, wa_tab, wb_tab, xh, xs, kc, k, rows);
-            }
-        }
-        fg++;
-        asm volatile("cp.async.commit_group;\n" ::);
-    };
-    for (int s = 0; s < L; s++) fetch();
-
-    /* the fold cursor: the tile of the step folded last (ct) and its step cks */
-    int cT = blockIdx.x, cks = 0;
-    int4 ct;
-    if (!gp_tile(tiles, cT, gx, mt, UP, &ct)) {
-        asm volatile("cp.async.wait_group 0;\n" ::);
-        return;
-    }
-    auto srow_of = [&](int4 tl) {
-        const cu_weight &w = UP && (wg & 1) ? wb_tab[tl.x] : wa_tab[tl.x];
-        int r = min(UP ? tl.w : tl.w + wg * 64, rows - 1);
-        return BF ? (const float *)NULL : w.scale + (size_t)(r / DS_BLOCK) * kb;
-    };
-    const float *srow = srow_of(ct);
-    float acc[32], part[2][32];
-    uint32_t a[2][GF_BK / 16][4];
-    #pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = part[0][i] = part[1][i] = 0.0f;
-
-    /* GP_ISSUE(B, g): wait for step g's stage, refill the one two steps back, the
-     * fragments into a[B] and the wgmmas into part[B]. Past the last step the stage
-     * holds old data: those products are never folded, and no branch around the wgmmas
-     * keeps ptxas from pipelining them. */
-#define GP_ISSUE(B, G)                                                                                               \
-    {                                                                                                                \
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(GP_ST(F) - 3));                                               \
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");                                               \
-        __syncthreads();                                                                                             \
-        fetch();                                                                                                     \
-        const gr_stage<F> &st = sm.s[(G) % ST];                                                                      \
-        const uint8_t *w0 = st.b + ra * GR_RAW(F), *w1 = w0 + 8 * GR_RAW(F);                                          \
-        _Pragma("unroll") for (int s = 0; s < GF_BK / 16; s++) {                                                     \
-            int kk = 16 * s + 2 * q;                                                                                 \
-            if (BF) {                                                                                                \
-                a[B][s][0] = *(const uint32_t *)(w0 + 2 * kk);                                                       \
-                a[B][s][1] = *(const uint32_t *)(w1 + 2 * kk);                                                       \
-                a[B][s][2] = *(const uint32_t *)(w0 + 2 * kk + 16);                                                  \
-                a[B][s][3] = *(const uint32_t *)(w1 + 2 * kk + 16);                                                  \
-            } else {                                                                                                 \
-                a[B][s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + kk), 0);                                             \
-                a[B][s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + kk), 0);                                             \
-                a[B][s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + kk + 8), 0);                                         \
-                a[B][s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + kk + 8), 0);                                         \
-            }                                                                                                        \
-            _Pragma("unroll") for (int i = 0; i < 4; i++) gp_fence(a[B][s][i]);                                      \
-        }                                                                                                            \
-        _Pragma("unroll") for (int i = 0; i < 32; i++) gp_fence(part[B][i]);                                         \
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");                                                    \
-        _Pragma("unroll") for (int s = 0; s < GF_BK / 16; s++)                                                       \
-            _Pragma("unroll") for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)                                           \
-                gr_mma<BF>(part[B], a[B][s], gr_desc(&st.a[hl][s * 16]), s || hl);                                   \
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");                                             \
-    }
-    /* GP_FOLD(B, g): step g's sums (part[B], complete) into acc with its scales (its
-     * stage is refilled two steps later); after a tile's last step, the tile's outputs;
-     * done after the last tile */
-#define GP_FOLD(B, G)                                                                                                \
-    if (!done) {                                                                                                     \
-        const gr_stage<F> &sp = sm.s[(G) % ST];                                                                      \
-        float sw = BF ? 1.0f : srow[cks * GF_BK / DS_BLOCK];                                                         \
-        _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                              \
-            float2 f = *(const float2 *)&sp.xs[8 * j + 2 * q];                                                       \
-            f.x *= sw, f.y *= sw;                                                                                    \
-            acc[4 * j] += f.x * part[B][4 * j];                                                                      \
-            acc[4 * j + 1] += f.y * part[B][4 * j + 1];                                                              \
-            acc[4 * j + 2] += f.x * part[B][4 * j + 2];                                                              \
-            acc[4 * j + 3] += f.y * part[B][4 * j + 3];                                                              \
-        }                                                                                                            \
-        if (++cks == kc) {                                                                                           \
-            _Pragma("unroll") for (int j = 0; j < 8; j++) {                                                          \
-                int t = 8 * j + 2 * q;                                                                               \
-                sm.c[t][ra] = acc[4 * j];                                                                            \
-                sm.c[t + 1][ra] = acc[4 * j + 1];                                                                    \
-                sm.c[t][ra + 8] = acc[4 * j + 2];                                                                    \
-                sm.c[t + 1][ra + 8] = acc[4 * j + 3];                                                                \
-                acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.0f;                                \
-            }                                                                                                        \
-            __syncthreads();                                                                                         \
-            gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, ct.y, ct.z, ct.w, rows);                       \
-            cks = 0;                                                                                                 \
-            cT += gridDim.x;                                                                                         \
-            done = !gp_tile(tiles, cT, gx, mt, UP, &ct);                                                             \
-            if (!done) srow = srow_of(ct);                                                                           \
-        }                                                                                                            \
-    }
-    /* Two steps an iteration. Step g + 1's barrier, loads and fragments run while step
-     * g's wgmmas do, and step g's fold while step g + 1's wgmmas do; nothing is
-     * outstanding across the loop's back edge or at its exit (with a group in flight
-     * there, or a fold of an older group after a newer one was issued, ptxas
-     * serialised every wgmma: C7514, C7517). */
-    bool done = false;
-    for (int g = 0; !done; g += 2) {
-        if (g >= 1) GP_FOLD(1, g - 1)
-        if (done) break;
-        GP_ISSUE(0, g)
-        GP_ISSUE(1, g + 1)
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-        #pragma unroll
-        for (int i = 0; i < 32; i++) gp_fence(part[0][i]);
-        GP_FOLD(0, g)
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        #pragma unroll
-        for (int i = 0; i < 32; i++) gp_fence(part[1][i]);
-    }
-#undef GP_ISSUE
-#undef GP_FOLD
-    asm volatile("cp.async.wait_group 0;\n" ::);
-#endif
-}
-
-template <int F, bool SPLIT>
-static bool gp_ready(void)
-{
-    static bool done;
-    return gk_smem(&done, gp_kernel<F, true, SPLIT>, gp_kernel<F, false, SPLIT>, sizeof(gp_smem<F>) + 1024);
-}
-
 /* The experts on gf_kernel: x gathered, then up and down. */
 template <int F, bool SPLIT>
 static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
@@ -1122,20 +867,8 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
     int gw = gw_ok();
-    bool ok = xb && hb && sc &&
-              (gw == 3 ? gp_ready<F, SPLIT>() : gw == 2 ? gr_ready<F, SPLIT>() : gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
-    if (ok && gw == 3) {
-        uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
-        float *xs = sc, *hs = sc + (size_t)nk * xc;
-        gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
-        int gxu = cu_blocks((size_t)inter, GF_BN / 2), gxd = cu_blocks((size_t)dim, GF_BN), sms = cu_sm_count();
-        size_t smem = sizeof(gp_smem<F>) + 1024;
-        gp_kernel<F, true, SPLIT><<<sms < gxu * nt ? sms : gxu * nt, GG_THREADS, smem, cu_s>>>(hb, hl, hs, NULL, xb, xl, xs, dt, gxu, nt,
-                                                                                  tab, tab + ne, dim, inter);
-        gp_kernel<F, false, SPLIT><<<sms < gxd * nt ? sms : gxd * nt, GG_THREADS, smem, cu_s>>>(NULL, NULL, NULL, ys, hb, hl, hs, dt, gxd,
-                                                                                   nt, tab + 2 * ne, NULL, inter, dim);
-        ok = cu_check(cudaGetLastError(), "grouped experts: launch");
-    } else if (ok) {
+    bool ok = xb && hb && sc && (gw == 2 ? gr_ready<F, SPLIT>() : gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
+    if (ok) {
         size_t smem = gw == 2 ? sizeof(gr_smem<F>) + 1024 : gw ? sizeof(gw_smem<F>) : sizeof(gf_smem<F>);
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)nk * xc;
@@ -1254,7 +987,6 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
     int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
-    if (gw == 3) gw = 2; /* gp_kernel has no k split */
     bool ok = xb && xs && part &&
               (gw == 2 ? gr_ready<DS_W_FP8, SPLIT>() : gw ? gw_ready<DS_W_FP8, SPLIT>() : gf_ready<DS_W_FP8, SPLIT>());
     if (ok) {
