@@ -688,34 +688,68 @@ __device__ __forceinline__ void gr_cp4(void *sp, const void *g, bool p)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(sa), "l"(g), "r"(p ? 4 : 0));
 }
 
-template <int F, bool UP, bool SPLIT>
-__device__ __forceinline__ void gr_issue(gr_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
-                                         const float *__restrict__ xs, int kc, int t0, int t1, const cu_weight &wa,
-                                         const cu_weight &wb, int r0, int rows, int k, int k0, int row0)
+/* Where a thread's cp.async of a gr_kernel block read from, computed once: its x
+ * chunks (hi; lo is xl - xh further on), its weight chunks, its scale row, each
+ * with whether it lies inside the tile (bit j of xin / win); a step adds its
+ * columns. */
+template <int F>
+struct gr_src {
+    const uint16_t *x[GG_BM * GF_BK / 8 / GG_THREADS];
+    const uint8_t *w[GF_BN * (F == DS_W_FP8 ? 1 : 2) * GF_BK / 16 / GG_THREADS];
+    const float *xs;
+    unsigned xin, win;
+    bool xsin;
+};
+
+template <int F, bool UP>
+__device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, const float *xs, int kc, int t0, int t1,
+                                            const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int row0)
 {
     int tid = threadIdx.x;
+    f.xin = f.win = 0;
     #pragma unroll
     for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8, t = t0 + m, kk = k0 + c;
-        bool in = t < t1 && kk < k;
-        size_t off = in ? (size_t)t * k + kk : 0;
-        cu_cp16(&st.a[0][GR_SW(m, c)], xh + off, in);
-        if (SPLIT) cu_cp16(&st.a[1][GR_SW(m, c)], xl + off, in);
+        int q = tid + j * GG_THREADS, t = t0 + q / 8;
+        bool in = t < t1;
+        f.x[j] = xh + (in ? (size_t)t * k + (q % 8) * 8 : 0);
+        f.xin |= (unsigned)in << j;
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
     #pragma unroll
     for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16, kk = k0 + c / es;
+        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
         const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
-        bool in = r < rows && kk < k;
-        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        cu_cp16(st.b + n * GR_RAW(F) + c, (const uint8_t *)w.data + off, in);
+        bool in = r < rows;
+        f.w[j] = (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * k * es + c : 0);
+        f.win |= (unsigned)in << j;
     }
-    if (tid < GG_BM) {
-        bool in = t0 + tid < t1;
-        gr_cp4(&st.xs[tid], xs + (in ? (size_t)(t0 + tid) * kc + k0 / GF_BK : 0), in);
+    f.xsin = tid < GG_BM && t0 + tid < t1;
+    f.xs = xs + (f.xsin ? (size_t)(t0 + tid) * kc : 0);
+}
+
+/* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (lo elements
+ * on from hi), weights, scales; zeros outside the tile and past k. */
+template <int F, bool SPLIT>
+__device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, size_t lo, int ks, int k)
+{
+    int tid = threadIdx.x, k0 = ks * GF_BK;
+    #pragma unroll
+    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
+        bool in = (f.xin >> j & 1) && k0 + c < k;
+        const uint16_t *p = in ? f.x[j] + k0 : f.x[j];
+        cu_cp16(&st.a[0][GR_SW(m, c)], p, in);
+        if (SPLIT) cu_cp16(&st.a[1][GR_SW(m, c)], p + lo, in);
     }
+    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
+    #pragma unroll
+    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+        int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
+        bool in = (f.win >> j & 1) && k0 + c / es < k;
+        cu_cp16(st.b + n * GR_RAW(F) + c, in ? f.w[j] + (size_t)k0 * es : f.w[j], in);
+    }
+    if (tid < GG_BM) gr_cp4(&st.xs[tid], f.xsin ? f.xs + ks : f.xs, f.xsin);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -775,10 +809,12 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     float acc[32], part[32];
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
+    gr_src<F> src;
+    gr_src_init<F, UP>(src, xh, xs, kc, t0, t1, wa, wb, r0, rows, k, row0);
+    const size_t lo = SPLIT ? (size_t)(xl - xh) : 0;
     #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nks)
-            gr_issue<F, UP, SPLIT>(sm.s[s], xh, xl, xs, kc, t0, t1, wa, wb, r0, rows, k, (ks0 + s) * GF_BK, row0);
+        if (s < nks) gr_issue<F, SPLIT>(sm.s[s], src, lo, ks0 + s, k);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     /* the thread's fragment rows: 16 w4 + g and + 8 of the warpgroup's 64 */
@@ -789,8 +825,7 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads(); /* the step's stage is in, and the stage refilled below is done with */
         int nx = it + ST - 1;
-        if (nx < nks)
-            gr_issue<F, UP, SPLIT>(sm.s[nx % ST], xh, xl, xs, kc, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
+        if (nx < nks) gr_issue<F, SPLIT>(sm.s[nx % ST], src, lo, ks0 + nx, k);
         asm volatile("cp.async.commit_group;\n" ::);
         const gr_stage<F> &st = sm.s[it % ST];
         float sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
@@ -816,11 +851,14 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
             for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
         }
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        /* one descriptor a step; the slices by their offsets (in 16 bytes, within the
+         * descriptor's 14 address bits: shared memory is under 256 KB) */
+        const uint64_t d0 = gr_desc(&st.a[0][0]);
         #pragma unroll
         for (int s = 0; s < GF_BK / 16; s++)
             #pragma unroll
             for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
-                gr_mma<BF>(part, a[s], gr_desc(&st.a[hl][s * 16]), s || hl);
+                gr_mma<BF>(part, a[s], d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4), s || hl);
         asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
