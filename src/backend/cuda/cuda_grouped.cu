@@ -12,11 +12,13 @@
  *         the epilogue writes h = silu(w1 x) * (w3 x) in the A form of down.
  *   down: B rows are BN rows of w2; the epilogue writes float32 y rows.
  * Activations are split into high + low parts (two products per fragment; the
- * default), or rounded once with DSV3_CUDA_GEMM=bf16. gf_kernel below; it
- * replaced two WMMA kernels in stage 13 (ga_kernel for BF16 weights, gg_kernel
+ * default), or rounded once with DSV3_CUDA_GEMM=bf16. gf_kernel below (mma.sync);
+ * it replaced two WMMA kernels in stage 13 (ga_kernel for BF16 weights, gg_kernel
  * for FP8: prefill 512 of the 16B model 33.3 -> 29.2 and 54.4 -> 36.7 ms on the
- * H200). cu_dense_fp8_tc uses its down form for an ordinary FP8 matmul (one
- * "expert", every token).
+ * H200). gr_kernel (session 19, the default where the GPU took an sm_90a image)
+ * has its tiles and operands on warpgroup MMA: 16B prefill 512 FP8 32.8 -> 26.4,
+ * BF16 26.9 -> 23.5 ms. cu_dense_fp8_tc uses their down form for an ordinary FP8
+ * matmul (one "expert", every token).
  * Needs K % 16 == 0 for both products and 16-byte aligned weights. */
 #include <cuda_bf16.h>
 #include <stdlib.h>
@@ -681,6 +683,13 @@ union gr_smem {
     float c[GG_BM][GF_CLD];
 };
 
+/* p rounded up to 1024 bytes of the shared window, where the swizzled tiles must start
+ * (launches ask for 1 KB more than the tiles) */
+__device__ __forceinline__ unsigned char *gr_align(unsigned char *p)
+{
+    return p + ((1024 - ((unsigned)__cvta_generic_to_shared(p) & 1023)) & 1023);
+}
+
 /* a 4-byte cp.async (zeros when !p) */
 __device__ __forceinline__ void gr_cp4(void *sp, const void *g, bool p)
 {
@@ -792,8 +801,7 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gr_raw[];
-    /* the stages on 1024 bytes (the launch asks for 1 KB more) */
-    gr_smem<F> &sm = *(gr_smem<F> *)(gr_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(gr_raw) & 1023)) & 1023));
+    gr_smem<F> &sm = *(gr_smem<F> *)gr_align(gr_raw);
     const bool BF = F == DS_W_BF16;
     const int ST = GR_ST(F);
     int4 tl = tiles[blockIdx.y];
@@ -1288,8 +1296,7 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gwq_raw[];
-    /* the stages on 1024 bytes (the launch asks for 1 KB more) */
-    gwq_smem &sm = *(gwq_smem *)(gwq_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(gwq_raw) & 1023)) & 1023));
+    gwq_smem &sm = *(gwq_smem *)gr_align(gwq_raw);
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return; /* an empty tile past the device-grouped count */
