@@ -1826,6 +1826,10 @@ int main(void)
     set_variant("WGMMA", "1");
     test_prefill_products();
     set_variant("WGMMA", NULL);
+    printf("-- gr_kernel with FP8 weights and f16 lo parts (DSV3_CUDA_LO8=0)\n");
+    set_variant("LO8", "0");
+    test_prefill_products();
+    set_variant("LO8", NULL);
 
     test_stage7();
     test_stage19();

@@ -17,8 +17,11 @@
  * for FP8: prefill 512 of the 16B model 33.3 -> 29.2 and 54.4 -> 36.7 ms on the
  * H200). gr_kernel (session 19, the default where the GPU took an sm_90a image)
  * has its tiles and operands on warpgroup MMA: 16B prefill 512 FP8 32.8 -> 26.4,
- * BF16 26.9 -> 23.5 ms. cu_dense_fp8_tc uses their down form for an ordinary FP8
- * matmul (one "expert", every token).
+ * BF16 26.9 -> 23.5 ms. Session 20: its wgmma's N is the tile's 16-token fragments
+ * (an expert's tile is rarely full), and with FP8 weights the activations' lo parts
+ * are e4m3, their products on the FP8 tensor cores (DSV3_CUDA_LO8): FP8 26.7 -> 24.6.
+ * cu_dense_fp8_tc uses their down form for an ordinary FP8 matmul (one "expert",
+ * every token).
  * Needs K % 16 == 0 for both products and 16-byte aligned weights. */
 #include <cuda_bf16.h>
 #include <stdlib.h>
@@ -103,9 +106,21 @@ __device__ __forceinline__ void gf_put(uint16_t *__restrict__ h, uint16_t *__res
     }
 }
 
+/* h[i], h[i + 1] = f16 of a, b; l[i], l[i + 1] their remainders as e4m3 (|a|, |b| <
+ * 2^15: the remainders are at most 8, and e4m3 keeps them to 2^-4 of themselves down
+ * to 2^-6, i.e. to 2^-15 of a value from 2^-10 of the chunk's largest on) */
+__device__ __forceinline__ void gf_put8(uint16_t *__restrict__ h, uint8_t *__restrict__ l, size_t i, float a, float b)
+{
+    __half2 hi = __floats2half2_rn(a, b);
+    *(__half2 *)(h + i) = hi;
+    float2 f = __half22float2(hi);
+    *(__nv_fp8x2_storage_t *)(l + i) = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
+}
+
 /* x (n, k) float32 rows list[i] (row i without a list) -> xh (+ xl) f16 (bf16 when
- * BF) of x 2^s and xs (n, ceil(k / 64)) = 2^-s per 64-column chunk; one warp per chunk. */
-template <bool BF>
+ * BF) of x 2^s and xs (n, ceil(k / 64)) = 2^-s per 64-column chunk; one warp per chunk.
+ * LO8: xl holds the remainders as e4m3 bytes (gr_kernel's LO_E4M3 form). */
+template <bool BF, bool LO8 = false>
 __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
                                  const float *__restrict__ x, const int *__restrict__ list, int total, int k,
                                  const int *__restrict__ total_d)
@@ -121,7 +136,8 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
     #pragma unroll
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
     float inv, s = gf_scale(m, &inv);
-    if (c < k) gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
+    if (c < k && LO8) gf_put8(xh, (uint8_t *)xl, r * k + c, v.x * s, v.y * s);
+    else if (c < k) gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
     if (lane == 0) xs[w] = inv;
 }
 
@@ -163,7 +179,7 @@ __device__ __forceinline__ void gf_issue(gf_stage<F> &st, const uint16_t *__rest
 /* A block's outputs from its float32 tile c (GG_BM tokens x GF_BN columns): UP: h =
  * silu(c[:, j]) * c[:, GF_BN / 2 + j] for this block's 64 columns (one chunk) of each
  * token, as the A operand of down (oh, ol) with the chunk's scale (os); else y rows. */
-template <bool BF, bool UP, bool SPLIT>
+template <bool BF, bool UP, bool SPLIT, bool LO8 = false>
 __device__ __forceinline__ void gf_out(const float (*c)[GF_CLD], float *__restrict__ oy, uint16_t *__restrict__ oh,
                                        uint16_t *__restrict__ ol, float *__restrict__ os, int t0, int t1, int r0,
                                        int rows)
@@ -205,7 +221,8 @@ __device__ __forceinline__ void gf_out(const float (*c)[GF_CLD], float *__restri
                 hb = __half_as_ushort(x), hr = hv - __half2float(x);
             }
             oh[t * rows + r] = hb;
-            if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
+            if (LO8) ((__nv_fp8_storage_t *)ol)[t * rows + r] = __nv_cvt_float_to_fp8(hr, __NV_SATFINITE, __NV_E4M3);
+            else if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
         }
         if (lane == 0) os[t * hc + r0 / GF_BK] = inv;
     }
@@ -662,6 +679,17 @@ static bool gw_ready(void)
  * activation scales come with its stage) and per weight block into the float32
  * sums, as in gf_kernel. Same grid, tiles, arguments and outputs as gf_kernel. */
 #define GR_RAW(F) ((F) == DS_W_FP8 ? GF_BK + 16 : 2 * GF_BK + 16) /* raw row bytes: the fragment reads conflict-free */
+/* gr_kernel's activations (template argument LO): hi only (DSV3_CUDA_GEMM=bf16), hi + lo
+ * in the same type (f16 / bf16), or, for FP8 weights, f16 hi + e4m3 lo (DSV3_CUDA_LO8, the
+ * default): the lo products then run on the FP8 tensor cores against the weights' own
+ * codes (k32 per instruction, half the time of a k16 f16 one) and lo's tiles are half the
+ * bytes. x = hi + lo to ~2^-15 of each value (gf_put8) instead of ~2^-22. */
+#define GR_LO_NONE 0
+#define GR_LO_F16 1
+#define GR_LO_E4M3 2
+/* e4m3 lo tile: 64 tokens x 64 bytes in wgmma's 64-byte swizzle (16-byte chunk c of row r
+ * at chunk c ^ (r / 2 % 4)); 512 bytes from one 8-row group to the next */
+#define GR_SW8(r, c) ((r) * 64 + ((((c) >> 4) ^ (((r) >> 1) & 3)) << 4) + ((c) & 15))
 #define GR_ST(F) ((F) == DS_W_FP8 ? 4 : 3)
 
 /* Element (r, c) of a 64 x 64 f16 tile in wgmma's 128-byte swizzle (K-major): row r
@@ -705,13 +733,15 @@ template <int F>
 struct gr_src {
     const uint16_t *x[GG_BM * GF_BK / 8 / GG_THREADS];
     const uint8_t *w[GF_BN * (F == DS_W_FP8 ? 1 : 2) * GF_BK / 16 / GG_THREADS];
+    const uint8_t *l; /* LO_E4M3: the thread's 16 bytes of lo (GG_BM * GF_BK / 16 == GG_THREADS) */
     const float *xs;
     unsigned xin, win;
-    bool xsin;
+    bool xsin, lin;
 };
 
 template <int F, bool UP>
-__device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, const float *xs, int kc, int t0, int t1,
+__device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, const uint8_t *xl8, const float *xs, int kc,
+                                            int t0, int t1,
                                             const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int row0)
 {
     int tid = threadIdx.x;
@@ -735,11 +765,14 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
     }
     f.xsin = tid < GG_BM && t0 + tid < t1;
     f.xs = xs + (f.xsin ? (size_t)(t0 + tid) * kc : 0);
+    f.lin = t0 + tid / 4 < t1;
+    f.l = xl8 + (f.lin ? (size_t)(t0 + tid / 4) * k + tid % 4 * 16 : 0);
 }
 
-/* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (lo elements
- * on from hi), weights, scales; zeros outside the tile and past k. */
-template <int F, bool SPLIT>
+/* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (LO_F16: lo
+ * elements on from hi; LO_E4M3: from f.l), weights, scales; zeros outside the tile
+ * and past k. */
+template <int F, int LO>
 __device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, size_t lo, int ks, int k)
 {
     int tid = threadIdx.x, k0 = ks * GF_BK;
@@ -749,7 +782,12 @@ __device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, si
         bool in = (f.xin >> j & 1) && k0 + c < k;
         const uint16_t *p = in ? f.x[j] + k0 : f.x[j];
         cu_cp16(&st.a[0][GR_SW(m, c)], p, in);
-        if (SPLIT) cu_cp16(&st.a[1][GR_SW(m, c)], p + lo, in);
+        if (LO == GR_LO_F16) cu_cp16(&st.a[1][GR_SW(m, c)], p + lo, in);
+    }
+    if (LO == GR_LO_E4M3) {
+        int m = tid / 4, c = tid % 4 * 16;
+        bool in = f.lin && k0 + c < k;
+        cu_cp16((uint8_t *)st.a[1] + GR_SW8(m, c), in ? f.l + k0 : f.l, in);
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
     #pragma unroll
@@ -770,70 +808,141 @@ __device__ __forceinline__ uint64_t gr_desc(const void *p)
     return ((a & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
 }
 
+/* the same for an e4m3 lo tile in GR_SW8 (k32 slices 32 bytes apart): 64-byte swizzle,
+ * 512 bytes from one 8-row group to the next */
+__device__ __forceinline__ uint64_t gr_desc8(const void *p)
+{
+    uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
+    return ((a & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(512 >> 4) << 32) | ((uint64_t)2 << 62);
+}
+
+/* wgmma m64nNk16 (N = 16 NB tokens), A (the weights) from registers a, B by
+ * descriptor db (K-major); acc 0: the sums start from zero. A tile's tokens past its
+ * last 16-token fragment cost no tensor work: its N is the fragments it has. */
 #define GR_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
                  "+f"(d[i + 6]), "+f"(d[i + 7])
-/* wgmma m64n64k16, A (the weights) from registers a, B by descriptor db (K-major);
- * acc 0: the sums start from zero */
-#define GR_MMA(T)                                                                                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                 \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                                    \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "        \
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"                                                \
-                 : GR_D8(0), GR_D8(8), GR_D8(16), GR_D8(24)                                                  \
+#define GR_Q0 "%0, %1, %2, %3, %4, %5, %6, %7"
+#define GR_Q1 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define GR_Q2 ", %16, %17, %18, %19, %20, %21, %22, %23"
+#define GR_Q3 ", %24, %25, %26, %27, %28, %29, %30, %31"
+/* the operands after NB fragments' sums: A's 4 registers, B's descriptor, scale-d p */
+#define GR_TAIL(a, b, c, e, f) "}, {%" #a ", %" #b ", %" #c ", %" #e "}, %" #f ", p, 1, 1"
+#define GR_ARGS1 "{" GR_Q0 GR_TAIL(8, 9, 10, 11, 12)
+#define GR_ARGS2 "{" GR_Q0 GR_Q1 GR_TAIL(16, 17, 18, 19, 20)
+#define GR_ARGS3 "{" GR_Q0 GR_Q1 GR_Q2 GR_TAIL(24, 25, 26, 27, 28)
+#define GR_ARGS4 "{" GR_Q0 GR_Q1 GR_Q2 GR_Q3 GR_TAIL(32, 33, 34, 35, 36)
+#define GR_PRED(i) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #i ", 0;\n"
+#define GR_P1 GR_PRED(13)
+#define GR_P2 GR_PRED(21)
+#define GR_P3 GR_PRED(29)
+#define GR_P4 GR_PRED(37)
+#define GR_OUT1 GR_D8(0)
+#define GR_OUT2 GR_D8(0), GR_D8(8)
+#define GR_OUT3 GR_D8(0), GR_D8(8), GR_D8(16)
+#define GR_OUT4 GR_D8(0), GR_D8(8), GR_D8(16), GR_D8(24)
+#define GR_MMA(T, NB, N)                                                                                     \
+    asm volatile(GR_P##NB "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." T "." T " " GR_ARGS##NB ", 0;\n}\n" \
+                 : GR_OUT##NB                                                                                \
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
-template <bool BF>
+template <bool BF, int NB>
 __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db, int acc)
 {
-    if (BF) GR_MMA("bf16");
-    else GR_MMA("f16");
+    if (NB == 1) {
+        if (BF) GR_MMA("bf16", 1, 16);
+        else GR_MMA("f16", 1, 16);
+    } else if (NB == 2) {
+        if (BF) GR_MMA("bf16", 2, 32);
+        else GR_MMA("f16", 2, 32);
+    } else if (NB == 3) {
+        if (BF) GR_MMA("bf16", 3, 48);
+        else GR_MMA("f16", 3, 48);
+    } else {
+        if (BF) GR_MMA("bf16", 4, 64);
+        else GR_MMA("f16", 4, 64);
+    }
 }
+#define GR_MMA8(NB, N)                                                                                       \
+    asm volatile(GR_P##NB "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " GR_ARGS##NB ";\n}\n"     \
+                 : GR_OUT##NB                                                                                \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
+/* the same with e4m3 operands, k32: a holds 4 codes a register */
+template <int NB>
+__device__ __forceinline__ void gr_mma8(float *d, const uint32_t *a, uint64_t db, int acc)
+{
+    if (NB == 1) GR_MMA8(1, 16);
+    else if (NB == 2) GR_MMA8(2, 32);
+    else if (NB == 3) GR_MMA8(3, 48);
+    else GR_MMA8(4, 64);
+}
+#undef GR_MMA8
 #undef GR_MMA
+#undef GR_OUT1
+#undef GR_OUT2
+#undef GR_OUT3
+#undef GR_OUT4
+#undef GR_Q0
+#undef GR_Q1
+#undef GR_Q2
+#undef GR_Q3
+#undef GR_TAIL
+#undef GR_ARGS1
+#undef GR_ARGS2
+#undef GR_ARGS3
+#undef GR_ARGS4
+#undef GR_PRED
+#undef GR_P1
+#undef GR_P2
+#undef GR_P3
+#undef GR_P4
 #undef GR_D8
+
+
+/* A step's products into part: 4 slices of 16 k, hi and lo each (LO_E4M3: lo as 2
+ * slices of 32 k from a8 and the tile at d8), on NB 16-token fragments; the slices by
+ * their offsets from d0 (in 16 bytes, within the descriptor's 14 address bits: shared
+ * memory is under 256 KB). */
+template <bool BF, int LO, int NB>
+__device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], const uint32_t (*a8)[4], uint64_t d0,
+                                        uint64_t d8)
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    /* lo first: the FP8 tensor cores keep only ~14 bits of the sums they add to (a probe
+     * on the H200: 3e-4 of the largest), so they start from zero and the hi products,
+     * whose sums keep float32's bits, go on top */
+    if (LO == GR_LO_E4M3)
+        #pragma unroll
+        for (int s = 0; s < GF_BK / 32; s++) gr_mma8<NB>(part, a8[s], d8 + (uint64_t)(s * 32 >> 4), s);
+    #pragma unroll
+    for (int s = 0; s < GF_BK / 16; s++)
+        #pragma unroll
+        for (int hl = 0; hl < (LO == GR_LO_F16 ? 2 : 1); hl++)
+            gr_mma<BF, NB>(part, a[s], d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4),
+                           LO == GR_LO_E4M3 || s || hl);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
 #endif
 
-template <int F, bool UP, bool SPLIT>
-__global__ void __launch_bounds__(GG_THREADS, 2)
-gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
-          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
-          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride)
-{
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(1024) unsigned char gr_raw[];
-    gr_smem<F> &sm = *(gr_smem<F> *)gr_align(gr_raw);
+/* gr_kernel's k steps on tiles of NB 16-token fragments (wgmma's N = 16 NB), into
+ * acc: each step waits for its stage, refills the one the step before used, and
+ * folds its products with the scales. ra: the thread's first fragment row. */
+template <int F, int LO, int NB>
+__device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src<F> &src, size_t lo, const float *srow,
+                                        int ks0, int nks, int k, int ra, int q)
+{
     const bool BF = F == DS_W_BF16;
     const int ST = GR_ST(F);
-    int4 tl = tiles[blockIdx.y];
-    int e = tl.x, t0 = tl.y, t1 = tl.z;
-    if (t0 >= t1) return;
-    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
-    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
-    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
-    const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
-    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
-    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
-    if (!UP) oy += blockIdx.z * ystride;
-    float acc[32], part[32];
+    float part[32];
     #pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
-    gr_src<F> src;
-    gr_src_init<F, UP>(src, xh, xs, kc, t0, t1, wa, wb, r0, rows, k, row0);
-    const size_t lo = SPLIT ? (size_t)(xl - xh) : 0;
-    #pragma unroll
-    for (int s = 0; s < ST - 1; s++) {
-        if (s < nks) gr_issue<F, SPLIT>(sm.s[s], src, lo, ks0 + s, k);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    /* the thread's fragment rows: 16 w4 + g and + 8 of the warpgroup's 64 */
-    const int ra = wg * 64 + 16 * w4 + g;
+    for (int i = 0; i < 32; i++) part[i] = 0.0f;
     for (int it = 0; it < nks; it++) {
         int ks = ks0 + it;
         asm volatile("cp.async.wait_group %0;\n" ::"n"(GR_ST(F) - 2));
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads(); /* the step's stage is in, and the stage refilled below is done with */
         int nx = it + ST - 1;
-        if (nx < nks) gr_issue<F, SPLIT>(sm.s[nx % ST], src, lo, ks0 + nx, k);
+        if (nx < nks) gr_issue<F, LO>(sm.s[nx % ST], src, lo, ks0 + nx, k);
         asm volatile("cp.async.commit_group;\n" ::);
         const gr_stage<F> &st = sm.s[it % ST];
         float sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
@@ -858,20 +967,23 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
             #pragma unroll
             for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
         }
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        /* one descriptor a step; the slices by their offsets (in 16 bytes, within the
-         * descriptor's 14 address bits: shared memory is under 256 KB) */
-        const uint64_t d0 = gr_desc(&st.a[0][0]);
+        /* LO_E4M3: the codes themselves, k32's A layout: rows g, g + 8; k 4q .. 4q + 3
+         * and 16 + 4q .. of each 32 */
+        uint32_t a8[LO == GR_LO_E4M3 ? GF_BK / 32 : 1][4];
         #pragma unroll
-        for (int s = 0; s < GF_BK / 16; s++)
+        for (int s = 0; s < (LO == GR_LO_E4M3 ? GF_BK / 32 : 0); s++) {
+            int kk = 32 * s + 4 * q;
+            a8[s][0] = *(const uint32_t *)(w0 + kk);
+            a8[s][1] = *(const uint32_t *)(w1 + kk);
+            a8[s][2] = *(const uint32_t *)(w0 + kk + 16);
+            a8[s][3] = *(const uint32_t *)(w1 + kk + 16);
             #pragma unroll
-            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
-                gr_mma<BF>(part, a[s], d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4), s || hl);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+            for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
+        }
+        gr_step<BF, LO, NB>(part, a, a8, gr_desc(&st.a[0][0]), LO == GR_LO_E4M3 ? gr_desc8(&st.a[1][0]) : 0);
         /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
         #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < 2 * NB; j++) {
             float2 f = *(const float2 *)&st.xs[8 * j + 2 * q];
             f.x *= sw, f.y *= sw;
             acc[4 * j] += f.x * part[4 * j];
@@ -879,6 +991,51 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
             acc[4 * j + 2] += f.x * part[4 * j + 2];
             acc[4 * j + 3] += f.y * part[4 * j + 3];
         }
+    }
+}
+
+#endif
+
+template <int F, bool UP, int LO>
+__global__ void __launch_bounds__(GG_THREADS, 2)
+gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
+          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
+          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
+          int k, int rows, int row0, int ksteps, size_t ystride)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ __align__(1024) unsigned char gr_raw[];
+    gr_smem<F> &sm = *(gr_smem<F> *)gr_align(gr_raw);
+    const bool BF = F == DS_W_BF16;
+    const int ST = GR_ST(F);
+    int4 tl = tiles[blockIdx.y];
+    int e = tl.x, t0 = tl.y, t1 = tl.z;
+    if (t0 >= t1) return;
+    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
+    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
+    const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
+    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
+    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
+    if (!UP) oy += blockIdx.z * ystride;
+    float acc[32];
+    #pragma unroll
+    for (int i = 0; i < 32; i++) acc[i] = 0.0f;
+    gr_src<F> src;
+    gr_src_init<F, UP>(src, xh, (const uint8_t *)xl, xs, kc, t0, t1, wa, wb, r0, rows, k, row0);
+    const size_t lo = LO == GR_LO_F16 ? (size_t)(xl - xh) : 0;
+    #pragma unroll
+    for (int s = 0; s < ST - 1; s++) {
+        if (s < nks) gr_issue<F, LO>(sm.s[s], src, lo, ks0 + s, k);
+        asm volatile("cp.async.commit_group;\n" ::);
+    }
+    /* the thread's fragment rows: 16 w4 + g and + 8 of the warpgroup's 64 */
+    const int ra = wg * 64 + 16 * w4 + g;
+    switch (min((t1 - t0 + 15) / 16, GG_BM / 16)) { /* the tile's 16-token fragments */
+    case 1: gr_loop<F, LO, 1>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    case 2: gr_loop<F, LO, 2>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    case 3: gr_loop<F, LO, 3>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    default: gr_loop<F, LO, 4>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads(); /* the stages are done with: the tile goes where they were */
@@ -891,16 +1048,43 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         sm.c[t + 1][ra + 8] = acc[4 * j + 3];
     }
     __syncthreads();
-    gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
+    gf_out<F == DS_W_BF16, UP, LO != GR_LO_NONE, LO == GR_LO_E4M3>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
 #endif
 }
 
-template <int F, bool SPLIT>
+template <int F, int LO>
 static bool gr_ready(void)
 {
     static bool done;
-    return gk_smem(&done, gr_kernel<F, true, SPLIT>, gr_kernel<F, false, SPLIT>, sizeof(gr_smem<F>) + 1024);
+    return gk_smem(&done, gr_kernel<F, true, LO>, gr_kernel<F, false, LO>, sizeof(gr_smem<F>) + 1024);
 }
+
+/* The prefill kernels' common signature, and the one that runs: gw 2 gr_kernel (with
+ * e4m3 lo parts where lo8), 1 gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
+typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
+                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t);
+template <int F, bool UP, bool SPLIT>
+static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
+{
+    if constexpr (F == DS_W_FP8)
+        if (gw == 2 && lo8) {
+            *smem = sizeof(gr_smem<F>) + 1024;
+            return gr_ready<F, GR_LO_E4M3>() ? gr_kernel<F, UP, GR_LO_E4M3> : NULL;
+        }
+    if (gw == 2) {
+        *smem = sizeof(gr_smem<F>) + 1024;
+        return gr_ready<F, SPLIT ? GR_LO_F16 : GR_LO_NONE>() ? gr_kernel<F, UP, SPLIT ? GR_LO_F16 : GR_LO_NONE> : NULL;
+    }
+    if (gw) {
+        *smem = sizeof(gw_smem<F>);
+        return gw_ready<F, SPLIT>() ? gw_kernel<F, UP, SPLIT> : NULL;
+    }
+    *smem = sizeof(gf_smem<F>);
+    return gf_ready<F, SPLIT>() ? gf_kernel<F, UP, SPLIT> : NULL;
+}
+
+/* whether gr_kernel takes e4m3 lo parts: FP8 weights, split activations, DSV3_CUDA_LO8 */
+static bool gr_lo8(int gw, ds_wfmt f, bool split) { return gw == 2 && f == DS_W_FP8 && split && cu_v.lo8; }
 
 /* The experts on gf_kernel: x gathered, then up and down. */
 template <int F, bool SPLIT>
@@ -913,17 +1097,19 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
     int gw = gw_ok();
-    bool ok = xb && hb && sc && (gw == 2 ? gr_ready<F, SPLIT>() : gw ? gw_ready<F, SPLIT>() : gf_ready<F, SPLIT>());
+    bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT);
+    size_t smem = 0;
+    gk_fn up = gk_pick<F, true, SPLIT>(gw, lo8, &smem), down = gk_pick<F, false, SPLIT>(gw, lo8, &smem);
+    bool ok = xb && hb && sc && up && down;
     if (ok) {
-        size_t smem = gw == 2 ? sizeof(gr_smem<F>) + 1024 : gw ? sizeof(gw_smem<F>) : sizeof(gf_smem<F>);
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)nk * xc;
-        gf_gather_kernel<F == DS_W_BF16><<<cu_blocks((size_t)nk * xc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256);
+        if (lo8) gf_gather_kernel<false, true><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
-        (gw == 2 ? gr_kernel<F, true, SPLIT> : gw ? gw_kernel<F, true, SPLIT> : gf_kernel<F, true, SPLIT>)<<<
-            gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
-        (gw == 2 ? gr_kernel<F, false, SPLIT> : gw ? gw_kernel<F, false, SPLIT> : gf_kernel<F, false, SPLIT>)<<<
-            gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
+        up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
+        down<<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -1033,14 +1219,16 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
     int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
-    bool ok = xb && xs && part &&
-              (gw == 2 ? gr_ready<DS_W_FP8, SPLIT>() : gw ? gw_ready<DS_W_FP8, SPLIT>() : gf_ready<DS_W_FP8, SPLIT>());
+    bool lo8 = gr_lo8(gw, DS_W_FP8, SPLIT);
+    size_t smem = 0;
+    gk_fn fn = gk_pick<DS_W_FP8, false, SPLIT>(gw, lo8, &smem);
+    bool ok = xb && xs && part && fn;
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
-        gf_gather_kernel<false><<<cu_blocks((size_t)n * kc * 32, 256), 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        size_t smem = gw == 2 ? sizeof(gr_smem<DS_W_FP8>) + 1024 : gw ? sizeof(gw_smem<DS_W_FP8>) : sizeof(gf_smem<DS_W_FP8>);
-        (gw == 2 ? gr_kernel<DS_W_FP8, false, SPLIT> : gw ? gw_kernel<DS_W_FP8, false, SPLIT> : gf_kernel<DS_W_FP8, false, SPLIT>)<<<
-            grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        unsigned gb = cu_blocks((size_t)n * kc * 32, 256);
+        if (lo8) gf_gather_kernel<false, true><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }

@@ -530,6 +530,9 @@ struct cu_variants {
                  * weights, 0 for others); 0: from L2 */
     int nfold; /* DSV3_CUDA_NFOLD (stage 20): matmul_many_normed / matmul_carry taken at one token
                 * (unset: BF16 weights only; 0 never; 1 FP8 too) */
+    int lo8; /* DSV3_CUDA_LO8 (session 20): gr_kernel's products with FP8 weights take the
+              * activations as f16 hi + e4m3 lo, the lo products on the FP8 tensor cores; on
+              * unless 0 (then f16 hi + f16 lo) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
