@@ -1830,6 +1830,15 @@ int main(void)
     set_variant("LO8", "0");
     test_prefill_products();
     set_variant("LO8", NULL);
+    printf("-- a prefill's shared experts: BF16 on the grouped kernels too (SHARED_GR=1), FP8 op by op (=0)\n");
+    g_moe_shared = 1;
+    set_variant("SHARED_GR", "1");
+    test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    test_moe_shape(DS_W_BF16, 130, false, 1, DS_GEMM_BF16, 272, 80);
+    set_variant("SHARED_GR", "0");
+    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    set_variant("SHARED_GR", NULL);
+    g_moe_shared = 0;
 
     test_stage7();
     test_stage19();

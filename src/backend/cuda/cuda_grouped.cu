@@ -1163,6 +1163,37 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
     return ok;
 }
 
+/* The shared experts of a prefill as one "expert" of every token: ys (n, dim) =
+ * w2(silu(w1 x) * w3 x) with w1 and w3 in one launch and h passed on in the down
+ * product's form, where three products, two k-split sums and silu_mul ran before. */
+bool cu_grouped_mlp(float *ys, const float *x, int n, const cu_weight *w1, const cu_weight *w3, const cu_weight *w2,
+                    ds_wfmt fmt, int dim, int inter)
+{
+    int nt = (n + GG_BM - 1) / GG_BM;
+    size_t tb = sizeof(int4) * (size_t)nt, bytes = tb + 3 * sizeof(cu_weight);
+    unsigned char *ht = (unsigned char *)malloc(bytes);
+    int4 *dt = (int4 *)cu_alloc(bytes);
+    bool ok = ht && dt;
+    if (ok) {
+        for (int i = 0; i < nt; i++)
+            ((int4 *)ht)[i] = make_int4(0, i * GG_BM, (i + 1) * GG_BM < n ? (i + 1) * GG_BM : n, 0);
+        cu_weight tab[3] = {*w1, *w3, *w2};
+        memcpy(ht + tb, tab, sizeof tab);
+        cu_upload(dt, ht, bytes);
+        const cu_weight *dtab = (const cu_weight *)((unsigned char *)dt + tb);
+        bool split = cu_gemm_split();
+        if (fmt == DS_W_FP8)
+            ok = split ? gf_experts<DS_W_FP8, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter)
+                       : gf_experts<DS_W_FP8, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter);
+        else
+            ok = split ? gf_experts<DS_W_BF16, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter)
+                       : gf_experts<DS_W_BF16, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter);
+    }
+    free(ht);
+    cu_free(dt);
+    return ok;
+}
+
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T for an FP8 weight on the
  * tensor cores: gf_kernel's down form with one "expert" and every token (exact
  * e4m3, activations as f16 parts of x 2^s, block scales on the partial sums of

@@ -533,6 +533,9 @@ struct cu_variants {
     int lo8; /* DSV3_CUDA_LO8 (session 20): gr_kernel's products with FP8 weights take the
               * activations as f16 hi + e4m3 lo, the lo products on the FP8 tensor cores; on
               * unless 0 (then f16 hi + f16 lo) */
+    int shared_gr; /* DSV3_CUDA_SHARED_GR (session 20): a prefill's shared experts on the
+                    * grouped kernels as one expert of every token (w1 and w3 in one launch):
+                    * unset FP8 weights only, 1 BF16 too, 0 never (three products, silu_mul) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -648,6 +651,11 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
  * total NULL: exactly nk rows (cu_grouped_experts, tiles from the host). */
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
                             int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter);
+/* The same for one MLP over all n rows of x (the shared experts of a prefill, weights
+ * that pass cu_grouped_ok): ys (n, dim) = w2(silu(w1 x) * w3 x); false: nothing queued
+ * or a launch failed. */
+bool cu_grouped_mlp(float *ys, const float *x, int n, const cu_weight *w1, const cu_weight *w3, const cu_weight *w2,
+                    ds_wfmt fmt, int dim, int inter);
 /* Tokens per tile of the grouped kernels. */
 int cu_grouped_tile(void);
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T, W FP8 (device copy dw), on

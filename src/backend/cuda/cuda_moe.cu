@@ -925,11 +925,25 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
     return true;
 }
 
-/* y += w2(silu(w1 x) * w3 x) for n rows, one op at a time (the shared experts
- * where the grouped kernels do not take them). */
+/* y += w2(silu(w1 x) * w3 x) for n rows (the shared experts where the grouped decode
+ * kernels do not take them): at 16 tokens or more (a prefill, outside the FP8 GEMM
+ * path) with FP8 weights on the grouped prefill kernels (DSV3_CUDA_SHARED_GR: unset
+ * FP8 only; 1 BF16 too, whose products cuBLAS runs faster; 0 never), else one op at a
+ * time. */
 static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = sh->w1->cols, inter = sh->w1->rows;
+    cu_weight c1, c3, c2;
+    bool gr = cu_v.shared_gr > 0 || (cu_v.shared_gr < 0 && sh->w1->fmt == DS_W_FP8);
+    if (gr && n >= 16 && gemm == DS_GEMM_BF16 && cu_grouped_ok(sh->w1, sh->w2) && sh->w3->fmt == sh->w1->fmt &&
+        sh->w3->rows == inter && sh->w3->cols == dim && cu_device_readable(x) && cu_device_readable(y) &&
+        cu_weight_get(sh->w1, &c1) && cu_weight_get(sh->w3, &c3) && cu_weight_get(sh->w2, &c2)) {
+        float *ys = (float *)cu_alloc(sizeof(float) * (size_t)n * dim);
+        bool ok = ys && cu_grouped_mlp(ys, x, n, &c1, &c3, &c2, sh->w1->fmt, dim, inter);
+        if (ok) cu_add(y, ys, (size_t)n * dim);
+        cu_free(ys);
+        if (ok) return;
+    }
     float *a = (float *)cu_alloc(sizeof(float) * (size_t)n * inter), *g = (float *)cu_alloc(sizeof(float) * (size_t)n * inter);
     float *ys = (float *)cu_alloc(sizeof(float) * (size_t)n * dim);
     if (a && g && ys) {
