@@ -141,6 +141,34 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
     if (lane == 0) xs[w] = inv;
 }
 
+/* The same with one scale per row (xs (n)), as gr_kernel's RS form takes it: one warp
+ * per row, which finds the row's largest |x| and then writes its parts. */
+template <bool BF, bool LO8>
+__global__ void gf_gather_rows_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
+                                      const float *__restrict__ x, const int *__restrict__ list, int total, int k,
+                                      const int *__restrict__ total_d)
+{
+    if (total_d) total = *total_d;
+    size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (r >= (size_t)total) return; /* the whole warp */
+    const float *row = x + (size_t)(list ? list[r] : (int)r) * k;
+    float m = 0.0f;
+    for (int c = 2 * lane; c < k; c += 64) {
+        float2 v = *(const float2 *)(row + c);
+        m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
+    }
+    #pragma unroll
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
+    float inv, s = gf_scale(m, &inv);
+    for (int c = 2 * lane; c < k; c += 64) {
+        float2 v = *(const float2 *)(row + c);
+        if (LO8) gf_put8(xh, (uint8_t *)xl, r * k + c, v.x * s, v.y * s);
+        else gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
+    }
+    if (lane == 0) xs[r] = inv;
+}
+
 /* A stage's GF_BN weight rows, GF_BK columns from k0 (UP: rows r0.. of wa, then the
  * same rows of wb), zeros past the rows' and k's ends. */
 template <int F, bool UP>
@@ -772,7 +800,7 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
 /* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (LO_F16: lo
  * elements on from hi; LO_E4M3: from f.l), weights, scales; zeros outside the tile
  * and past k. */
-template <int F, int LO>
+template <int F, int LO, bool RS>
 __device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, size_t lo, int ks, int k)
 {
     int tid = threadIdx.x, k0 = ks * GF_BK;
@@ -796,7 +824,7 @@ __device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, si
         bool in = (f.win >> j & 1) && k0 + c / es < k;
         cu_cp16(st.b + n * GR_RAW(F) + c, in ? f.w[j] + (size_t)k0 * es : f.w[j], in);
     }
-    if (tid < GG_BM) gr_cp4(&st.xs[tid], f.xsin ? f.xs + ks : f.xs, f.xsin);
+    if (!RS && tid < GG_BM) gr_cp4(&st.xs[tid], f.xsin ? f.xs + ks : f.xs, f.xsin);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -903,7 +931,7 @@ __device__ __forceinline__ void gr_mma8(float *d, const uint32_t *a, uint64_t db
  * memory is under 256 KB). */
 template <bool BF, int LO, int NB>
 __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], const uint32_t (*a8)[4], uint64_t d0,
-                                        uint64_t d8)
+                                        uint64_t d8, bool keep)
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     /* lo first: the FP8 tensor cores keep only ~14 bits of the sums they add to (a probe
@@ -911,13 +939,13 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], con
      * whose sums keep float32's bits, go on top */
     if (LO == GR_LO_E4M3)
         #pragma unroll
-        for (int s = 0; s < GF_BK / 32; s++) gr_mma8<NB>(part, a8[s], d8 + (uint64_t)(s * 32 >> 4), s);
+        for (int s = 0; s < GF_BK / 32; s++) gr_mma8<NB>(part, a8[s], d8 + (uint64_t)(s * 32 >> 4), keep || s);
     #pragma unroll
     for (int s = 0; s < GF_BK / 16; s++)
         #pragma unroll
         for (int hl = 0; hl < (LO == GR_LO_F16 ? 2 : 1); hl++)
             gr_mma<BF, NB>(part, a[s], d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4),
-                           LO == GR_LO_E4M3 || s || hl);
+                           keep || LO == GR_LO_E4M3 || s || hl);
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
@@ -926,8 +954,11 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], con
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* gr_kernel's k steps on tiles of NB 16-token fragments (wgmma's N = 16 NB), into
  * acc: each step waits for its stage, refills the one the step before used, and
- * folds its products with the scales. ra: the thread's first fragment row. */
-template <int F, int LO, int NB>
+ * folds its products with the scales. ra: the thread's first fragment row.
+ * RS (one activation scale per row, applied after the loop): BF16 weights sum every
+ * step in acc itself; FP8 ones fold with the weight block's scale alone, each block
+ * (two steps) with f16 lo parts, each step with e4m3 ones. */
+template <int F, int LO, int NB, bool RS>
 __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src<F> &src, size_t lo, const float *srow,
                                         int ks0, int nks, int k, int ra, int q)
 {
@@ -942,7 +973,7 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads(); /* the step's stage is in, and the stage refilled below is done with */
         int nx = it + ST - 1;
-        if (nx < nks) gr_issue<F, LO>(sm.s[nx % ST], src, lo, ks0 + nx, k);
+        if (nx < nks) gr_issue<F, LO, RS>(sm.s[nx % ST], src, lo, ks0 + nx, k);
         asm volatile("cp.async.commit_group;\n" ::);
         const gr_stage<F> &st = sm.s[it % ST];
         float sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
@@ -980,23 +1011,36 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src
             #pragma unroll
             for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
         }
-        gr_step<BF, LO, NB>(part, a, a8, gr_desc(&st.a[0][0]), LO == GR_LO_E4M3 ? gr_desc8(&st.a[1][0]) : 0);
-        /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
-        #pragma unroll
-        for (int j = 0; j < 2 * NB; j++) {
-            float2 f = *(const float2 *)&st.xs[8 * j + 2 * q];
-            f.x *= sw, f.y *= sw;
-            acc[4 * j] += f.x * part[4 * j];
-            acc[4 * j + 1] += f.y * part[4 * j + 1];
-            acc[4 * j + 2] += f.x * part[4 * j + 2];
-            acc[4 * j + 3] += f.y * part[4 * j + 3];
+        const uint64_t d0 = gr_desc(&st.a[0][0]), d8 = LO == GR_LO_E4M3 ? gr_desc8(&st.a[1][0]) : 0;
+        if (RS && BF) {
+            gr_step<BF, LO, NB>(acc, a, a8, d0, d8, it > 0);
+        } else if (RS) {
+            /* FP8: the second step of a weight block adds to the first's sums, but not
+             * with e4m3 lo parts, whose products start from zero (gr_step) */
+            const bool pair = LO != GR_LO_E4M3;
+            gr_step<BF, LO, NB>(part, a, a8, d0, d8, pair && ks % 2 == 1 && it > 0);
+            if (!pair || ks % 2 == 1 || it == nks - 1)
+                #pragma unroll
+                for (int i = 0; i < 8 * NB; i++) acc[i] += sw * part[i];
+        } else {
+            gr_step<BF, LO, NB>(part, a, a8, d0, d8, false);
+            /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
+            #pragma unroll
+            for (int j = 0; j < 2 * NB; j++) {
+                float2 f = *(const float2 *)&st.xs[8 * j + 2 * q];
+                f.x *= sw, f.y *= sw;
+                acc[4 * j] += f.x * part[4 * j];
+                acc[4 * j + 1] += f.y * part[4 * j + 1];
+                acc[4 * j + 2] += f.x * part[4 * j + 2];
+                acc[4 * j + 3] += f.y * part[4 * j + 3];
+            }
         }
     }
 }
 
 #endif
 
-template <int F, bool UP, int LO>
+template <int F, bool UP, int LO, bool RS>
 __global__ void __launch_bounds__(GG_THREADS, 2)
 gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
@@ -1026,17 +1070,24 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     const size_t lo = LO == GR_LO_F16 ? (size_t)(xl - xh) : 0;
     #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
-        if (s < nks) gr_issue<F, LO>(sm.s[s], src, lo, ks0 + s, k);
+        if (s < nks) gr_issue<F, LO, RS>(sm.s[s], src, lo, ks0 + s, k);
         asm volatile("cp.async.commit_group;\n" ::);
     }
     /* the thread's fragment rows: 16 w4 + g and + 8 of the warpgroup's 64 */
     const int ra = wg * 64 + 16 * w4 + g;
     switch (min((t1 - t0 + 15) / 16, GG_BM / 16)) { /* the tile's 16-token fragments */
-    case 1: gr_loop<F, LO, 1>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
-    case 2: gr_loop<F, LO, 2>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
-    case 3: gr_loop<F, LO, 3>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
-    default: gr_loop<F, LO, 4>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    case 1: gr_loop<F, LO, 1, RS>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    case 2: gr_loop<F, LO, 2, RS>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    case 3: gr_loop<F, LO, 3, RS>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
+    default: gr_loop<F, LO, 4, RS>(acc, sm, src, lo, srow, ks0, nks, k, ra, q); break;
     }
+    if (RS) /* each token's scale */
+        #pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int t = t0 + 8 * j + 2 * q;
+            float f0 = t < t1 ? xs[t] : 0.0f, f1 = t + 1 < t1 ? xs[t + 1] : 0.0f;
+            acc[4 * j] *= f0, acc[4 * j + 1] *= f1, acc[4 * j + 2] *= f0, acc[4 * j + 3] *= f1;
+        }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads(); /* the stages are done with: the tile goes where they were */
     #pragma unroll
@@ -1052,28 +1103,30 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
 #endif
 }
 
-template <int F, int LO>
+template <int F, int LO, bool RS>
 static bool gr_ready(void)
 {
     static bool done;
-    return gk_smem(&done, gr_kernel<F, true, LO>, gr_kernel<F, false, LO>, sizeof(gr_smem<F>) + 1024);
+    return gk_smem(&done, gr_kernel<F, true, LO, RS>, gr_kernel<F, false, LO, RS>, sizeof(gr_smem<F>) + 1024);
 }
 
 /* The prefill kernels' common signature, and the one that runs: gw 2 gr_kernel (with
- * e4m3 lo parts where lo8), 1 gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
+ * e4m3 lo parts where lo8; RS: x scaled per row, gf_gather_rows_kernel's), 1
+ * gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
 typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
                       const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t);
-template <int F, bool UP, bool SPLIT>
+template <int F, bool UP, bool SPLIT, bool RS>
 static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
 {
+    const int LO = SPLIT ? GR_LO_F16 : GR_LO_NONE;
     if constexpr (F == DS_W_FP8)
         if (gw == 2 && lo8) {
             *smem = sizeof(gr_smem<F>) + 1024;
-            return gr_ready<F, GR_LO_E4M3>() ? gr_kernel<F, UP, GR_LO_E4M3> : NULL;
+            return gr_ready<F, GR_LO_E4M3, RS>() ? gr_kernel<F, UP, GR_LO_E4M3, RS> : NULL;
         }
     if (gw == 2) {
         *smem = sizeof(gr_smem<F>) + 1024;
-        return gr_ready<F, SPLIT ? GR_LO_F16 : GR_LO_NONE>() ? gr_kernel<F, UP, SPLIT ? GR_LO_F16 : GR_LO_NONE> : NULL;
+        return gr_ready<F, LO, RS>() ? gr_kernel<F, UP, LO, RS> : NULL;
     }
     if (gw) {
         *smem = sizeof(gw_smem<F>);
@@ -1099,13 +1152,16 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     int gw = gw_ok();
     bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT);
     size_t smem = 0;
-    gk_fn up = gk_pick<F, true, SPLIT>(gw, lo8, &smem), down = gk_pick<F, false, SPLIT>(gw, lo8, &smem);
+    /* x gathered with one scale per row for gr_kernel (its RS form), per chunk for the others */
+    gk_fn up = gw == 2 ? gk_pick<F, true, SPLIT, true>(gw, lo8, &smem) : gk_pick<F, true, SPLIT, false>(gw, lo8, &smem);
+    gk_fn down = gk_pick<F, false, SPLIT, false>(gw, lo8, &smem);
     bool ok = xb && hb && sc && up && down;
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)nk * xc;
-        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256);
-        if (lo8) gf_gather_kernel<false, true><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)nk * 32, 256);
+        if (gw == 2 && lo8) gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        else if (gw == 2) gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
         up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
@@ -1242,22 +1298,25 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
 {
     int kc = (k + GF_BK - 1) / GF_BK;
     dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
+    int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
     int ns = gf_ksplit((int)(grid.x * grid.y), kc, (size_t)n * rows), per = (kc + ns - 1) / ns;
+    if (gw == 2) per += per & 1; /* gr_kernel's RS form folds whole 128-column weight blocks */
     ns = (kc + per - 1) / per; /* no empty split */
     grid.z = (unsigned)ns;
     size_t nx = (size_t)n * k, ny = (size_t)n * rows;
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
-    int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
     bool lo8 = gr_lo8(gw, DS_W_FP8, SPLIT);
     size_t smem = 0;
-    gk_fn fn = gk_pick<DS_W_FP8, false, SPLIT>(gw, lo8, &smem);
+    gk_fn fn = gw == 2 ? gk_pick<DS_W_FP8, false, SPLIT, true>(gw, lo8, &smem)
+                       : gk_pick<DS_W_FP8, false, SPLIT, false>(gw, lo8, &smem);
     bool ok = xb && xs && part && fn;
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
-        unsigned gb = cu_blocks((size_t)n * kc * 32, 256);
-        if (lo8) gf_gather_kernel<false, true><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        unsigned gb = cu_blocks((size_t)n * kc * 32, 256), gr = cu_blocks((size_t)n * 32, 256);
+        if (gw == 2 && lo8) gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        else if (gw == 2) gf_gather_rows_kernel<false, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
         fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
