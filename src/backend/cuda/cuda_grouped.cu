@@ -794,7 +794,7 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
     f.xsin = tid < GG_BM && t0 + tid < t1;
     f.xs = xs + (f.xsin ? (size_t)(t0 + tid) * kc : 0);
     f.lin = t0 + tid / 4 < t1;
-    f.l = xl8 + (f.lin ? (size_t)(t0 + tid / 4) * k + tid % 4 * 16 : 0);
+    f.l = xl8 && f.lin ? xl8 + (size_t)(t0 + tid / 4) * k + tid % 4 * 16 : xl8; /* xl8 NULL: no lo parts */
 }
 
 /* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (LO_F16: lo
