@@ -1591,6 +1591,86 @@ static void test_stage12(void)
  * column counts), on and off. Partial
  * 64-column slices, heads across 128-row scale blocks, and the shapes it refuses (odd
  * columns, 136-row heads) for the other kernels. */
+/* Session 21: mla_attend of a contiguous prefill pass in the expanded form
+ * (cu_mla_expanded) against the CPU's three steps (matmul_heads_t, attention,
+ * matmul_heads) on the same positions: n tokens of sequence 1 from pos0. */
+static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
+{
+    char label[192];
+    int qk = nope + rope, ctx = pos0 + n + 5, NSEQ = 2;
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
+    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s",
+             fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "");
+    int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
+    for (int i = 0; i < n; i++) {
+        seq[i] = 1;
+        pos[i] = pos0 + i;
+    }
+    ds_weight w = make_weight(fmt, H * (nope + vd), R);
+    size_t th = (size_t)n * H, rows = (size_t)NSEQ * ctx;
+    float *q = hrand(th * qk, 1.0f), *qp = hrand(th * rope, 1.0f), *kv = hrand(rows * R, 1.0f);
+    float *pe = hrand(rows * rope, 1.0f), *qc = malloc(sizeof(float) * th * R), *o = malloc(sizeof(float) * th * R);
+    float *ref = malloc(sizeof(float) * th * vd);
+    ds_attn_args a = {.n_tokens = n, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope, .vdim = vd,
+                      .kv_rank = R, .softmax_scale = 0.05f, .ctx = ctx, .q_c = qc, .q_pe = qp, .kv_cache = kv,
+                      .pe_cache = pe, .out = o, .contiguous = true, .seq0 = 1, .pos0 = pos0};
+    C->matmul_heads_t(qc, R, q, qk, n, H, &w, 0, nope + vd, nope);
+    C->attention(&a, DS_ATTN_ABSORB);
+    C->matmul_heads(ref, vd, o, R, n, H, &w, nope, nope + vd, vd);
+    float *gq = gcopy(q, th * qk), *gqp = gcopy(qp, th * rope), *gkv = gcopy(kv, rows * R);
+    float *gpe = gcopy(pe, rows * rope), *gout = gbuf(th * vd);
+    a.q_c = NULL, a.q_pe = gqp, a.kv_cache = gkv, a.pe_cache = gpe, a.out = gout;
+    bool took = G->mla_attend(&a, &w, gq, qk);
+    CHECK_MSG(took, "%s: not taken", label);
+    if (took) {
+        /* the expansion and both products on bf16 hi + lo operands (or bf16 once) */
+        compare(label, gout, ref, th * vd, split_mode() ? SPLIT_TOL : TC_TOL);
+        check_guard(label, gout, th * vd);
+    }
+    G->free(gq), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
+    free(q), free(qp), free(kv), free(pe), free(qc), free(o), free(ref), free(seq), free(pos);
+    free_weight(&w);
+}
+
+static void test_expanded(void)
+{
+    printf("-- session 21 prefill attention in the expanded form (mla_attend)\n");
+    set_variant("EXPAND", "16");
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+        test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
+        test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
+        test_mla_expanded((ds_wfmt)f, 3, 24, 40, 256, 6, 18, 3);     /* odd parts: scalar pack, L % 4 != 0 */
+    }
+    test_mla_expanded(DS_W_BF16, 2, 32, 32, 96, 0, 33, 0);     /* no rope part */
+    test_mla_expanded(DS_W_FP8, 4, 64, 64, 128, 16, 20, 1100); /* rows over 1024 */
+    setenv("DSV3_CUDA_ATTN_CHUNK", "7", 1); /* chunks of tokens: the per-segment value products */
+    test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 40, 0);
+    test_mla_expanded(DS_W_BF16, 3, 24, 40, 256, 6, 18, 3);
+    unsetenv("DSV3_CUDA_ATTN_CHUNK");
+    /* not taken (nothing queued): fewer tokens than DSV3_CUDA_EXPAND, switched off,
+     * host memory, not contiguous */
+    ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512);
+    int seq[40] = {0}, pos[40];
+    for (int i = 0; i < 40; i++) pos[i] = i;
+    float *buf = gbuf(40 * 16 * 576), *hbuf = calloc(40 * 16 * 576, sizeof(float));
+    ds_attn_args a = {.n_tokens = 40, .seq = seq, .pos = pos, .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
+                      .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 64, .q_pe = buf, .kv_cache = buf,
+                      .pe_cache = buf, .out = buf, .contiguous = true, .seq0 = 0, .pos0 = 0};
+    set_variant("EXPAND", "41");
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took 40 tokens with DSV3_CUDA_EXPAND=41");
+    set_variant("EXPAND", "0");
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass with DSV3_CUDA_EXPAND=0");
+    set_variant("EXPAND", "16");
+    a.out = hbuf;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took host memory");
+    a.out = buf, a.contiguous = false;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass not contiguous");
+    set_variant("EXPAND", NULL);
+    G->free(buf);
+    free(hbuf);
+    free_weight(&w);
+}
+
 static void test_stage19(void)
 {
     static const int ns[] = {1, 2, 3, 5, 8};
@@ -1847,6 +1927,7 @@ int main(void)
     test_norm_fold();
     test_stage8();
     test_attn_hg();
+    test_expanded();
 
     test_fp8_golden();
     test_fp8mma();

@@ -1795,6 +1795,118 @@ bool cu_attention_dense(const ds_attn_args *a)
     return true;
 }
 
+/* ---- absorb attention of a long prefill in the expanded (MHA) form (session 21;
+ * ds_ops.mla_attend takes contiguous passes of at least DSV3_CUDA_EXPAND tokens). The
+ * pass's sequence so far (positions 0 .. pos0 + n - 1) is expanded once with wkv_b
+ * into per-head rows [k_nope | v] (one product), then, for all heads at once by
+ * strided batched GEMMs: S = [q_nope | q_pe] [k_nope | pe]^T, the causal softmax,
+ * out = P V. A score is nope + rope products (192 at V3's shapes) where the absorb
+ * form's is kv_rank + rope (576), an output row vdim (128) where absorb's is kv_rank
+ * (512), and absorb's per-head products with wkv_b (q_c and the output) go. Operands
+ * split into bf16 hi + lo as in cu_attention_dense; wkv_b dequantised exactly (the
+ * expansion is a DS_GEMM_BF16 product, as absorb's wkv_b products are). */
+
+/* Head h's rows of the expansion into the score and value operands, one block per
+ * position i: Kp[h][i] = nseg segments of [e_nope | pe] (seg k the bf16 lo part when
+ * bit k of k_lo is set), V[h][k][i] = segment k of e_v; e = E row i, head h's W =
+ * nope + vd columns. */
+__global__ void expand_pack_kernel(__nv_bfloat16 *__restrict__ Kp, __nv_bfloat16 *__restrict__ V,
+                                   const float *__restrict__ E, const float *__restrict__ pe, int P, int H, int nope,
+                                   int rp, int vd, int nseg, unsigned k_lo)
+{
+    size_t i = blockIdx.x, h = blockIdx.y;
+    int D = nope + rp, W = nope + vd;
+    const float *e = E + (i * H + h) * W;
+    __nv_bfloat16 *kr = Kp + (h * P + i) * (size_t)(nseg * D);
+    for (int c = threadIdx.x; c < D + vd; c += blockDim.x) {
+        float v = c < nope ? e[c] : c < D ? pe[i * rp + c - nope] : e[nope + c - D];
+        __nv_bfloat16 hi = __float2bfloat16_rn(v), lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+        for (int k = 0; k < nseg; k++) {
+            __nv_bfloat16 x = (k_lo >> k & 1) ? lo : hi;
+            if (c < D) kr[k * D + c] = x;
+            else V[((h * nseg + k) * P + i) * vd + c - D] = x;
+        }
+    }
+}
+
+/* The strided batched bf16 GEMM of the expanded form (column-major), float32 out */
+static bool expand_gemm(cublasOperation_t ta, int m, int nn, int k, const void *A, int lda, long long sa, const void *B,
+                        int ldb, long long sb, float beta, float *C, int ldc, long long sc, int batch)
+{
+    const float one = 1.0f;
+    return cublasGemmStridedBatchedEx(g_blas, ta, CUBLAS_OP_N, m, nn, k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF,
+                                      ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope, nope = a->nope, vd = a->vdim;
+    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx || H <= 0 ||
+        nope <= 0 || vd <= 0 || rp < 0 || qk < nope + rp || wkv_b->cols != R || wkv_b->rows < H * (nope + vd))
+        return false;
+    if (!cu_device_readable(q) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
+        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
+        return false;
+    int nseg = g_split ? 3 : 1, D = nope + rp, KD = nseg * D, W = nope + vd, P = a->pos0 + n;
+    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * P;
+    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"); /* tests: chunks of fewer tokens */
+    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
+    if (tc < 1) tc = 1;
+    if (tc > n) tc = n;
+    /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
+     * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
+    float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
+    float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * P * tc);
+    __nv_bfloat16 *Pb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * tc * nseg);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
+    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * KD);
+    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * nseg * P * vd);
+    bool mem = E && S && Pb && Q && Kp && V, ok = mem; /* no memory: cu_alloc said so */
+    if (mem) {
+        const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
+        const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
+        const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
+        cu_matmul(E, kv, P, wkv_b, 0, H * W, DS_GEMM_BF16, false);
+        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, q, qk, nope, a->q_pe, rp, rp);
+        expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 128, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
+                                                                              k_lo);
+        for (int t0 = 0; t0 < n && ok; t0 += tc) {
+            int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
+            /* per head h, column-major: S_h^T (L x c) = Kp_h (KD x L)^T Q_h^T (KD x c); row
+             * t * H + h of S (ldc H L) as cu_attention_dense lays them out */
+            ok = expand_gemm(CUBLAS_OP_T, L, c, KD, Kp, KD, (long long)P * KD, Q + (size_t)t0 * H * KD, H * KD, KD, 0.0f,
+                             S, H * L, L, H);
+            if (ok && L % 4 == 0 && L <= 1024)
+                causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+            else if (ok && L % 4 == 0 && L <= 4096)
+                causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+            else if (ok)
+                causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+            /* out_h^T (vd x c) = V_h' (vd x nseg L) P_h'^T: V_h's segments lie P rows apart,
+             * so one product over all of them when L == P (the last chunk), else one a segment */
+            float *out = a->out + (size_t)t0 * H * vd;
+            if (ok && L == P)
+                ok = expand_gemm(CUBLAS_OP_N, vd, c, nseg * L, V, vd, (long long)nseg * P * vd, Pb, H * nseg * L,
+                                 (long long)nseg * L, 0.0f, out, H * vd, vd, H);
+            for (int k = 0; ok && L < P && k < nseg; k++)
+                ok = expand_gemm(CUBLAS_OP_N, vd, c, L, V + (size_t)k * P * vd, vd, (long long)nseg * P * vd,
+                                 Pb + (size_t)k * L, H * nseg * L, (long long)nseg * L, k ? 1.0f : 0.0f, out, H * vd,
+                                 vd, H);
+        }
+        if (!ok) cu_check(cudaErrorUnknown, "expanded attention: cublasGemmStridedBatchedEx");
+    }
+    cu_free(E);
+    cu_free(S);
+    cu_free(Pb);
+    cu_free(Q);
+    cu_free(Kp);
+    cu_free(V);
+    if (mem) cu_check(cudaGetLastError(), "expanded attention: launch");
+    return mem;
+}
+
 /* ---- the machine's ceilings (dsv3 bench): device-to-device copy and bf16 GEMM */
 
 extern "C" double cuda_measure_copy_bandwidth(void)

@@ -536,6 +536,8 @@ struct cu_variants {
     int shared_gr; /* DSV3_CUDA_SHARED_GR (session 20): a prefill's shared experts on the
                     * grouped kernels as one expert of every token (w1 and w3 in one launch):
                     * unset FP8 weights only, 1 BF16 too, 0 never (three products, silu_mul) */
+    int expand; /* DSV3_CUDA_EXPAND (session 21): mla_attend takes contiguous passes of at
+                 * least this many tokens (and 16) in the expanded form (cu_mla_expanded); 0 never */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -687,6 +689,7 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
+bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 /* Fills the graph entries of the ops table (cuda_mem.cu). */
 void cu_graph_ops(ds_ops *ops);
 /* Frees the MoE layers' expert tables (cuda_forget_weights). */
