@@ -113,18 +113,27 @@ static uint32_t lcg(uint64_t *s)
 }
 
 /* Rows [0, d) of sequence 0 get uniform values in [-1, 1]. */
-static void fill_cache(const ds_model *m, ds_kvcache *kv, int d)
+static int fill_cache(const ds_model *m, ds_kvcache *kv, int d)
 {
     uint64_t s = 42;
     const ds_config *c = &m->cfg;
     size_t na = kv->attn == DS_ATTN_ABSORB ? (size_t)c->kv_lora_rank : (size_t)m->n_local_heads * m->qk_head_dim;
     size_t nb = kv->attn == DS_ATTN_ABSORB ? (size_t)c->qk_rope_head_dim : (size_t)m->n_local_heads * c->v_head_dim;
-    for (int li = 0; li < kv->n_layers; li++) {
-        float *a = kv->attn == DS_ATTN_ABSORB ? kv->kv[li] : kv->k[li];
-        float *b = kv->attn == DS_ATTN_ABSORB ? kv->pe[li] : kv->v[li];
-        for (size_t i = 0; i < (size_t)d * na; i++) a[i] = (float)lcg(&s) / 2147483648.0f - 1.0f;
-        for (size_t i = 0; i < (size_t)d * nb; i++) b[i] = (float)lcg(&s) / 2147483648.0f - 1.0f;
+    size_t most = (size_t)d * (na > nb ? na : nb);
+    float *h = most ? malloc(sizeof(float) * most) : NULL; /* the cache may be device memory: uploaded */
+    if (most && !h) {
+        fprintf(stderr, "dsv3 bench: out of memory for a KV cache of depth %d\n", d);
+        return -1;
     }
+    for (int li = 0; li < kv->n_layers && most; li++)
+        for (int part = 0; part < 2; part++) {
+            size_t cnt = (size_t)d * (part ? nb : na);
+            for (size_t i = 0; i < cnt; i++) h[i] = (float)lcg(&s) / 2147483648.0f - 1.0f;
+            float *dst = kv->attn == DS_ATTN_ABSORB ? (part ? kv->pe[li] : kv->kv[li]) : (part ? kv->v[li] : kv->k[li]);
+            m->ops->upload(dst, h, sizeof(float) * cnt);
+        }
+    free(h);
+    return 0;
 }
 
 static long peak_rss_kb(void)
@@ -360,7 +369,7 @@ int cmd_bench(int argc, char **argv)
     int E = cfg.n_routed_experts, K = cfg.n_activated_experts;
     for (int di = 0; di < nd; di++) {
         int d = dl[di];
-        fill_cache(b.m, b.kv, d);
+        if (fill_cache(b.m, b.kv, d)) goto fail;
         for (int i = 0; i < np; i++) {
             int n = pl[i];
             if (!n) continue;

@@ -1635,7 +1635,7 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
 static void test_expanded(void)
 {
     printf("-- session 21 prefill attention in the expanded form (mla_attend)\n");
-    set_variant("EXPAND", "16");
+    set_variant("EXPAND", "-16"); /* whatever the multiply-adds say */
     for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
         test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
         test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
@@ -1652,7 +1652,7 @@ static void test_expanded(void)
     ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512);
     int seq[40] = {0}, pos[40];
     for (int i = 0; i < 40; i++) pos[i] = i;
-    float *buf = gbuf(40 * 16 * 576), *hbuf = calloc(40 * 16 * 576, sizeof(float));
+    float *buf = gbuf(2100 * 576), *hbuf = calloc(40 * 16 * 576, sizeof(float)); /* 2100 cache rows */
     ds_attn_args a = {.n_tokens = 40, .seq = seq, .pos = pos, .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
                       .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 64, .q_pe = buf, .kv_cache = buf,
                       .pe_cache = buf, .out = buf, .contiguous = true, .seq0 = 0, .pos0 = 0};
@@ -1661,6 +1661,10 @@ static void test_expanded(void)
     set_variant("EXPAND", "0");
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass with DSV3_CUDA_EXPAND=0");
     set_variant("EXPAND", "16");
+    a.pos0 = 2000, a.n_tokens = 16, a.ctx = 2100; /* 16 tokens onto 2000 cached: absorb counts fewer */
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took 16 tokens at position 2000");
+    a.pos0 = 0, a.n_tokens = 40, a.ctx = 64;
+    set_variant("EXPAND", "-16");
     a.out = hbuf;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took host memory");
     a.out = buf, a.contiguous = false;

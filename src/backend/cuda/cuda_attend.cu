@@ -324,8 +324,8 @@ static void launch_attend(dim3 grid, const at_p &p)
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
-    /* a long prefill pass: the expanded form (cuda_gemm.cu) */
-    if (a->contiguous && cu_v.expand > 0 && n >= cu_v.expand && cu_mla_expanded(a, wkv_b, q, qk)) return true;
+    /* a prefill pass: the expanded form where it pays (cuda_gemm.cu) */
+    if (a->contiguous && cu_v.expand != 0 && n >= abs(cu_v.expand) && cu_mla_expanded(a, wkv_b, q, qk)) return true;
     /* the shapes the kernel takes, at short contexts only (DSV3_CUDA_ATTEND: the largest
      * pos_bound taken, 0 never) and for few tokens (DSV3_CUDA_ATTEND_N: the most) */
     if (cu_v.attend <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_v.attend || n <= 0 || n > cu_v.attend_n ||

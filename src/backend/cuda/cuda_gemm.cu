@@ -1802,7 +1802,8 @@ bool cu_attention_dense(const ds_attn_args *a)
  * strided batched GEMMs: S = [q_nope | q_pe] [k_nope | pe]^T, the causal softmax,
  * out = P V. A score is nope + rope products (192 at V3's shapes) where the absorb
  * form's is kv_rank + rope (576), an output row vdim (128) where absorb's is kv_rank
- * (512), and absorb's per-head products with wkv_b (q_c and the output) go. Operands
+ * (512), and absorb's per-head products with wkv_b (q_c and the output) go; taken
+ * where that counts fewer multiply-adds, the expansion included. Operands
  * split into bf16 hi + lo as in cu_attention_dense; wkv_b dequantised exactly (the
  * expansion is a DS_GEMM_BF16 product, as absorb's wkv_b products are). */
 
@@ -1849,6 +1850,19 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
         (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
         return false;
     int nseg = g_split ? 3 : 1, D = nope + rp, KD = nseg * D, W = nope + vd, P = a->pos0 + n;
+    /* multiply-adds of the two forms: per token, position and head nseg (R + rope + R)
+     * against nseg (nope + rope + vd); per token and head absorb's q_c and output products
+     * (2 R (nope + vd), x2 for split activations) against, per position, the expansion
+     * (H R W, x2), weighted 2.5: with its packing it costs about that much more a
+     * multiply-add (H200, 16B FP8, tok/s expanded / absorb: passes of 16 / 64 / 256 / 1024
+     * tokens onto 4096 cached 1038 / 3490 / 10120 / 8659 against 1525 / 4623 / 11053 /
+     * 6715; from position 0, 16 .. 256 tokens 1-7% faster expanded). A pass onto a deep
+     * cache expands every earlier position for its few tokens: there absorb wins.
+     * DSV3_CUDA_EXPAND < 0 (tests): the expanded form always. */
+    double pairs = (double)n * P * H, split = g_split ? 2 : 1;
+    double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
+    double expanded = pairs * nseg * (double)(D + vd) + 2.5 * P * H * R * W * split;
+    if (cu_v.expand > 0 && expanded >= absorb) return false;
     size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * P;
     int tc = (int)(DENSE_ATTN_BYTES / per_tok);
     const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"); /* tests: chunks of fewer tokens */

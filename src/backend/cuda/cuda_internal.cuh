@@ -537,7 +537,8 @@ struct cu_variants {
                     * grouped kernels as one expert of every token (w1 and w3 in one launch):
                     * unset FP8 weights only, 1 BF16 too, 0 never (three products, silu_mul) */
     int expand; /* DSV3_CUDA_EXPAND (session 21): mla_attend takes contiguous passes of at
-                 * least this many tokens (and 16) in the expanded form (cu_mla_expanded); 0 never */
+                 * least this many tokens (and 16) in the expanded form (cu_mla_expanded) where
+                 * it counts fewer multiply-adds; -N: from N tokens always (tests); 0 never */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
