@@ -1819,6 +1819,21 @@ __global__ void expand_pack_kernel(__nv_bfloat16 *__restrict__ Kp, __nv_bfloat16
     int D = nope + rp, W = nope + vd;
     const float *e = E + (i * H + h) * W;
     __nv_bfloat16 *kr = Kp + (h * P + i) * (size_t)(nseg * D);
+    if (nope % 4 == 0 && rp % 4 == 0 && vd % 4 == 0 && (uintptr_t)E % 16 == 0 && (uintptr_t)pe % 16 == 0) {
+        /* four columns a thread: 16-byte loads, 8-byte stores */
+        for (int c = 4 * threadIdx.x; c < D + vd; c += 4 * blockDim.x) {
+            float4 v = *(const float4 *)(c < nope ? e + c : c < D ? pe + i * rp + c - nope : e + nope + c - D);
+            uint2 hi, lo;
+            hi.x = bf16x2_split(v.x, v.y, &lo.x);
+            hi.y = bf16x2_split(v.z, v.w, &lo.y);
+            for (int k = 0; k < nseg; k++) {
+                uint2 x = (k_lo >> k & 1) ? lo : hi;
+                if (c < D) *(uint2 *)(kr + k * D + c) = x;
+                else *(uint2 *)(V + ((h * nseg + k) * P + i) * vd + c - D) = x;
+            }
+        }
+        return;
+    }
     for (int c = threadIdx.x; c < D + vd; c += blockDim.x) {
         float v = c < nope ? e[c] : c < D ? pe[i * rp + c - nope] : e[nope + c - D];
         __nv_bfloat16 hi = __float2bfloat16_rn(v), lo = __float2bfloat16_rn(v - __bfloat162float(hi));
@@ -1884,8 +1899,8 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
         const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
         cu_matmul(E, kv, P, wkv_b, 0, H * W, DS_GEMM_BF16, false);
         launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, q, qk, nope, a->q_pe, rp, rp);
-        expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 128, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
-                                                                              k_lo);
+        expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 64, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
+                                                                             k_lo);
         for (int t0 = 0; t0 < n && ok; t0 += tc) {
             int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
             /* per head h, column-major: S_h^T (L x c) = Kp_h (KD x L)^T Q_h^T (KD x c); row
