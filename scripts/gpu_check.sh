@@ -96,6 +96,9 @@ run_prog test_cuda_golden test_cuda_golden
 # the same with every scratch buffer filled with NaN bytes: no reader relies on what it did
 # not write (the backend leaves scratch unfilled by default)
 run_prog test_cuda_golden.nan_scratch test_cuda_golden env DSV3_CUDA_SCRATCH_FILL=-1
+# every contiguous pass of 16+ tokens in the expanded attention form (by default only where it
+# counts fewer multiply-adds: s200 and s40 from position 0)
+run_prog test_cuda_golden.expanded test_cuda_golden env DSV3_CUDA_EXPAND=-1
 run_prog bench_cuda_ops bench_cuda_ops
 if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"
@@ -137,6 +140,12 @@ if [ -n "${GPU_CHECK_MODEL:-}" ] && [ "${GPU_CHECK_FP8:-0}" = 1 ]; then
   "$(find_prog bench_cuda_model)" "$ckpt8" "$GPU_CHECK_MODEL" 2>&1 | tee "$logdir/bench_cuda_model_fp8.log"
   rc=${PIPESTATUS[0]}
   results+=("$(printf '%-26s %-8s' bench_cuda_model.fp8 "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
+  [ "$rc" = 0 ] || fails=$((fails + 1))
+  echo "== dsv3 bench --device cuda, FP8, long prompts and deep caches"
+  "$build/dsv3" bench --ckpt-path "$ckpt8" --config "$GPU_CHECK_MODEL" --device cuda -p 512,4096 -n 32 -d 0,4096 \
+    -r 3 2>&1 | tee "$logdir/dsv3_bench_fp8.log"
+  rc=${PIPESTATUS[0]}
+  results+=("$(printf '%-26s %-8s' dsv3_bench.fp8 "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
   [ "$rc" = 0 ] || fails=$((fails + 1))
 fi
 if [ "${GPU_CHECK_SANITIZE:-0}" = 1 ]; then
