@@ -401,12 +401,19 @@ int cmd_bench(int argc, char **argv)
     }
     if (tool_backend_status(o.ops)) goto fail;
     long rss = peak_rss_kb();
+    /* on a GPU the KV cache is device memory: not part of the process's resident set */
+    double kv_host = cuda ? 0 : (double)kv_bytes;
     if (json)
-        printf("{\"test\": \"memory\", \"peak_rss_bytes\": %.0f, \"checkpoint_bytes\": %zu, \"kv_cache_bytes\": %zu}\n",
-               rss * 1024.0, ckpt_bytes, kv_bytes);
+        printf("{\"test\": \"memory\", \"peak_rss_bytes\": %.0f, \"checkpoint_bytes\": %zu, \"kv_cache_bytes\": %zu, "
+               "\"kv_cache_on_device\": %s}\n",
+               rss * 1024.0, ckpt_bytes, kv_bytes, cuda ? "true" : "false");
+    else if (cuda)
+        printf("peak RSS %.2f GB = checkpoint %.2f GB + %.0f MB other; KV cache %.3f GB (ctx %d) in device memory\n",
+               rss * 1024.0 / 1e9, ckpt_bytes / 1e9, (rss * 1024.0 - (double)ckpt_bytes) / 1e6, kv_bytes / 1e9,
+               b.kv->ctx);
     else
         printf("peak RSS %.2f GB = checkpoint %.2f GB + KV cache %.3f GB (ctx %d) + %.0f MB other\n", rss * 1024.0 / 1e9,
-               ckpt_bytes / 1e9, kv_bytes / 1e9, b.kv->ctx, (rss * 1024.0 - (double)ckpt_bytes - (double)kv_bytes) / 1e6);
+               ckpt_bytes / 1e9, kv_bytes / 1e9, b.kv->ctx, (rss * 1024.0 - (double)ckpt_bytes - kv_host) / 1e6);
     rc = 0;
     goto done;
 fail:
