@@ -1465,16 +1465,13 @@ static void test_attn_hg(void)
     set_variant("NORM4", NULL);
 }
 
-/* mla_attend (stage 12: absorb attention in one launch) against the CPU's three steps:
- * matmul_heads_t, attention, matmul_heads. n tokens of two sequences at pos[t]. */
-static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n, const int *seq,
-                            const int *pos)
+/* mla_attend against the CPU's three steps (matmul_heads_t, attention, matmul_heads): n
+ * tokens of two sequences at pos[t], or (contiguous) of sequence seq[0] from pos[0]. */
+static void mla_attend_case(const char *label, ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n,
+                            const int *seq, const int *pos, bool contiguous, double tol)
 {
-    char label[160];
     int qk = nope + rope, pmax = 0;
     for (int t = 0; t < n; t++) pmax = pos[t] > pmax ? pos[t] : pmax;
-    snprintf(label, sizeof label, "mla_attend %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d", fmt_name(fmt), H, nope,
-             vd, R, rope, n, pos[0]);
     ds_weight w = make_weight(fmt, H * (nope + vd), R);
     size_t th = (size_t)n * H, rows = (size_t)2 * ctx;
     float *q = hrand(th * qk, 1.0f), *qp = hrand(th * rope, 1.0f), *kv = hrand(rows * R, 1.0f);
@@ -1482,7 +1479,8 @@ static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rop
     float *ref = malloc(sizeof(float) * th * vd);
     ds_attn_args a = {.n_tokens = n, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope, .vdim = vd,
                       .kv_rank = R, .softmax_scale = 0.05f, .ctx = ctx, .q_c = qc, .q_pe = qp, .kv_cache = kv,
-                      .pe_cache = pe, .out = o, .pos_bound = pmax + 1};
+                      .pe_cache = pe, .out = o, .contiguous = contiguous, .seq0 = contiguous ? seq[0] : 0,
+                      .pos0 = contiguous ? pos[0] : 0, .pos_bound = contiguous ? 0 : pmax + 1};
     C->matmul_heads_t(qc, R, q, qk, n, H, &w, 0, nope + vd, nope);
     C->attention(&a, DS_ATTN_ABSORB);
     C->matmul_heads(ref, vd, o, R, n, H, &w, nope, nope + vd, vd);
@@ -1492,12 +1490,22 @@ static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rop
     bool took = G->mla_attend(&a, &w, gq, qk);
     CHECK_MSG(took, "%s: not taken", label);
     if (took) {
-        compare(label, gout, ref, th * vd, 2e-5);
+        compare(label, gout, ref, th * vd, tol);
         check_guard(label, gout, th * vd);
     }
     G->free(gq), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
     free(q), free(qp), free(kv), free(pe), free(qc), free(o), free(ref);
     free_weight(&w);
+}
+
+/* mla_attend (stage 12: absorb attention in one launch) */
+static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n, const int *seq,
+                            const int *pos)
+{
+    char label[160];
+    snprintf(label, sizeof label, "mla_attend %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d", fmt_name(fmt), H, nope,
+             vd, R, rope, n, pos[0]);
+    mla_attend_case(label, fmt, H, nope, vd, R, rope, ctx, n, seq, pos, false, 2e-5);
 }
 
 /* Products of 2..8 tokens (stage 12: on the tensor cores, gemv_mma_kernel) against the
@@ -1592,12 +1600,10 @@ static void test_stage12(void)
  * 64-column slices, heads across 128-row scale blocks, and the shapes it refuses (odd
  * columns, 136-row heads) for the other kernels. */
 /* Session 21: mla_attend of a contiguous prefill pass in the expanded form
- * (cu_mla_expanded) against the CPU's three steps (matmul_heads_t, attention,
- * matmul_heads) on the same positions: n tokens of sequence 1 from pos0. */
+ * (cu_mla_expanded): n tokens of sequence 1 from pos0. */
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
 {
     char label[192];
-    int qk = nope + rope, ctx = pos0 + n + 5, NSEQ = 2;
     const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
     snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s",
              fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "");
@@ -1606,30 +1612,11 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
         seq[i] = 1;
         pos[i] = pos0 + i;
     }
-    ds_weight w = make_weight(fmt, H * (nope + vd), R);
-    size_t th = (size_t)n * H, rows = (size_t)NSEQ * ctx;
-    float *q = hrand(th * qk, 1.0f), *qp = hrand(th * rope, 1.0f), *kv = hrand(rows * R, 1.0f);
-    float *pe = hrand(rows * rope, 1.0f), *qc = malloc(sizeof(float) * th * R), *o = malloc(sizeof(float) * th * R);
-    float *ref = malloc(sizeof(float) * th * vd);
-    ds_attn_args a = {.n_tokens = n, .seq = seq, .pos = pos, .n_heads = H, .nope = nope, .rope = rope, .vdim = vd,
-                      .kv_rank = R, .softmax_scale = 0.05f, .ctx = ctx, .q_c = qc, .q_pe = qp, .kv_cache = kv,
-                      .pe_cache = pe, .out = o, .contiguous = true, .seq0 = 1, .pos0 = pos0};
-    C->matmul_heads_t(qc, R, q, qk, n, H, &w, 0, nope + vd, nope);
-    C->attention(&a, DS_ATTN_ABSORB);
-    C->matmul_heads(ref, vd, o, R, n, H, &w, nope, nope + vd, vd);
-    float *gq = gcopy(q, th * qk), *gqp = gcopy(qp, th * rope), *gkv = gcopy(kv, rows * R);
-    float *gpe = gcopy(pe, rows * rope), *gout = gbuf(th * vd);
-    a.q_c = NULL, a.q_pe = gqp, a.kv_cache = gkv, a.pe_cache = gpe, a.out = gout;
-    bool took = G->mla_attend(&a, &w, gq, qk);
-    CHECK_MSG(took, "%s: not taken", label);
-    if (took) {
-        /* the expansion and both products on bf16 hi + lo operands (or bf16 once) */
-        compare(label, gout, ref, th * vd, split_mode() ? SPLIT_TOL : TC_TOL);
-        check_guard(label, gout, th * vd);
-    }
-    G->free(gq), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
-    free(q), free(qp), free(kv), free(pe), free(qc), free(o), free(ref), free(seq), free(pos);
-    free_weight(&w);
+    /* the expansion and both products on bf16 hi + lo operands (or bf16 once) */
+    mla_attend_case(label, fmt, H, nope, vd, R, rope, pos0 + n + 5, n, seq, pos, true,
+                    split_mode() ? SPLIT_TOL : TC_TOL);
+    free(seq);
+    free(pos);
 }
 
 static void test_expanded(void)

@@ -1723,6 +1723,31 @@ __global__ void __launch_bounds__(256) causal_softmax4_kernel(const float *__res
     }
 }
 
+/* Tokens a chunk of a dense attention takes: its scores and probabilities (H rows of L
+ * a token, float32 and nseg bf16 parts) within DENSE_ATTN_BYTES; DSV3_CUDA_ATTN_CHUNK
+ * (tests) fewer. */
+static int attn_chunk_tokens(int n, int H, int L, int nseg)
+{
+    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * L;
+    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
+    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
+    if (tc < 1) tc = 1;
+    return tc > n ? n : tc;
+}
+
+/* causal_softmax_kernel, or its four-wide form where the rows allow */
+static void launch_causal_softmax(const float *S, __nv_bfloat16 *P, int rows, int L, int H, int pos0, float scale,
+                                  int nseg, unsigned q_lo)
+{
+    if (L % 4 == 0 && L <= 1024)
+        causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+    else if (L % 4 == 0 && L <= 4096)
+        causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+    else
+        causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+}
+
 bool cu_attention_dense(const ds_attn_args *a)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope;
@@ -1730,13 +1755,7 @@ bool cu_attention_dense(const ds_attn_args *a)
     if (!cu_device_readable(a->q_c) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
         (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
         return false;
-    int nseg = g_split ? 3 : 1, D = R + rp, KD = nseg * D, Lmax = a->pos0 + n;
-    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * Lmax;
-    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"); /* tests: chunks of fewer tokens */
-    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
-    if (tc < 1) tc = 1;
-    if (tc > n) tc = n;
+    int nseg = g_split ? 3 : 1, D = R + rp, KD = nseg * D, Lmax = a->pos0 + n, tc = attn_chunk_tokens(n, H, Lmax, nseg);
     /* scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys [Kh | Kl | Kh], values [Kh; Kl; Kh] */
     float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * Lmax * tc);
     __nv_bfloat16 *P = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * Lmax * tc * nseg);
@@ -1767,12 +1786,7 @@ bool cu_attention_dense(const ds_attn_args *a)
         ok = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, KD, &one, Kp, CUDA_R_16BF, KD,
                           Q + (size_t)t0 * H * KD, CUDA_R_16BF, KD, &zero, S, CUDA_R_32F, L, CUBLAS_COMPUTE_32F,
                           CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-        if (ok && L % 4 == 0 && L <= 1024)
-            causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-        else if (ok && L % 4 == 0 && L <= 4096)
-            causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-        else if (ok)
-            causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+        if (ok) launch_causal_softmax(S, P, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
         /* out^T (R x rows) = V' (R x nseg L) P'^T (nseg L x rows): V' segment k at column k * L;
          * the values are laid out with Lmax rows per segment, so one product per segment
          * when L < Lmax (earlier chunks), else one product over all */
@@ -1878,12 +1892,7 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
     double expanded = pairs * nseg * (double)(D + vd) + 2.5 * P * H * R * W * split;
     if (cu_v.expand > 0 && expanded >= absorb) return false;
-    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * P;
-    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"); /* tests: chunks of fewer tokens */
-    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
-    if (tc < 1) tc = 1;
-    if (tc > n) tc = n;
+    int tc = attn_chunk_tokens(n, H, P, nseg);
     /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
      * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
     float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
@@ -1907,12 +1916,7 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
              * t * H + h of S (ldc H L) as cu_attention_dense lays them out */
             ok = expand_gemm(CUBLAS_OP_T, L, c, KD, Kp, KD, (long long)P * KD, Q + (size_t)t0 * H * KD, H * KD, KD, 0.0f,
                              S, H * L, L, H);
-            if (ok && L % 4 == 0 && L <= 1024)
-                causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-            else if (ok && L % 4 == 0 && L <= 4096)
-                causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-            else if (ok)
-                causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, Pb, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+            if (ok) launch_causal_softmax(S, Pb, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
             /* out_h^T (vd x c) = V_h' (vd x nseg L) P_h'^T: V_h's segments lie P rows apart,
              * so one product over all of them when L == P (the last chunk), else one a segment */
             float *out = a->out + (size_t)t0 * H * vd;
