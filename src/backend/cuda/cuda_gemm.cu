@@ -1893,6 +1893,15 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     double expanded = pairs * nseg * (double)(D + vd) + 2.5 * P * H * R * W * split;
     if (cu_v.expand > 0 && expanded >= absorb) return false;
     int tc = attn_chunk_tokens(n, H, P, nseg);
+    /* the expanded rows grow with the context (V3's 128 heads: 1.5 MB a position): past
+     * half the free device memory the absorb form, which needs far less, runs instead of
+     * an out-of-memory error */
+    size_t need = (sizeof(float) * W + sizeof(__nv_bfloat16) * (KD + nseg * vd)) * (size_t)P * H +
+                  sizeof(__nv_bfloat16) * (size_t)n * H * KD, fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || need > fr / 2) {
+        cudaGetLastError();
+        return false;
+    }
     /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
      * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
     float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
