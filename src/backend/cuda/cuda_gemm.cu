@@ -1724,12 +1724,14 @@ __global__ void __launch_bounds__(256) causal_softmax4_kernel(const float *__res
 }
 
 /* Tokens a chunk of a dense attention takes: its scores and probabilities (H rows of L
- * a token, float32 and nseg bf16 parts) within DENSE_ATTN_BYTES; DSV3_CUDA_ATTN_CHUNK
- * (tests) fewer. */
+ * a token, float32 and nseg bf16 parts) within DENSE_ATTN_BYTES, a multiple of 64 so
+ * that the chunks' row lengths L keep the pass's alignment (cuBLAS and the four-wide
+ * softmax want rows of a multiple of 4 or 8); DSV3_CUDA_ATTN_CHUNK (tests) fewer. */
 static int attn_chunk_tokens(int n, int H, int L, int nseg)
 {
     size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * L;
     int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    if (tc >= 64) tc = tc / 64 * 64;
     const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
     if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
     if (tc < 1) tc = 1;
