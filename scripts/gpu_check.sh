@@ -99,6 +99,9 @@ run_prog test_cuda_golden.nan_scratch test_cuda_golden env DSV3_CUDA_SCRATCH_FIL
 # every contiguous pass of 16+ tokens in the expanded attention form (by default only where it
 # counts fewer multiply-adds: s200 and s40 from position 0)
 run_prog test_cuda_golden.expanded test_cuda_golden env DSV3_CUDA_EXPAND=-1
+# every decode step of 1..8 tokens in mla_attend's long form (by default only one token past
+# position 1024, which the golden sequences never reach)
+run_prog test_cuda_golden.attend_long test_cuda_golden env DSV3_CUDA_ATTEND=0 DSV3_CUDA_ATTEND_LONG=8
 run_prog bench_cuda_ops bench_cuda_ops
 if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"

@@ -220,7 +220,7 @@ typedef struct ds_ops {
      *   q_c = q[t][h*qk .. + nope) @ wkv_b[h*(nope+vdim) .. + nope)        (kv_rank)
      *   o_c = attention(q_c, a->q_pe, a->kv_cache, a->pe_cache) as ops->attention
      *   a->out[t][h*vdim + j] = o_c . wkv_b[h*(nope+vdim) + nope + j], j < vdim.
-     * a->q_c is not read; a->pos_bound lets a backend take only short contexts. */
+     * a->q_c is not read; a->pos_bound lets a backend choose its form by the context. */
     bool (*mla_attend)(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
     /* The residual norm folded into the products that read it (NULL, or false returned
      * with nothing queued: the model runs rmsnorm_rows, then matmul_many and matmul):
@@ -232,6 +232,8 @@ typedef struct ds_ops {
                                const float *r, const float *w, float eps);
     bool (*matmul_carry)(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0,
                          float *h);
+    /* Prompt tokens per prefill pass that suit the backend (0: the engine's default). */
+    int prefill_tokens;
 } ds_ops;
 
 /* The CPU backend. simd selects the fast kernels where the CPU has them;

@@ -8,17 +8,17 @@
 /* Prompt tokens per forward pass. Larger passes give each routed expert more
  * tokens to reuse its weights across; the attention work of a prompt is the
  * same in any chunking. Prefill of one pass of the 16B shapes (dsv3 bench -p):
- * CPU (8 layers, Zen 4) 256 tokens 113-133 tok/s, 512 135-141, 1024 136-138;
- * H200 (FP8) 256 11.1k, 512 15.5k, 1024 18.1k, 2048 14.6k (dense causal
- * attention over the pass grows with its square). DSV3_PREFILL_CHUNK
- * overrides it (tests compare chunkings). */
+ * CPU (8 layers, Zen 4) 256 tokens 113-133 tok/s, 512 135-141, 1024 136-138.
+ * A backend may ask for another length (ds_ops.prefill_tokens: CUDA one pass
+ * of up to 8192). DSV3_PREFILL_CHUNK overrides both (tests compare chunkings). */
 #define PREFILL_CHUNK 1024
 
-static int prefill_chunk(void)
+static int prefill_chunk(const ds_model *m)
 {
     const char *e = getenv("DSV3_PREFILL_CHUNK");
     int c = e ? atoi(e) : 0;
-    return c > 0 ? c : PREFILL_CHUNK;
+    if (c > 0) return c;
+    return m->ops->prefill_tokens > 0 ? m->ops->prefill_tokens : PREFILL_CHUNK;
 }
 
 static double now_s(void)
@@ -80,7 +80,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     while (keep < have && keep < n && g->cached[seq][keep] == toks[keep]) keep++;
     if (keep == n) keep = n - 1; /* recompute the last token to get its logits */
     g->n_cached[seq] = keep;
-    int chunk = prefill_chunk();
+    int chunk = prefill_chunk(g->m);
     if (chunk > n) chunk = n;
     int *sq = malloc(sizeof(int) * (size_t)chunk), *pos = malloc(sizeof(int) * (size_t)chunk);
     bool *want = calloc((size_t)chunk, 1);

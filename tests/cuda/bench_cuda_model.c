@@ -167,12 +167,12 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
                                   "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
                                   "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
                                   "MOE_DOWN256", "MOE_SHFIRST", "EVF", "MOE_DEVSORT", "SCRATCH_FILL", "MOE_WARP", "HG_DEPTH", "MOE_EARLY",
-                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA", "KSPLIT", "WGMMA_Q", "HEADS_T3", "GATE_CL", "MOE_XS", "NFOLD", "LO8", "SHARED_GR", "EXPAND"};
+                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA", "KSPLIT", "WGMMA_Q", "HEADS_T3", "GATE_CL", "MOE_XS", "NFOLD", "LO8", "SHARED_GR", "EXPAND", "ATTEND_LONG", "ATTEND_C"};
     const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);
-    printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %9s %9s\n", reps,
-           "variant", "b1", "b1 eager", "b8", "d4096", "pf512", "b1 roof", "g-e diff");
+    printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %8s %9s %9s\n", reps,
+           "variant", "b1", "b1 eager", "b8", "d4096", "b8 d4096", "pf512", "b1 roof", "g-e diff");
     for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
         for (int i = 0; i < n_names; i++) {
             snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
@@ -199,12 +199,14 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         double t8 = decode(m, kv, 8, 0, reps, logits);
         fill_cache(m, kv, depth);
         double t4k = decode(m, kv, 1, depth, reps, logits);
+        double t84k = decode(m, kv, 8, depth, reps, logits); /* sequences 1..7: zeroed caches */
         double tpf = prefill(m, kv, logits);
         kvcache_free(kv);
         double gerr = graph_vs_eager(m, logits, logits + m->cfg.vocab_size);
-        if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || tpf < 0 || gerr < 0) return -1;
-        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3,
-               tpf * 1e3, 100 * roof / t1, gerr);
+        if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || t84k < 0 || tpf < 0 || gerr < 0)
+            return -1;
+        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3,
+               t4k * 1e3, t84k * 1e3, tpf * 1e3, 100 * roof / t1, gerr);
     }
     for (int i = 0; i < n_names; i++) {
         snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);

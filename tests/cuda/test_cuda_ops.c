@@ -1573,6 +1573,7 @@ static void test_stage12(void)
     ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512), w2 = make_weight(DS_W_BF16, 4 * 64, 320);
     int pos9[9] = {0}, seq9[9] = {0};
     float *buf = gbuf(9 * 16 * 576);
+    set_variant("ATTEND_LONG", "0"); /* these steps would take the long form (session 22) */
     ds_attn_args a = {.n_tokens = 1, .seq = seq1, .pos = at[0], .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
                       .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 2000, .q_pe = buf, .kv_cache = buf,
                       .pe_cache = buf, .out = buf, .pos_bound = 1025};
@@ -1590,9 +1591,87 @@ static void test_stage12(void)
     set_variant("ATTEND_N", NULL);
     a.n_tokens = 2, a.seq = seq9, a.pos = pos9;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 2 tokens by default");
+    set_variant("ATTEND_LONG", NULL);
     G->free(buf);
     free_weight(&w);
     free_weight(&w2);
+}
+
+/* Session 22: mla_attend's long form (q_c by heads_t, attn_tc_kernel's splits, then
+ * attend_merge_kernel: the splits merged and W_v applied by a cluster per head) for
+ * steps past the one-launch kernel's bound: 1..8 tokens deep in the cache. */
+static void test_attend_long_case(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n,
+                                  const int *seq, const int *pos)
+{
+    char label[192];
+    const char *tt = getenv("DSV3_CUDA_TC_TILES"), *cc = getenv("DSV3_CUDA_ATTEND_C");
+    snprintf(label, sizeof label, "mla_attend long %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s",
+             fmt_name(fmt), H, nope, vd, R, rope, n, pos[0], tt ? " tiles " : "", tt ? tt : "", cc ? " C " : "",
+             cc ? cc : "");
+    mla_attend_case(label, fmt, H, nope, vd, R, rope, ctx, n, seq, pos, false, 2e-5);
+}
+
+static void test_attend_long(void)
+{
+    printf("-- session 22 mla_attend's long form (splits merged with W_v in one cluster launch)\n");
+    static const struct { int H, nope, vd, R, rope; } sh[] = {
+        {16, 128, 128, 512, 64}, /* 16B */
+        {8, 32, 32, 128, 32},    /* the golden tiny model */
+        {5, 24, 40, 256, 8},     /* 5 rows per block, 32 columns per block */
+        {3, 7, 9, 128, 0},       /* fewer rows than blocks, no rope part */
+    };
+    set_variant("ATTEND_LONG", "8"); /* up to 8 tokens (the default takes one) */
+    int seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0}, seq2[2] = {1, 0};
+    int deep[3][1] = {{1025}, {4000}, {4099}}, pos8[8] = {0, 1, 4099, 500, 9, 2047, 64, 130}, pos2[2] = {1100, 3};
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++)
+        for (size_t i = 0; i < sizeof sh / sizeof *sh; i++) {
+            for (int k = 0; k < 3; k++)
+                test_attend_long_case((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 4100, 1, seq1,
+                                      deep[k]);
+            test_attend_long_case((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 4100, 8, seq8, pos8);
+            test_attend_long_case((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 1200, 2, seq2, pos2);
+        }
+    test_attend_long_case(DS_W_FP8, 128, 128, 128, 512, 64, 2100, 1, seq1, deep[0]); /* V3's heads */
+    setenv("DSV3_CUDA_TC_TILES", "2", 1); /* two tiles a split (the default: one, 129 splits at 4100) */
+    test_attend_long_case(DS_W_FP8, 16, 128, 128, 512, 64, 4100, 1, seq1, deep[1]);
+    test_attend_long_case(DS_W_BF16, 8, 32, 32, 128, 32, 4100, 8, seq8, pos8);
+    unsetenv("DSV3_CUDA_TC_TILES");
+    cuda_reload_variants();
+    for (int c = 4; c >= 2; c /= 2) { /* clusters of 4 and 2 blocks (DSV3_CUDA_ATTEND_C) */
+        char cs[8];
+        snprintf(cs, sizeof cs, "%d", c);
+        set_variant("ATTEND_C", cs);
+        test_attend_long_case(DS_W_FP8, 16, 128, 128, 512, 64, 4100, 1, seq1, deep[1]);
+        test_attend_long_case(DS_W_BF16, 8, 32, 32, 128, 32, 4100, 8, seq8, pos8);
+        test_attend_long_case(DS_W_F32, 5, 24, 40, 256, 8, 1200, 2, seq2, pos2);
+        test_attend_long_case(DS_W_FP8, 3, 7, 9, 128, 0, 4100, 1, seq1, deep[2]);
+    }
+    set_variant("ATTEND_C", NULL);
+    /* not taken (the model falls back to its ops): 9 tokens, a rope part attn_tc_kernel has no
+     * form for, one split only, several tokens at short depth, switched off */
+    ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512);
+    int pos9[9] = {0}, seq9[9] = {0};
+    float *buf = gbuf(9 * 16 * 576);
+    ds_attn_args a = {.n_tokens = 9, .seq = seq9, .pos = pos9, .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
+                      .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 2000, .q_pe = buf, .kv_cache = buf,
+                      .pe_cache = buf, .out = buf, .pos_bound = 2000};
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend long took 9 tokens");
+    a.n_tokens = 1, a.seq = seq1, a.pos = deep[0], a.rope = 6;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 134), "mla_attend long took a rope part of 6");
+    a.rope = 64, a.ctx = 30, a.pos = pos2 + 1, a.pos_bound = 0;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend long took one split");
+    a.n_tokens = 2, a.seq = seq2, a.pos = pos9, a.ctx = 2000, a.pos_bound = 4;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 2 tokens at pos_bound 4");
+    set_variant("ATTEND_LONG", NULL);
+    a.pos_bound = 2000;
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend long took 2 tokens by default");
+    a.n_tokens = 1, a.seq = seq1, a.pos = deep[0];
+    set_variant("ATTEND_LONG", "0");
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a deep step with DSV3_CUDA_ATTEND_LONG=0");
+    set_variant("ATTEND_LONG", NULL);
+    test_attend_long_case(DS_W_BF16, 16, 128, 128, 512, 64, 2000, 1, seq1, deep[0]); /* the default: one token */
+    G->free(buf);
+    free_weight(&w);
 }
 
 /* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
@@ -1919,6 +1998,7 @@ int main(void)
     test_stage8();
     test_attn_hg();
     test_expanded();
+    test_attend_long();
 
     test_fp8_golden();
     test_fp8mma();

@@ -321,18 +321,195 @@ static void launch_attend(dim3 grid, const at_p &p)
     else cu_launch_cluster(mla_attend_kernel<F, 16>, grid, AT_THREADS, AT_C, smem, p);
 }
 
+/* ---- the long form (session 22): deep in the cache the one-launch kernel's clusters
+ * would each read the whole cache. There mla_attend runs q_c = q_nope W_k
+ * (heads_t), attn_tc_kernel's splits over positions (cu_attention_parts) and then
+ * attend_merge_kernel: a cluster of C blocks per (token, head), where block r merges
+ * the splits' partials for columns [r R / C, (r + 1) R / C) of o_c (the same sums
+ * as attn_combine2_kernel, in groups of splits added in a fixed order), pushes them into
+ * every block's shared memory, and after the cluster barrier multiplies the whole o_c by
+ * its slice of the head's vdim rows of wkv_b, whose first rows (16 / C each, up to 4) a
+ * warp loaded before the PDL wait. That is the combine launch and heads_vec's in one.
+ * C is 8, or DSV3_CUDA_ATTEND_C (2, 4 or 8). */
+#define AM_WARPS 8
+#define AM_THREADS (AM_WARPS * 32)
+#define AM_ZPRE 32 /* a thread's first split partials, loaded before the factors are known */
+#define AM_BATCH 8 /* then split partials a thread has in flight */
+
+template <int F, int AM_C>
+__global__ void __launch_bounds__(AM_THREADS) attend_merge_kernel(at_p p, cu_attn_parts q)
+{
+    constexpr int AM_PRE = 16 / AM_C < 4 ? 16 / AM_C : 4; /* rows per warp loaded before the wait */
+    constexpr int E = 16 / cu_wsize<F>::v;
+    constexpr int U4 = (AT_RMAX / E + 31) / 32;
+    extern __shared__ float am_fz[]; /* [splits]: each split's factor */
+    __shared__ __align__(16) float oc[AT_RMAX];
+    __shared__ float part[AM_THREADS], red[2];
+    cg::cluster_group cluster = cg::this_cluster();
+    cu_cluster_arrive_relaxed();
+    const int R = p.R, S = q.splits, nch = R / E, u4 = (nch + 31) / 32;
+    int r = (int)cluster.block_rank(), h = blockIdx.x / AM_C, t = blockIdx.y;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    size_t th = (size_t)t * p.H + h;
+    int hrow = h * (p.nope + p.vd) + p.nope, vs = (p.vd + AM_C - 1) / AM_C, v0 = r * vs, v1 = min(p.vd, v0 + vs);
+    uint4 w[AM_PRE][U4];
+    float sc[AM_PRE][U4];
+    #pragma unroll
+    for (int i = 0; i < AM_PRE; i++) {
+        int jr = v0 + warp + AM_WARPS * i;
+        #pragma unroll
+        for (int u = 0; u < U4; u++) {
+            int c = (lane + 32 * u) * E;
+            w[i][u] = make_uint4(0, 0, 0, 0);
+            sc[i][u] = 0;
+            if (jr < v1 && u < u4 && c < R) {
+                w[i][u] = at_chunk<F>(p, hrow + jr, c);
+                sc[i][u] = at_scale<F>(p, hrow + jr, c);
+            }
+        }
+    }
+    cu_pdl_wait();
+    cu_pdl_launch();
+
+    /* this block's columns: thread (zg, cl) sums the splits z = zg mod ZG of column c. Its
+     * first AM_ZPRE partials are asked for now, with the maxima and sums below (a split
+     * past the position has no partial: what is read there is never used) */
+    const int cw = R / AM_C, ZG = AM_THREADS / cw, cl = tid % cw, zg = tid / cw, c = r * cw + cl;
+    const float *po = q.po + th * S * R + c;
+    float v0s[AM_ZPRE];
+    #pragma unroll
+    for (int k = 0; k < AM_ZPRE; k++) {
+        int z = zg + ZG * k;
+        v0s[k] = z < S ? po[(size_t)z * R] : 0.0f;
+    }
+
+    /* the splits' factors e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z (each
+     * block computes the same, in the same order) */
+    const float *pm = q.pm + th * S, *pl = q.pl + th * S;
+    if (warp == 0) {
+        float mx = -INFINITY, sum = 0;
+        for (int z = lane; z < S; z += 32) mx = fmaxf(mx, pm[z]);
+        mx = cu_warp_max(mx);
+        for (int z = lane; z < S; z += 32)
+            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
+        sum = cu_warp_sum(sum);
+        if (lane == 0) red[0] = mx, red[1] = sum;
+    }
+    __syncthreads();
+    for (int z = tid; z < S; z += AM_THREADS) am_fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
+    __syncthreads();
+
+    float acc = 0;
+    #pragma unroll
+    for (int k = 0; k < AM_ZPRE; k++) {
+        int z = zg + ZG * k;
+        float f = z < S ? am_fz[z] : 0.0f;
+        if (f != 0.0f) acc += v0s[k] * f;
+    }
+    for (int z0 = zg + ZG * AM_ZPRE; z0 < S; z0 += ZG * AM_BATCH) {
+        float f[AM_BATCH], v[AM_BATCH];
+        #pragma unroll
+        for (int k = 0; k < AM_BATCH; k++) {
+            int z = z0 + ZG * k;
+            f[k] = z < S ? am_fz[z] : 0.0f;
+            v[k] = f[k] != 0.0f ? po[(size_t)z * R] : 0.0f;
+        }
+        #pragma unroll
+        for (int k = 0; k < AM_BATCH; k++)
+            if (f[k] != 0.0f) acc += v[k] * f[k];
+    }
+    part[tid] = acc;
+    __syncthreads();
+    cu_cluster_wait(); /* every block of the cluster has started: its shared memory is there */
+    if (zg == 0) {
+        float v = part[cl];
+        for (int g = 1; g < ZG; g++) v += part[g * cw + cl];
+        #pragma unroll
+        for (int b = 0; b < AM_C; b++) cluster.map_shared_rank(oc, b)[c] = v;
+    }
+    cluster.sync();
+
+    /* this block's rows of the output */
+    float *out = p.out + th * p.vd;
+    float a[AM_PRE];
+    #pragma unroll
+    for (int i = 0; i < AM_PRE; i++) {
+        int jr = v0 + warp + AM_WARPS * i;
+        a[i] = jr < v1 ? at_row_part<F, U4>(oc, w[i], sc[i], p, hrow + jr, lane, u4) : 0.0f;
+    }
+    #pragma unroll
+    for (int i = 0; i < AM_PRE; i++) {
+        int jr = v0 + warp + AM_WARPS * i;
+        a[i] = cu_warp_sum(a[i]);
+        if (lane == 0 && jr < v1) out[jr] = a[i];
+    }
+    for (int jr = v0 + warp + AM_WARPS * AM_PRE; jr < v1; jr += AM_WARPS) {
+        float b = cu_warp_sum(at_row_part<F, U4>(oc, NULL, NULL, p, hrow + jr, lane, u4));
+        if (lane == 0) out[jr] = b;
+    }
+}
+
+template <int F>
+static void launch_merge(int n, int H, size_t smem, const at_p &p, const cu_attn_parts &parts)
+{
+    int c = cu_v.attend_c == 2 || cu_v.attend_c == 4 ? cu_v.attend_c : 8;
+    dim3 grid((unsigned)(H * c), (unsigned)n);
+    if (c == 2) cu_launch_cluster(attend_merge_kernel<F, 2>, grid, AM_THREADS, 2, smem, p, parts);
+    else if (c == 4) cu_launch_cluster(attend_merge_kernel<F, 4>, grid, AM_THREADS, 4, smem, p, parts);
+    else cu_launch_cluster(attend_merge_kernel<F, 8>, grid, AM_THREADS, 8, smem, p, parts);
+}
+
+/* The long form (above) of a, which cu_mla_attend has checked for shapes; false when it
+ * does not apply (nothing queued). */
+static bool attend_long(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim;
+    if (n > cu_v.attend_long || n > 8 || !cu_attention_parts_ok(a)) return false;
+    size_t th = (size_t)n * H;
+    cu_io io = {};
+    cu_weight dw;
+    at_p p = {};
+    float *qc = (float *)cu_alloc(sizeof(float) * th * R);
+    p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * vd, false);
+    p.H = H;
+    p.nope = nope;
+    p.vd = vd;
+    p.R = R;
+    cu_attn_parts parts = {};
+    if (qc && p.out && cu_weight_get(wkv_b, &dw)) {
+        p.w = dw.data;
+        p.ws = dw.scale;
+        cu_matmul_heads_t(qc, R, q, qk, n, H, wkv_b, 0, nope + vd, nope);
+        ds_attn_args b = *a;
+        b.q_c = qc;
+        if (cu_attention_parts(&b, &parts)) {
+            size_t smem = sizeof(float) * (size_t)parts.splits;
+            if (smem > 48 * 1024) cu_check(cudaErrorInvalidValue, "mla_attend: too many splits");
+            else if (wkv_b->fmt == DS_W_FP8) launch_merge<DS_W_FP8>(n, H, smem, p, parts);
+            else if (wkv_b->fmt == DS_W_BF16) launch_merge<DS_W_BF16>(n, H, smem, p, parts);
+            else launch_merge<DS_W_F32>(n, H, smem, p, parts);
+        }
+    }
+    cu_free(parts.pm);
+    cu_free(qc);
+    cu_end(&io, "mla_attend");
+    return true;
+}
+
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
     /* a prefill pass: the expanded form where it pays (cuda_gemm.cu) */
     if (a->contiguous && cu_v.expand != 0 && n >= abs(cu_v.expand) && cu_mla_expanded(a, wkv_b, q, qk)) return true;
-    /* the shapes the kernel takes, at short contexts only (DSV3_CUDA_ATTEND: the largest
-     * pos_bound taken, 0 never) and for few tokens (DSV3_CUDA_ATTEND_N: the most) */
-    if (cu_v.attend <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_v.attend || n <= 0 || n > cu_v.attend_n ||
-        n > 65535 || H <= 0 || H > 65535 / AT_C || !(R == 128 || R == 256 || R == 512) || rp < 0 || rp > AT_ROPE ||
-        nope <= 0 || vd <= 0 || qk < nope || wkv_b->cols != R || wkv_b->rows < H * (nope + vd) ||
+    /* the shapes the kernels take */
+    if (n <= 0 || n > 65535 || H <= 0 || H > 65535 / AT_C || !(R == 128 || R == 256 || R == 512) || rp < 0 ||
+        rp > AT_ROPE || nope <= 0 || vd <= 0 || qk < nope || wkv_b->cols != R || wkv_b->rows < H * (nope + vd) ||
         !(wkv_b->fmt == DS_W_FP8 || wkv_b->fmt == DS_W_BF16 || wkv_b->fmt == DS_W_F32))
         return false;
+    /* the one-launch kernel at short contexts only (DSV3_CUDA_ATTEND: the largest pos_bound
+     * taken, 0 never) and for few tokens (DSV3_CUDA_ATTEND_N: the most); else the long form */
+    bool deep = cu_v.attend <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_v.attend;
+    if (deep || n > cu_v.attend_n) return deep && attend_long(a, wkv_b, q, qk);
     int nseq = 1; /* sizes the staging of host caches (tests) */
     if (!cu_device_readable(a->seq))
         for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;

@@ -539,6 +539,12 @@ struct cu_variants {
     int expand; /* DSV3_CUDA_EXPAND (session 21): mla_attend takes contiguous passes of at
                  * least this many tokens (and 16) in the expanded form (cu_mla_expanded) where
                  * it counts fewer multiply-adds; -N: from N tokens always (tests); 0 never */
+    int attend_long; /* DSV3_CUDA_ATTEND_LONG (session 22): mla_attend takes steps of up to this
+                      * many tokens (8 at most; default 1, 0 never) deeper than DSV3_CUDA_ATTEND as
+                      * q_c (heads_t), attn_tc_kernel's splits and one cluster launch that merges
+                      * them and applies W_v (attend_merge_kernel). FP8 16B batch 8 at depth 4096
+                      * took 6.71 / 6.73 ms with it against 6.42 / 6.43 without */
+    int attend_c; /* DSV3_CUDA_ATTEND_C: blocks per cluster of attend_merge_kernel (2, 4; else 8) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -689,6 +695,20 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
 /* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);
+/* Split partials of a decode attention in the absorb form (cuda_ops.cu): per (t*H + h)
+ * and split z, the running max pm, sum pl and unnormalised o_c po (kv_rank floats) at
+ * index (t*H + h) * splits + z; a split past the token's position has pm = -inf and no
+ * po. pm heads one pool allocation (cu_free(pm) frees all). */
+typedef struct {
+    float *pm, *pl, *po;
+    int splits;
+} cu_attn_parts;
+/* True when cu_attention_parts takes a (attn_tc_kernel in more than one split; shapes
+ * and alignment only, a->q_c may still be NULL). */
+bool cu_attention_parts_ok(const ds_attn_args *a);
+/* Queues the split attention of a without its merge; false (nothing queued) where
+ * cu_attention_parts_ok is. */
+bool cu_attention_parts(const ds_attn_args *a, cu_attn_parts *out);
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 /* Fills the graph entries of the ops table (cuda_mem.cu). */

@@ -33,7 +33,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -72,6 +72,8 @@ extern "C" void cuda_reload_variants(void)
     cu_v.moe_early = cu_env_flag("DSV3_CUDA_MOE_EARLY", 1) != 0;
     cu_v.attend = cu_env_flag("DSV3_CUDA_ATTEND", 1024);
     cu_v.attend_n = cu_env_flag("DSV3_CUDA_ATTEND_N", 1);
+    cu_v.attend_long = cu_env_flag("DSV3_CUDA_ATTEND_LONG", 1);
+    cu_v.attend_c = cu_env_flag("DSV3_CUDA_ATTEND_C", 8);
     cu_v.wgmma = cu_env_flag("DSV3_CUDA_WGMMA", 2);
     cu_v.lo8 = cu_env_flag("DSV3_CUDA_LO8", 1);
     cu_v.shared_gr = cu_env_flag("DSV3_CUDA_SHARED_GR", -1);
@@ -1150,18 +1152,18 @@ static bool attn_tc_ok(const attn_p *p)
  * split (129 splits), 1.964 with two, 2.040 with three. */
 #define TC_MIN_TILES 2
 
-static void attn_tc_split(attn_p *p, int n, int ctx)
+static void attn_tc_split(attn_p *p, int n, int ctx, int min_tiles = TC_MIN_TILES)
 {
     long long units = (long long)n * ((p->heads + TC_HEADS - 1) / TC_HEADS), tiles = (ctx + TC_POS - 1) / TC_POS;
     long long per = cu_v.tc_tiles > 0 ? cu_v.tc_tiles : (tiles * units + cu_sm_count() - 1) / cu_sm_count();
-    if (cu_v.tc_tiles <= 0 && per < TC_MIN_TILES) per = TC_MIN_TILES;
+    if (cu_v.tc_tiles <= 0 && per < min_tiles) per = min_tiles;
     if (per < 1) per = 1;
     p->chunk = (int)(per * TC_POS);
     p->splits = (int)((ctx + p->chunk - 1) / p->chunk);
 }
 
 template <int DV>
-static void launch_attn_tc(const attn_p *p, int tokens)
+static void launch_attn_tc(const attn_p *p, int tokens, bool combine = true)
 {
     dim3 grid((unsigned)(tokens * ((p->heads + TC_HEADS - 1) / TC_HEADS)), 1, (unsigned)p->splits);
     size_t smem = sizeof(float) * tc_smem_floats(p->d1 + p->d2);
@@ -1173,7 +1175,7 @@ static void launch_attn_tc(const attn_p *p, int tokens)
         allowed = smem;
     }
     cu_launch(attn_tc_kernel<DV>, grid, TC_WARPS * 32, smem, *p);
-    launch_combine(p, tokens);
+    if (combine) launch_combine(p, tokens);
 }
 
 template <int PER>
@@ -1486,43 +1488,108 @@ static unsigned *attn_tickets(void)
     return cnt;
 }
 
+/* The absorb form's attn_p of a: q_c, q_pe, the caches, seq and pos through io (device
+ * pointers pass through, host ones are staged), or as they are when io is NULL (shapes
+ * and alignment only, nothing queued). False when a staging failed. */
+static bool absorb_params(const ds_attn_args *a, cu_io *io, attn_p *p)
+{
+    int n = a->n_tokens, R = a->kv_rank, rp = a->rope, nseq = 1;
+    /* nseq only sizes the staging of host caches (tests), which come with host seq */
+    if (io && !cu_device_readable(a->seq))
+        for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
+    size_t th = (size_t)n * a->n_heads, rows = (size_t)nseq * a->ctx;
+    p->heads = a->n_heads;
+    p->scale = a->softmax_scale;
+    p->seq = (const int *)(io ? cu_in(io, a->seq, sizeof(int) * (size_t)n) : a->seq);
+    p->pos = (const int *)(io ? cu_in(io, a->pos, sizeof(int) * (size_t)n) : a->pos);
+    p->q1 = (const float *)(io && a->q_c ? cu_in(io, a->q_c, sizeof(float) * th * R) : a->q_c);
+    p->q2 = (const float *)(io ? cu_in(io, a->q_pe, sizeof(float) * th * rp) : a->q_pe);
+    p->q1s = R;
+    p->q2s = rp;
+    p->d1 = R;
+    p->d2 = rp;
+    p->dv = R;
+    p->k1 = p->v = (const float *)(io ? cu_in(io, a->kv_cache, sizeof(float) * rows * R) : a->kv_cache);
+    p->k2 = (const float *)(io ? cu_in(io, a->pe_cache, sizeof(float) * rows * rp) : a->pe_cache);
+    p->k1_seq = p->v_seq = (long long)a->ctx * R;
+    p->k1_pos = p->v_pos = R;
+    p->k2_seq = (long long)a->ctx * rp;
+    p->k2_pos = rp;
+    p->outs = R;
+    bool ok = p->seq && p->pos && (p->q1 || !a->q_c) && (p->q2 || rp == 0) && p->k1 && (p->k2 || rp == 0);
+    if (rp == 0) p->q2 = p->k2 = NULL;
+    return ok;
+}
+
+/* attn_tc_kernel's least tiles per split for cu_attention_parts, whose merge launch
+ * handles many splits better than the combine (FP8 16B depth 4096, one process: 1.811 ms
+ * with one tile, 1.865 / 1.881 with two; the combine 1.909 with one, 1.848 / 1.834 with
+ * two). */
+#define TC_PARTS_TILES 1
+
+/* True when cu_attention_parts takes a: attn_tc_kernel in more than one split (shapes
+ * and alignment only; a->q_c may be NULL, it comes from pool memory). */
+bool cu_attention_parts_ok(const ds_attn_args *a)
+{
+    attn_p p = {};
+    if (a->n_tokens <= 0 || a->n_heads <= 0 || !absorb_params(a, NULL, &p) || attn_mq_ok(&p) || !attn_tc_ok(&p))
+        return false;
+    attn_tc_split(&p, a->n_tokens, a->ctx, TC_PARTS_TILES);
+    return p.splits > 1;
+}
+
+/* Absorb attention's split partials only (no combine): attn_tc_kernel over a's splits,
+ * each split's (max, sum, unnormalised o_c) into pool memory for the caller to merge
+ * (cu_mla_attend's long form). False, nothing queued, when cu_attention_parts_ok is. */
+bool cu_attention_parts(const ds_attn_args *a, cu_attn_parts *out)
+{
+    if (!cu_attention_parts_ok(a)) return false;
+    int n = a->n_tokens;
+    cu_io io = {};
+    attn_p p = {};
+    bool ok = absorb_params(a, &io, &p) && p.q1;
+    attn_tc_split(&p, n, a->ctx, TC_PARTS_TILES);
+    p.early = n == 1;
+    size_t np = (size_t)n * a->n_heads * p.splits;
+    p.pm = ok ? (float *)cu_alloc(sizeof(float) * (2 * np + np * (size_t)p.dv)) : NULL;
+    p.pl = p.pm ? p.pm + np : NULL;
+    p.po = p.pm ? p.pm + 2 * np : NULL;
+    if (p.pm) {
+        if (p.dv == 128) launch_attn_tc<128>(&p, n, false);
+        else if (p.dv == 256) launch_attn_tc<256>(&p, n, false);
+        else launch_attn_tc<512>(&p, n, false);
+    }
+    out->pm = p.pm;
+    out->pl = p.pl;
+    out->po = p.po;
+    out->splits = p.splits;
+    cu_end(&io, "attention");
+    return p.pm != NULL;
+}
+
 static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
     int n = a->n_tokens, H = a->n_heads;
     if (n <= 0 || H <= 0) return;
     if (impl == DS_ATTN_ABSORB && cu_attention_dense(a)) return;
-    int nseq = 1; /* only sizes the staging of host caches (tests), which come with host seq */
-    if (!cu_device_readable(a->seq))
-        for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
-    size_t th = (size_t)n * H, rows = (size_t)nseq * a->ctx;
+    size_t th = (size_t)n * H;
     cu_io io = {};
     attn_p p = {};
-    p.heads = H;
-    p.scale = a->softmax_scale;
-    p.seq = (const int *)cu_in(&io, a->seq, sizeof(int) * (size_t)n);
-    p.pos = (const int *)cu_in(&io, a->pos, sizeof(int) * (size_t)n);
     bool ok;
     if (impl == DS_ATTN_ABSORB) {
-        int R = a->kv_rank, rp = a->rope;
-        p.q1 = (const float *)cu_in(&io, a->q_c, sizeof(float) * th * R);
-        p.q2 = (const float *)cu_in(&io, a->q_pe, sizeof(float) * th * rp);
-        p.q1s = R;
-        p.q2s = rp;
-        p.d1 = R;
-        p.d2 = rp;
-        p.dv = R;
-        p.k1 = p.v = (const float *)cu_in(&io, a->kv_cache, sizeof(float) * rows * R);
-        p.k2 = (const float *)cu_in(&io, a->pe_cache, sizeof(float) * rows * rp);
-        p.k1_seq = p.v_seq = (long long)a->ctx * R;
-        p.k1_pos = p.v_pos = R;
-        p.k2_seq = (long long)a->ctx * rp;
-        p.k2_pos = rp;
-        p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * R, false);
-        p.outs = R;
-        ok = p.q1 && (p.q2 || rp == 0) && p.k1 && (p.k2 || rp == 0) && p.out;
-        if (rp == 0) p.q2 = p.k2 = NULL;
+        ok = absorb_params(a, &io, &p) && p.q1;
+        p.out = (float *)cu_out(&io, a->out, sizeof(float) * th * a->kv_rank, false);
+        ok = ok && p.out;
     } else {
+        int nseq = 1; /* only sizes the staging of host caches (tests), which come with host seq */
+        if (!cu_device_readable(a->seq))
+            for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
+        size_t rows = (size_t)nseq * a->ctx;
         int qk = a->nope + a->rope, vd = a->vdim;
+        p.heads = H;
+        p.scale = a->softmax_scale;
+        p.seq = (const int *)cu_in(&io, a->seq, sizeof(int) * (size_t)n);
+        p.pos = (const int *)cu_in(&io, a->pos, sizeof(int) * (size_t)n);
         p.q1 = (const float *)cu_in(&io, a->q, sizeof(float) * th * qk);
         p.q1s = qk;
         p.d1 = qk;
@@ -2338,6 +2405,9 @@ extern "C" const ds_ops *cuda_backend(void)
         g_ops.rope_copy = cu_rope_copy;
         g_ops.mla_prologue = cu_mla_prologue;
         g_ops.mla_attend = cu_mla_attend;
+        /* one pass up to 8192 tokens: on the H200 (16B, FP8) a 4761-token prompt prefilled
+         * at 17.2k tok/s in one pass, 15.0k in passes of 2048, 13.0-13.8k in 1024 (session 22) */
+        g_ops.prefill_tokens = 8192;
         cu_graph_ops(&g_ops);
         cuda_reload_variants();
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
