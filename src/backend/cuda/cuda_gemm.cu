@@ -811,11 +811,15 @@ static bool blas_ready(void)
     return true;
 }
 
+static int g_force_split; /* cu_gemm_force_split's nesting */
+
 bool cu_gemm_split(void)
 {
     const char *e = getenv("DSV3_CUDA_GEMM");
-    return !(e && !strcmp(e, "bf16"));
+    return g_force_split > 0 || !(e && !strcmp(e, "bf16"));
 }
+
+void cu_gemm_force_split(bool on) { g_force_split += on ? 1 : -1; }
 
 /* y (n, rows) = x (n, k) @ W[row0 : row0 + rows]^T through cuBLAS; false if it cannot (caller falls back). */
 static bool blas_product(cu_io *io, float *y, const float *x, int n, const ds_weight *w, const cu_weight *dw, int k,

@@ -648,6 +648,9 @@ bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const 
 /* True when prefill products split activations into bf16 hi + lo halves (~16
  * bits; the default); DSV3_CUDA_GEMM=bf16: rounded to bf16 once. */
 bool cu_gemm_split(void);
+/* Products queued between cu_gemm_force_split(true) and (false) split their activations
+ * whatever DSV3_CUDA_GEMM says (the gate's, which moe_gate promises exact). */
+void cu_gemm_force_split(bool on);
 /* The routed experts of a prefill on the tensor cores (cuda_grouped.cu):
  * ys (total, dim) = per expert w2(silu(w1 x) * w3 x) over the rows list[i] of x
  * gathered in expert order (cnt: host prefix counts, ne + 1 entries); tab: the

@@ -1416,6 +1416,10 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
         cu_check(cudaGetLastError(), "moe_gate");
         return;
     }
+    /* exact in DSV3_CUDA_GEMM=bf16 mode too: on bf16 inputs near-tied experts swap (session 21
+     * found test_cuda_ops' 20-token gate cases failing in that mode) */
+    cu_gemm_force_split(true);
     cu_matmul(sc, x, n, gate, 0, E, DS_GEMM_BF16, false);
+    cu_gemm_force_split(false);
     cu_moe_route(idx, wt, sc, bias, n, E, K, groups, limited_groups, sigmoid, route_scale);
 }
