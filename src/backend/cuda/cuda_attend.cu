@@ -96,6 +96,25 @@ __device__ __forceinline__ float at_row_part(const float *oc, const uint4 *w, co
     return a;
 }
 
+/* The end of a block's output rows (mla_attend's step 4, attend_merge_kernel): the warp
+ * sums of its NR preloaded rows v0 + warp + W i (a[i]: this lane's parts), then the
+ * block's other rows up to v1 from memory; output row jr is oc . weight row vrow + jr. */
+template <int F, int U4, int NR, int W>
+__device__ __forceinline__ void at_rows_out(const float *a, const float *oc, const at_p &p, int vrow, int v0, int v1,
+                                            int warp, int lane, int u4, float *out)
+{
+    #pragma unroll
+    for (int i = 0; i < NR; i++) {
+        int jr = v0 + warp + W * i;
+        float s = cu_warp_sum(a[i]);
+        if (lane == 0 && jr < v1) out[jr] = s;
+    }
+    for (int jr = v0 + warp + W * NR; jr < v1; jr += W) {
+        float b = cu_warp_sum(at_row_part<F, U4>(oc, NULL, NULL, p, vrow + jr, lane, u4));
+        if (lane == 0) out[jr] = b;
+    }
+}
+
 /* Two blocks per SM (registers capped at 128; 66 KB of shared memory each): with one,
  * fewer clusters of 8 fit on the GPU at once than the 16 of a 16-head layer, and FP8
  * batch 1 took 1.725 ms against 1.599 (stage 12). */
@@ -291,16 +310,7 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         for (int u = 0; u < U4; u++) wr[u] = sm.w4[i * U4 + u][tid];
         a[i] = jr < v1 ? at_row_part<F, U4>(sm.qc, wr, &s4[i * U4], p, hrow + p.nope + jr, lane, u4) : 0.0f;
     }
-    #pragma unroll
-    for (int i = 0; i < NR; i++) {
-        int jr = v0 + warp + AT_WARPS * i;
-        a[i] = cu_warp_sum(a[i]);
-        if (lane == 0 && jr < v1) out[jr] = a[i];
-    }
-    for (int jr = v0 + warp + AT_WARPS * NR; jr < v1; jr += AT_WARPS) {
-        float b = cu_warp_sum(at_row_part<F, U4>(sm.qc, NULL, NULL, p, hrow + p.nope + jr, lane, u4));
-        if (lane == 0) out[jr] = b;
-    }
+    at_rows_out<F, U4, NR, AT_WARPS>(a, sm.qc, p, hrow + p.nope, v0, v1, warp, lane, u4, out);
 }
 
 template <int F>
@@ -437,16 +447,7 @@ __global__ void __launch_bounds__(AM_THREADS) attend_merge_kernel(at_p p, cu_att
         int jr = v0 + warp + AM_WARPS * i;
         a[i] = jr < v1 ? at_row_part<F, U4>(oc, w[i], sc[i], p, hrow + jr, lane, u4) : 0.0f;
     }
-    #pragma unroll
-    for (int i = 0; i < AM_PRE; i++) {
-        int jr = v0 + warp + AM_WARPS * i;
-        a[i] = cu_warp_sum(a[i]);
-        if (lane == 0 && jr < v1) out[jr] = a[i];
-    }
-    for (int jr = v0 + warp + AM_WARPS * AM_PRE; jr < v1; jr += AM_WARPS) {
-        float b = cu_warp_sum(at_row_part<F, U4>(oc, NULL, NULL, p, hrow + jr, lane, u4));
-        if (lane == 0) out[jr] = b;
-    }
+    at_rows_out<F, U4, AM_PRE, AM_WARPS>(a, oc, p, hrow, v0, v1, warp, lane, u4, out);
 }
 
 template <int F>
