@@ -1674,10 +1674,6 @@ static void test_attend_long(void)
     free_weight(&w);
 }
 
-/* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
- * column counts), on and off. Partial
- * 64-column slices, heads across 128-row scale blocks, and the shapes it refuses (odd
- * columns, 136-row heads) for the other kernels. */
 /* Session 21: mla_attend of a contiguous prefill pass in the expanded form
  * (cu_mla_expanded): n tokens of sequence 1 from pos0. */
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
@@ -1741,6 +1737,9 @@ static void test_expanded(void)
     free_weight(&w);
 }
 
+/* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
+ * column counts), on and off. Partial 64-column slices, heads across 128-row scale
+ * blocks, and the shapes it refuses (odd columns, 136-row heads) for the other kernels. */
 static void test_stage19(void)
 {
     static const int ns[] = {1, 2, 3, 5, 8};
