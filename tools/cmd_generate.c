@@ -56,6 +56,9 @@ static void report_speed(const ds_gen *g)
     fprintf(stderr, "prefill: %ld tokens in %.2f s (%.1f tokens/s); decode: %ld tokens in %.2f s (%.1f tokens/s)\n",
             g->prefill_tokens, g->prefill_s, g->prefill_s > 0 ? g->prefill_tokens / g->prefill_s : 0.0,
             g->decode_tokens, g->decode_s, g->decode_s > 0 ? g->decode_tokens / g->decode_s : 0.0);
+    if (g->prefill_shortened)
+        fprintf(stderr, "prefill: out of memory %d time%s, passes shortened to %d tokens (DSV3_PREFILL_CHUNK sets them)\n",
+                g->prefill_shortened, g->prefill_shortened > 1 ? "s" : "", g->prefill_chunk);
 }
 
 /* Rank 0's line to every rank (length first); *line may be NULL for "stop". */

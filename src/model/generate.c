@@ -35,6 +35,7 @@ ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx)
     g->m = m;
     g->n_seq = n_seq;
     g->ctx = ctx;
+    g->prefill_chunk = prefill_chunk(m);
     g->vocab = m->cfg.vocab_size;
     ds_status s = kvcache_new(&g->kv, m, n_seq, ctx);
     if (s) {
@@ -80,24 +81,32 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     while (keep < have && keep < n && g->cached[seq][keep] == toks[keep]) keep++;
     if (keep == n) keep = n - 1; /* recompute the last token to get its logits */
     g->n_cached[seq] = keep;
-    int chunk = prefill_chunk(g->m);
-    if (chunk > n) chunk = n;
+    int chunk = g->prefill_chunk < n ? g->prefill_chunk : n;
     int *sq = malloc(sizeof(int) * (size_t)chunk), *pos = malloc(sizeof(int) * (size_t)chunk);
     bool *want = calloc((size_t)chunk, 1);
     ds_status s = DS_OK;
     if (!sq || !pos || !want) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     double t0 = now_s();
-    for (int i = keep; !s && i < n; i += chunk) {
-        int c = n - i < chunk ? n - i : chunk;
+    for (int i = keep; !s && i < n;) {
+        int c = n - i < g->prefill_chunk ? n - i : g->prefill_chunk;
         for (int j = 0; j < c; j++) {
             sq[j] = seq;
             pos[j] = i + j;
             want[j] = i + j == n - 1;
         }
         s = model_forward(g->m, g->kv, c, toks + i, sq, pos, want, g->logits + (size_t)seq * g->vocab);
+        if (s == DS_ERR_NOMEM && c > 1 && g->m->world_size == 1) {
+            /* the same positions again, shorter: what the failed pass wrote into the cache
+             * rows is overwritten before anything reads it */
+            g->prefill_chunk = c / 2;
+            g->prefill_shortened++;
+            s = DS_OK;
+            continue;
+        }
         if (!s) {
             memcpy(g->cached[seq] + i, toks + i, sizeof(int32_t) * (size_t)c);
             g->n_cached[seq] = i + c;
+            i += c;
         }
     }
     g->prefill_s += now_s() - t0;

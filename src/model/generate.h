@@ -19,6 +19,10 @@ typedef struct {
     float *logits;         /* per sequence: logits after its last token (n_seq, vocab) */
     int32_t *next;         /* per sequence, when next_ok: the pick after its last token */
     bool *next_ok;         /* (a greedy step left that instead of the logits) */
+    /* prompt tokens per prefill pass: the backend's choice, halved after a pass ran
+     * out of memory (one process only: ranks must run the same passes) */
+    int prefill_chunk;
+    int prefill_shortened; /* passes retried shorter */
     /* statistics for the tokens/s report */
     long prefill_tokens, decode_tokens;
     double prefill_s, decode_s;
@@ -28,8 +32,10 @@ ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx);
 void gen_free(ds_gen *g);
 
 /* Makes row `seq` hold exactly toks[0..n): keeps the longest common prefix with
- * what it holds and computes the rest. Leaves the last token's logits in
- * g->logits[seq]. A prompt longer than the context is DS_ERR_RANGE. */
+ * what it holds and computes the rest, g->prefill_chunk tokens a pass; a pass that
+ * runs out of memory is run again in passes of half its length, down to one token.
+ * Leaves the last token's logits in g->logits[seq]. A prompt longer than the
+ * context is DS_ERR_RANGE. */
 ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n);
 
 /* Appends toks[i] to sequence seqs[i] for i < n, one forward pass. With pick set:

@@ -11,6 +11,7 @@
  * each sequence alone. */
 #include <string.h>
 
+#include "model/generate.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -78,6 +79,66 @@ static void check_close(const char *what, const char *name, const float *a, cons
 {
     float e = max_rel(a, b, n);
     CHECK_MSG(e <= 1e-3f, "%s: %s differs by %.3g of max |logit|", name, what, e);
+}
+
+/* The fast CPU backend whose scratch allocations above g_scratch_limit bytes (0: none)
+ * fail, as a GPU's do when its memory runs out; g_scratch_max: the largest asked for. */
+static ds_ops g_tight;
+static size_t g_scratch_limit, g_scratch_max;
+
+static void *tight_alloc_scratch(size_t bytes)
+{
+    const ds_ops *c = cpu_backend(true);
+    if (bytes > g_scratch_max) g_scratch_max = bytes;
+    if (g_scratch_limit && bytes > g_scratch_limit) return NULL;
+    return c->alloc_scratch ? c->alloc_scratch(bytes) : c->alloc(bytes);
+}
+
+/* generate's prefill of n tokens in passes of `pass` (the backend's choice); the last
+ * token's logits into out (V floats); *chunk, *shortened: what gen_prefill made of it. */
+static ds_status prefill_with(ds_model *m, const int32_t *tok, int n, int pass, float *out, int *chunk, int *shortened)
+{
+    ds_gen *g;
+    g_tight.prefill_tokens = pass;
+    ds_status s = gen_new(&g, m, 1, n);
+    if (s) return s;
+    s = gen_prefill(g, 0, tok, n);
+    if (!s) memcpy(out, g->logits, sizeof(float) * (size_t)g->vocab);
+    *chunk = g->prefill_chunk;
+    *shortened = g->prefill_shortened;
+    gen_free(g);
+    return s;
+}
+
+/* A prefill pass that runs out of memory is run again in shorter passes, with the
+ * same logits as passes of that length from the start; when even one token does not
+ * fit, the error comes back. */
+static void check_prefill_retry(const char *name, const char *hf, const ds_config *cfg, const int32_t *tok, int n)
+{
+    g_tight = *cpu_backend(true);
+    g_tight.alloc_scratch = tight_alloc_scratch;
+    ds_model *m;
+    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .ops = &g_tight};
+    CHECK_OK(model_load(&m, hf, cfg, &o));
+    if (t_failures) return;
+    size_t V = (size_t)cfg->vocab_size;
+    float *ref = malloc(sizeof(float) * V), *got = malloc(sizeof(float) * V);
+    int chunk, shortened;
+    g_scratch_limit = g_scratch_max = 0;
+    CHECK_OK(prefill_with(m, tok, n, 4, ref, &chunk, &shortened));
+    size_t max4 = g_scratch_max; /* passes of 16 ask for more than passes of 4 did */
+    g_scratch_limit = max4;
+    CHECK_OK(prefill_with(m, tok, n, 16, got, &chunk, &shortened));
+    CHECK_MSG(chunk == 4 && shortened == 2, "%s: out of memory: passes of %d after %d retries, want 4 after 2", name,
+              chunk, shortened);
+    CHECK_MSG(!memcmp(got, ref, sizeof(float) * V), "%s: logits after shortened passes differ from passes of 4", name);
+    g_scratch_limit = 1; /* not even one token */
+    ds_status s = prefill_with(m, tok, n, 16, got, &chunk, &shortened);
+    CHECK_MSG(s == DS_ERR_NOMEM && chunk == 1, "%s: no memory at all: status %d, passes of %d", name, (int)s, chunk);
+    g_scratch_limit = 0;
+    model_free(m);
+    free(ref);
+    free(got);
 }
 
 static void check_variant(const variant *v)
@@ -150,6 +211,8 @@ static void check_variant(const variant *v)
     check_close("prefill 12 + decode vs prefill", v->name, one, ref, T * V);
     kvcache_free(kv);
     model_free(m);
+
+    if (v == k_variants) check_prefill_retry(v->name, hf, &cfg, tok, T);
 
     o.attn = DS_ATTN_NAIVE;
     CHECK_OK(model_load(&m, hf, &cfg, &o));
