@@ -476,21 +476,23 @@ static bool attend_long(const ds_attn_args *a, const ds_weight *wkv_b, const flo
     p.nope = nope;
     p.vd = vd;
     p.R = R;
-    cu_attn_parts parts = {};
-    if (qc && p.out && cu_weight_get(wkv_b, &dw)) {
-        p.w = dw.data;
-        p.ws = dw.scale;
-        cu_matmul_heads_t(qc, R, q, qk, n, H, wkv_b, 0, nope + vd, nope);
-        ds_attn_args b = *a;
-        b.q_c = qc;
-        if (cu_attention_parts(&b, &parts)) {
-            size_t smem = sizeof(float) * (size_t)parts.splits;
-            if (smem > 48 * 1024) cu_check(cudaErrorInvalidValue, "mla_attend: too many splits");
-            else if (wkv_b->fmt == DS_W_FP8) launch_merge<DS_W_FP8>(n, H, smem, p, parts);
-            else if (wkv_b->fmt == DS_W_BF16) launch_merge<DS_W_BF16>(n, H, smem, p, parts);
-            else launch_merge<DS_W_F32>(n, H, smem, p, parts);
-        }
+    if (!qc || !p.out || !cu_weight_get(wkv_b, &dw)) { /* nothing queued: the model's ops run instead */
+        cu_free(qc);
+        cu_end(&io, "mla_attend");
+        return false;
     }
+    p.w = dw.data;
+    p.ws = dw.scale;
+    cu_matmul_heads_t(qc, R, q, qk, n, H, wkv_b, 0, nope + vd, nope);
+    ds_attn_args b = *a;
+    b.q_c = qc;
+    cu_attn_parts parts = {};
+    size_t smem = 0;
+    if (!cu_attention_parts(&b, &parts)) cu_check(cudaErrorMemoryAllocation, "mla_attend: split partials");
+    else if ((smem = sizeof(float) * (size_t)parts.splits) > 48 * 1024) cu_check(cudaErrorInvalidValue, "mla_attend: too many splits");
+    else if (wkv_b->fmt == DS_W_FP8) launch_merge<DS_W_FP8>(n, H, smem, p, parts);
+    else if (wkv_b->fmt == DS_W_BF16) launch_merge<DS_W_BF16>(n, H, smem, p, parts);
+    else launch_merge<DS_W_F32>(n, H, smem, p, parts);
     cu_free(parts.pm);
     cu_free(qc);
     cu_end(&io, "mla_attend");
