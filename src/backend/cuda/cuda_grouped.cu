@@ -146,13 +146,19 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
 template <bool BF, bool LO8>
 __global__ void gf_gather_rows_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
                                       const float *__restrict__ x, const int *__restrict__ list, int total, int k,
-                                      const int *__restrict__ total_d)
+                                      const int *__restrict__ total_d, int idn, int idrep)
 {
-    if (total_d) total = *total_d;
     size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    int lane = threadIdx.x % 32;
-    if (r >= (size_t)total) return; /* the whole warp */
-    const float *row = x + (size_t)(list ? list[r] : (int)r) * k;
+    int lane = threadIdx.x % 32, src;
+    if (r < (size_t)total) { /* a listed row, up to *total_d of them */
+        if (total_d && r >= (size_t)*total_d) return; /* the whole warp */
+        src = list ? list[r] : (int)r;
+    } else if (r < (size_t)total + (size_t)idn * idrep) { /* x's rows again, idrep times */
+        src = (int)((r - total) % idn);
+    } else {
+        return;
+    }
+    const float *row = x + (size_t)src * k;
     float m = 0.0f;
     for (int c = 2 * lane; c < k; c += 64) {
         float2 v = *(const float2 *)(row + c);
@@ -770,7 +776,8 @@ struct gr_src {
 template <int F, bool UP>
 __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, const uint8_t *xl8, const float *xs, int kc,
                                             int t0, int t1,
-                                            const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int row0)
+                                            const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int row0,
+                                            int ld)
 {
     int tid = threadIdx.x;
     f.xin = f.win = 0;
@@ -788,7 +795,7 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
         const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
         int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
         bool in = r < rows;
-        f.w[j] = (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * k * es + c : 0);
+        f.w[j] = (const uint8_t *)w.data + (in ? (size_t)(row0 + r) * ld * es + c : 0);
         f.win |= (unsigned)in << j;
     }
     f.xsin = tid < GG_BM && t0 + tid < t1;
@@ -1057,16 +1064,17 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     if (t0 >= t1) return;
     int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
     cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    const int ld = !UP && tl.w > 0 ? tl.w : k; /* the weight's row length: a pseudo-expert's w2 is a column slice */
     int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
     const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
-    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
+    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (ld + DS_BLOCK - 1) / DS_BLOCK);
     int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
     if (!UP) oy += blockIdx.z * ystride;
     float acc[32];
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = 0.0f;
     gr_src<F> src;
-    gr_src_init<F, UP>(src, xh, (const uint8_t *)xl, xs, kc, t0, t1, wa, wb, r0, rows, k, row0);
+    gr_src_init<F, UP>(src, xh, (const uint8_t *)xl, xs, kc, t0, t1, wa, wb, r0, rows, k, row0, ld);
     const size_t lo = LO == GR_LO_F16 ? (size_t)(xl - xh) : 0;
     #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
@@ -1142,14 +1150,16 @@ static bool gr_lo8(int gw, ds_wfmt f, bool split) { return gw == 2 && f == DS_W_
 /* The experts on gf_kernel: x gathered, then up and down. */
 template <int F, bool SPLIT>
 static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
-                       const cu_weight *tab, int ne, int dim, int inter)
+                       const cu_weight *tab, int ne, int dim, int inter, int idn, int idrep)
 {
+    int gw = gw_ok();
+    if (idrep && gw != 2) return false; /* the pseudo-experts' w2 row length: gr_kernel only */
     int halves = SPLIT ? 2 : 1, xc = (dim + GF_BK - 1) / GF_BK, hc = (inter + GF_BK - 1) / GF_BK;
-    size_t nx = (size_t)nk * dim, nh = (size_t)nk * inter;
+    int rows = nk + idn * idrep; /* the listed rows, then x's rows idrep times */
+    size_t nx = (size_t)rows * dim, nh = (size_t)rows * inter;
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
-    float *sc = (float *)cu_alloc(sizeof(float) * (size_t)nk * (xc + hc));
-    int gw = gw_ok();
+    float *sc = (float *)cu_alloc(sizeof(float) * (size_t)rows * (xc + hc));
     bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT);
     size_t smem = 0;
     /* x gathered with one scale per row for gr_kernel (its RS form), per chunk for the others */
@@ -1158,10 +1168,13 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     bool ok = xb && hb && sc && up && down;
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
-        float *xs = sc, *hs = sc + (size_t)nk * xc;
-        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)nk * 32, 256);
-        if (gw == 2 && lo8) gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
-        else if (gw == 2) gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
+        float *xs = sc, *hs = sc + (size_t)rows * xc;
+        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)rows * 32, 256);
+        if (gw == 2 && lo8)
+            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total, idn, idrep);
+        else if (gw == 2)
+            gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total, idn,
+                                                                                  idrep);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
         up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
@@ -1186,15 +1199,17 @@ bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2)
  * w2(silu(w1 x) * w3 x). tab: device table [3][ne] (w1, w3, w2). */
 int cu_grouped_tile(void) { return GG_BM; }
 
+bool cu_grouped_ld_ok(void) { return gw_ok() == 2; }
+
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
-                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter)
+                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter, int idn, int idrep)
 {
     bool split = cu_gemm_split();
     if (fmt == DS_W_FP8)
-        return split ? gf_experts<DS_W_FP8, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
-                     : gf_experts<DS_W_FP8, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
-    return split ? gf_experts<DS_W_BF16, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter)
-                 : gf_experts<DS_W_BF16, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter);
+        return split ? gf_experts<DS_W_FP8, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter, idn, idrep)
+                     : gf_experts<DS_W_FP8, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter, idn, idrep);
+    return split ? gf_experts<DS_W_BF16, true>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter, idn, idrep)
+                 : gf_experts<DS_W_BF16, false>(ys, x, list, tiles, mt, total, nk, tab, ne, dim, inter, idn, idrep);
 }
 
 bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
@@ -1212,7 +1227,7 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
             for (int t = cnt[e]; t < cnt[e + 1]; t += GG_BM)
                 ht[i++] = make_int4(e, t, t + GG_BM < cnt[e + 1] ? t + GG_BM : cnt[e + 1], 0);
         cu_upload(dt, ht, sizeof(int4) * (size_t)nt);
-        ok = cu_grouped_experts_dev(ys, x, list, dt, nt, NULL, cnt[ne], ne, tab, fmt, dim, inter);
+        ok = cu_grouped_experts_dev(ys, x, list, dt, nt, NULL, cnt[ne], ne, tab, fmt, dim, inter, 0, 0);
     }
     free(ht);
     cu_free(dt);
@@ -1239,11 +1254,11 @@ bool cu_grouped_mlp(float *ys, const float *x, int n, const cu_weight *w1, const
         const cu_weight *dtab = (const cu_weight *)((unsigned char *)dt + tb);
         bool split = cu_gemm_split();
         if (fmt == DS_W_FP8)
-            ok = split ? gf_experts<DS_W_FP8, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter)
-                       : gf_experts<DS_W_FP8, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter);
+            ok = split ? gf_experts<DS_W_FP8, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter, 0, 0)
+                       : gf_experts<DS_W_FP8, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter, 0, 0);
         else
-            ok = split ? gf_experts<DS_W_BF16, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter)
-                       : gf_experts<DS_W_BF16, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter);
+            ok = split ? gf_experts<DS_W_BF16, true>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter, 0, 0)
+                       : gf_experts<DS_W_BF16, false>(ys, x, NULL, dt, nt, NULL, n, dtab, 1, dim, inter, 0, 0);
     }
     free(ht);
     cu_free(dt);
@@ -1315,8 +1330,10 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
         unsigned gb = cu_blocks((size_t)n * kc * 32, 256), gr = cu_blocks((size_t)n * 32, 256);
-        if (gw == 2 && lo8) gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        else if (gw == 2) gf_gather_rows_kernel<false, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
+        if (gw == 2 && lo8)
+            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
+        else if (gw == 2)
+            gf_gather_rows_kernel<false, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
         fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);

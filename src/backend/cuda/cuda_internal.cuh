@@ -545,6 +545,10 @@ struct cu_variants {
                       * them and applies W_v (attend_merge_kernel). FP8 16B batch 8 at depth 4096
                       * took 6.71 / 6.73 ms with it against 6.42 / 6.43 without */
     int attend_c; /* DSV3_CUDA_ATTEND_C: blocks per cluster of attend_merge_kernel (2, 4; else 8) */
+    int shared_merge; /* DSV3_CUDA_SHARED_MERGE (session 23): a prefill's shared experts as
+                       * pseudo-experts of the routed experts' width in the routed experts'
+                       * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights only,
+                       * 1 BF16 too, 0 never */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -660,9 +664,14 @@ bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *c
                         ds_wfmt fmt, int dim, int inter);
 /* The same with the grouping on the device (nothing downloaded): moe_sort_kernel's list
  * and tiles, mt tiles (the empty ones do nothing), *total (device) rows of at most nk;
- * total NULL: exactly nk rows (cu_grouped_experts, tiles from the host). */
+ * total NULL: exactly nk rows (cu_grouped_experts, tiles from the host). Rows nk ..
+ * nk + idn * idrep - 1 after them are x's rows 0 .. idn - 1, idrep times over (the shared
+ * experts' pseudo-experts; their tiles' w field is their w2's row length, which only
+ * gr_kernel reads: cu_grouped_ld_ok). */
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
-                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter);
+                            int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter, int idn, int idrep);
+/* True when the grouped kernels take a tile's own weight row length (gr_kernel runs). */
+bool cu_grouped_ld_ok(void);
 /* The same for one MLP over all n rows of x (the shared experts of a prefill, weights
  * that pass cu_grouped_ok): ys (n, dim) = w2(silu(w1 x) * w3 x); false: nothing queued
  * or a launch failed. */

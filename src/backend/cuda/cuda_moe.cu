@@ -48,18 +48,52 @@ typedef struct {
 static moe_table *g_tab;
 static int g_ntab, g_captab;
 
-/* The device table for experts ew1/ew3/ew2[0 .. ne); NULL (error recorded) on failure. */
-static const cu_weight *moe_table_get(const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int ne)
+/* Columns c0 .. of a weight with rows of `cols` columns (FP8: c0 a whole scale block). */
+static cu_weight moe_weight_cols(cu_weight w, ds_wfmt f, int c0)
 {
-    size_t bytes = sizeof(cu_weight) * 3 * (size_t)ne;
-    cu_weight *now = (cu_weight *)malloc(bytes);
+    w.data = (const uint8_t *)w.data + (size_t)c0 * (f == DS_W_FP8 ? 1 : 2);
+    if (w.scale) w.scale += c0 / DS_BLOCK;
+    return w;
+}
+
+/* Rows r0 .. of the same (FP8: r0 a whole scale block). */
+static cu_weight moe_weight_rows(cu_weight w, ds_wfmt f, int r0, int cols)
+{
+    w.data = (const uint8_t *)w.data + (size_t)r0 * cols * (f == DS_W_FP8 ? 1 : 2);
+    if (w.scale) w.scale += (size_t)(r0 / DS_BLOCK) * ((cols + DS_BLOCK - 1) / DS_BLOCK);
+    return w;
+}
+
+/* The device table [3][ne + np] (w1, w3, w2) of experts ew1/ew3/ew2[0 .. ne), then, with
+ * sh, the np pseudo-experts of the shared experts (np * inter rows of w1 and w3, as many
+ * columns of w2; inter the routed experts' width) that moe_experts_dev runs among them:
+ * pseudo-expert j is rows j * inter .. of sh's w1 and w3 and those columns of its w2.
+ * NULL (error recorded) on failure. */
+static const cu_weight *moe_table_get(const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int ne,
+                                      const ds_mlp_w *sh, int np)
+{
+    int nt = ne + np;
+    size_t bytes = sizeof(cu_weight) * 3 * (size_t)nt;
+    cu_weight *now = (cu_weight *)malloc(bytes), s1, s3, s2;
     if (!now) return NULL;
     for (int e = 0; e < ne; e++)
-        if (!cu_weight_get(&ew1[e], &now[e]) || !cu_weight_get(&ew3[e], &now[ne + e]) ||
-            !cu_weight_get(&ew2[e], &now[2 * ne + e])) {
+        if (!cu_weight_get(&ew1[e], &now[e]) || !cu_weight_get(&ew3[e], &now[nt + e]) ||
+            !cu_weight_get(&ew2[e], &now[2 * nt + e])) {
             free(now);
             return NULL;
         }
+    if (np && !(cu_weight_get(sh->w1, &s1) && cu_weight_get(sh->w3, &s3) && cu_weight_get(sh->w2, &s2))) {
+        free(now);
+        return NULL;
+    }
+    for (int j = 0; j < np; j++) {
+        int inter = ew1[0].rows, dim = ew1[0].cols;
+        ds_wfmt f = ew1[0].fmt;
+        now[ne + j] = moe_weight_rows(s1, f, j * inter, dim);
+        now[nt + ne + j] = moe_weight_rows(s3, f, j * inter, dim);
+        now[2 * nt + ne + j] = moe_weight_cols(s2, f, j * inter);
+    }
+    ne = nt;
     moe_table *t = NULL;
     for (int i = 0; i < g_ntab; i++)
         if (g_tab[i].key == ew1 && g_tab[i].ne == ne) t = &g_tab[i];
@@ -896,7 +930,7 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
                                 const ds_mlp_w *sh, moe_fq q)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
-    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, NULL, 0);
     if (!tab) return false;
     moe_shared_p sp = {};
     if (sh && !(cu_weight_get(sh->w1, &sp.w1) && cu_weight_get(sh->w3, &sp.w3) && cu_weight_get(sh->w2, &sp.w2)))
@@ -960,9 +994,11 @@ static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, 
     cu_free(ys);
 }
 
-/* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order. */
+/* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order;
+ * then, with np pseudo-experts of the shared experts (rows sh + (i n + t) * dim, i < np), plus their sum. */
 __global__ void moe_combine_kernel(float *__restrict__ y, const float *__restrict__ ys, const int *__restrict__ at,
-                                   const float *__restrict__ wt, int K, int dim)
+                                   const float *__restrict__ wt, int K, int dim, const float *__restrict__ sh, int n,
+                                   int np)
 {
     int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= dim) return;
@@ -970,6 +1006,11 @@ __global__ void moe_combine_kernel(float *__restrict__ y, const float *__restric
     for (int k = 0; k < K; k++) {
         int i = at[t * K + k];
         if (i >= 0) acc += wt[t * K + k] * ys[(size_t)i * dim + j];
+    }
+    if (np) {
+        float z = sh[(size_t)t * dim + j];
+        for (int i = 1; i < np; i++) z += sh[((size_t)i * n + t) * dim + j];
+        acc += z;
     }
     y[(size_t)t * dim + j] = acc;
 }
@@ -1007,7 +1048,9 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
             cu_silu_mul(a, g, (size_t)total * inter);
             ok = cu_blas_grouped(ys, a, total, off, c, w + 2 * ne, np, inter, dim);
         }
-        if (ok) moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, at, wt, K, dim);
+        if (ok)
+            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, at, wt, K, dim,
+                                                                                              NULL, 0, 0);
     }
     free(off);
     free(w);
@@ -1028,16 +1071,26 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
  * and the combine sums each token's K rows in k order. (Stage 9 placed the pairs stably
  * with one warp, 32 at a time: 42-55 us per MoE layer at 3072 pairs, a chain through
  * shared memory.) list: [token of sorted row | its weight (float bits) | sorted row of
- * pair p, or -1 when p's expert is another rank's]; *total: sorted rows. */
+ * pair p, or -1 when p's expert is another rank's]; *total: sorted rows. With np > 0
+ * the tiles start with the shared experts' np pseudo-experts (moe_experts_dev): ne + i
+ * over rows nk + i n .. of n tokens, w = ld, their w2's row length. */
 #define SORT_THREADS 1024
 
 __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 *tiles, int *total,
                                                                 const int *__restrict__ idx,
                                                                 const float *__restrict__ wt, int nk, int K, int e0,
-                                                                int ne, int mt, int bm)
+                                                                int ne, int mt, int bm, int n, int np, int ld)
 {
     extern __shared__ int off[]; /* [ne + 1]: counts, then each expert's next sorted row */
-    int tid = threadIdx.x;
+    int tid = threadIdx.x, pt = (n + bm - 1) / bm, ps = np * pt;
+    /* the shared experts' pseudo-experts first (whole tiles, the longest): expert ne + i,
+     * rows nk + i n .. of every token, w2 rows of ld */
+    for (int p = tid; p < ps; p += SORT_THREADS) {
+        int i = p / pt, t = nk + i * n + p % pt * bm;
+        tiles[p] = make_int4(ne + i, t, min(t + bm, nk + (i + 1) * n), ld);
+    }
+    tiles += ps;
+    mt -= ps;
     for (int e = tid; e <= ne; e += SORT_THREADS) off[e] = 0;
     __syncthreads();
     for (int p = tid; p < nk; p += SORT_THREADS) {
@@ -1069,37 +1122,64 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 
     }
 }
 
+/* How many pseudo-experts of the routed experts' width a prefill's shared experts sh
+ * make in moe_experts_dev's launches (DSV3_CUDA_SHARED_MERGE); 0: they run apart. */
+static int moe_shared_parts(const ds_mlp_w *sh, const ds_weight *ew1, bool q)
+{
+    if (!sh || q || !cu_v.shared_merge || !cu_grouped_ld_ok()) return 0;
+    const ds_weight *w1 = sh->w1, *w2 = sh->w2, *w3 = sh->w3;
+    ds_wfmt f = ew1[0].fmt;
+    int dim = ew1[0].cols, inter = ew1[0].rows, es = f == DS_W_FP8 ? 1 : 2;
+    if (cu_v.shared_merge < 0 && f != DS_W_FP8) return 0;
+    if (w1->fmt != f || w2->fmt != f || w3->fmt != f || w1->cols != dim || w3->cols != dim ||
+        w3->rows != w1->rows || w2->rows != dim || w2->cols != w1->rows || w1->rows % inter != 0 ||
+        (size_t)w2->cols * es % 16 != 0 || (f == DS_W_FP8 && inter % DS_BLOCK != 0))
+        return 0;
+    return w1->rows / inter;
+}
+
 /* The routed experts of a prefill on the tensor cores with the grouping done on the
- * device; false (nothing queued) when the path does not apply or scratch is short. */
+ * device, and with them the shared experts sh where moe_shared_parts takes them
+ * (*sh_done then true: y holds both); false (nothing queued) when the path does not
+ * apply or scratch is short. */
 static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                            ds_gemm_impl gemm, bool ue8m0)
+                            const ds_mlp_w *sh, bool *sh_done, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K, bm = cu_grouped_tile();
     /* the FP8 GEMM path (act_quant): on the FP8 tensor cores with DSV3_CUDA_FP8MMA */
     bool q = gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8;
+    *sh_done = false;
     if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || (q && !cu_v.fp8mma) ||
         !cu_device_readable(x) || !cu_device_readable(y) || !cu_device_readable(wt) || !cu_device_readable(idx))
         return false;
-    int mt = nk / bm + (ne < nk ? ne : nk) + 1;
-    if (mt > 65535) return false; /* grid.y */
-    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+    int np = moe_shared_parts(sh, ew1, q);
+    long mt = nk / bm + (ne < nk ? ne : nk) + 1 + (long)np * ((n + bm - 1) / bm);
+    if (mt > 65535 && np) { /* grid.y: the shared experts apart */
+        np = 0;
+        mt = nk / bm + (ne < nk ? ne : nk) + 1;
+    }
+    if (mt > 65535) return false;
+    const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, sh, np);
     if (!tab) return false;
+    size_t rows = (size_t)nk + (size_t)np * n; /* the sorted rows, then the pseudo-experts' */
     int *dl = (int *)cu_alloc(sizeof(int) * (3 * (size_t)nk + 1));
     int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)mt);
-    float *ys = (float *)cu_alloc(sizeof(float) * (size_t)nk * dim);
+    float *ys = (float *)cu_alloc(sizeof(float) * rows * dim);
     bool ok = dl && dt && ys;
     if (ok) {
-        int *total = dl + 3 * (size_t)nk;
+        int *total = dl + 3 * (size_t)nk, ld = np ? sh->w2->cols : 0;
         moe_sort_kernel<<<1, SORT_THREADS, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0,
-                                                                                 ne, mt, bm);
+                                                                                 ne, (int)mt, bm, n, np, ld);
         ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
-             (q ? cu_grouped_experts_q(ys, x, dl, dt, mt, total, nk, ne, tab, dim, inter, ue8m0)
-                : cu_grouped_experts_dev(ys, x, dl, dt, mt, total, nk, ne, tab, ew1[0].fmt, dim, inter));
+             (q ? cu_grouped_experts_q(ys, x, dl, dt, (int)mt, total, nk, ne, tab, dim, inter, ue8m0)
+                : cu_grouped_experts_dev(ys, x, dl, dt, (int)mt, total, nk, ne + np, tab, ew1[0].fmt, dim, inter, n,
+                                         np));
         if (ok)
-            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, dl + 2 * nk,
-                                                                                              wt, K, dim);
+            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(
+                y, ys, dl + 2 * nk, wt, K, dim, ys + (size_t)nk * dim, n, np);
         ok = ok && cu_check(cudaGetLastError(), "moe_experts: combine");
+        *sh_done = ok && np > 0;
     }
     cu_free(dl);
     cu_free(dt);
@@ -1150,7 +1230,7 @@ static void moe_experts_host(float *y, const float *x, int n, int K, const int *
         cu_device_readable(x) && cu_device_readable(y) && cu_device_readable(wt)) {
         /* tensor cores (bf16 hi + lo activations, or bf16 in DSV3_CUDA_GEMM=bf16 mode):
          * a gather, two grouped launches, then the combine in k order */
-        const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne);
+        const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, NULL, 0);
         if (cnt[ne] == 0) {
             cu_zero(y, sizeof(float) * (size_t)n * dim);
             goto done;
@@ -1159,7 +1239,7 @@ static void moe_experts_host(float *y, const float *x, int n, int K, const int *
         bool ok = ys2 && cu_grouped_experts(ys2, x, dl, cnt, ne, tab, ew1[0].fmt, dim, inter);
         if (ok)
             moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys2, dl + 2 * nk,
-                                                                                               wt, K, dim);
+                                                                                               wt, K, dim, NULL, 0, 0);
         cu_free(ys2);
         if (ok) {
             cu_check(cudaGetLastError(), "moe_experts: combine");
@@ -1207,9 +1287,10 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
             return;
         }
     }
-    if (!moe_experts_dev(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0))
+    bool sh_done = false;
+    if (!moe_experts_dev(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, &sh_done, gemm, ue8m0))
         moe_experts_host(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, gemm, ue8m0);
-    if (shared) moe_shared_add(y, x, n, shared, gemm, ue8m0);
+    if (shared && !sh_done) moe_shared_add(y, x, n, shared, gemm, ue8m0);
 }
 
 /* ---- the gate and the routing in one launch (stage 8, DSV3_CUDA_GATE) */

@@ -33,7 +33,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -77,6 +77,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.wgmma = cu_env_flag("DSV3_CUDA_WGMMA", 2);
     cu_v.lo8 = cu_env_flag("DSV3_CUDA_LO8", 1);
     cu_v.shared_gr = cu_env_flag("DSV3_CUDA_SHARED_GR", -1);
+    cu_v.shared_merge = cu_env_flag("DSV3_CUDA_SHARED_MERGE", -1);
     cu_v.expand = cu_env_flag("DSV3_CUDA_EXPAND", 16);
     cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
     cu_v.attn_tc = cu_env_flag("DSV3_CUDA_ATTN_TC", 1) != 0;
