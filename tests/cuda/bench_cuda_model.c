@@ -167,7 +167,7 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
                                   "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
                                   "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
                                   "MOE_DOWN256", "MOE_SHFIRST", "EVF", "MOE_DEVSORT", "SCRATCH_FILL", "MOE_WARP", "HG_DEPTH", "MOE_EARLY",
-                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA", "KSPLIT", "WGMMA_Q", "HEADS_T3", "GATE_CL", "MOE_XS", "NFOLD", "LO8", "SHARED_GR", "EXPAND", "ATTEND_LONG", "ATTEND_C", "SHARED_MERGE"};
+                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA", "KSPLIT", "WGMMA_Q", "HEADS_T3", "GATE_CL", "MOE_XS", "NFOLD", "LO8", "SHARED_GR", "EXPAND", "ATTEND_LONG", "ATTEND_C", "SHARED_MERGE", "FLASH", "FLASH_KC"};
     const int n_names = (int)(sizeof names / sizeof *names);
     char buf[512], var[64];
     snprintf(buf, sizeof buf, "%s", list);

@@ -1708,9 +1708,10 @@ static void test_attend_long(void)
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
 {
     char label[192];
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
-    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s",
-             fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "");
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH");
+    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s",
+             fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "",
+             fl && !strcmp(fl, "0") ? " flash off" : "");
     int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++) {
         seq[i] = 1;
@@ -1725,18 +1726,58 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
 
 static void test_expanded(void)
 {
-    printf("-- session 21 prefill attention in the expanded form (mla_attend)\n");
     set_variant("EXPAND", "-16"); /* whatever the multiply-adds say */
-    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
-        test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
-        test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
-        test_mla_expanded((ds_wfmt)f, 3, 24, 40, 256, 6, 18, 3);     /* odd parts: scalar pack, L % 4 != 0 */
+    /* the scores, softmax and values by flash_kernel where its head sizes are compiled in
+     * (192 + 128: the 16B model's; 64 + 32: the golden model's), then by cuBLAS products and
+     * a softmax launch per chunk (DSV3_CUDA_FLASH=0) */
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- session 21 prefill attention in the expanded form (mla_attend)%s\n",
+               pass ? ", flash_kernel off" : "");
+        set_variant("FLASH", pass ? "0" : NULL);
+        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+            test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
+            test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
+            test_mla_expanded((ds_wfmt)f, 3, 24, 40, 256, 6, 18, 3);     /* odd parts: scalar pack, L % 4 != 0 */
+        }
+        test_mla_expanded(DS_W_BF16, 2, 32, 32, 96, 0, 33, 0);     /* no rope part */
+        test_mla_expanded(DS_W_FP8, 4, 64, 64, 128, 16, 20, 1100); /* rows over 1024 */
+        /* flash_kernel: several query tiles and a partial one, onto cached positions (key
+         * tiles past the pass's start, the mask inside a tile), one whole tile; tiles in
+         * chunks of 4 key tiles merged (the first two), a deep pass in three chunks */
+        test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 200, 70);
+        test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
+        test_mla_expanded(DS_W_BF16, 4, 128, 128, 256, 64, 64, 0);
+        test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
+        test_mla_expanded(DS_W_BF16, 4, 128, 128, 256, 64, 64, 300);
+        /* chunks of one and two key tiles: rows that see nothing of a chunk */
+        set_variant("FLASH_KC", "1");
+        test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 200, 70);
+        test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
+        set_variant("FLASH_KC", "2");
+        test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
+        set_variant("FLASH_KC", NULL);
     }
-    test_mla_expanded(DS_W_BF16, 2, 32, 32, 96, 0, 33, 0);     /* no rope part */
-    test_mla_expanded(DS_W_FP8, 4, 64, 64, 128, 16, 20, 1100); /* rows over 1024 */
+    set_variant("FLASH", NULL);
+    /* operands rounded to bf16 once (DSV3_CUDA_GEMM=bf16): flash_kernel's one-part form */
+    const char *mode0 = getenv("DSV3_CUDA_GEMM");
+    char *saved = mode0 ? strdup(mode0) : NULL;
+    setenv("DSV3_CUDA_GEMM", split_mode() ? "bf16" : "split", 1);
+    printf("-- the expanded form with DSV3_CUDA_GEMM=%s\n", getenv("DSV3_CUDA_GEMM"));
+    test_mla_expanded(DS_W_BF16, 16, 128, 128, 512, 64, 40, 0); /* the first: products before it set the mode */
+    test_mla_expanded(DS_W_BF16, 16, 128, 128, 512, 64, 40, 0);
+    test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 200, 70);
+    test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
+    set_variant("FLASH_KC", "1");
+    test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
+    set_variant("FLASH_KC", NULL);
+    if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
+    else unsetenv("DSV3_CUDA_GEMM");
+    free(saved);
     setenv("DSV3_CUDA_ATTN_CHUNK", "7", 1); /* chunks of tokens: the per-segment value products */
+    set_variant("FLASH", "0");
     test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 40, 0);
     test_mla_expanded(DS_W_BF16, 3, 24, 40, 256, 6, 18, 3);
+    set_variant("FLASH", NULL);
     unsetenv("DSV3_CUDA_ATTN_CHUNK");
     /* not taken (nothing queued): fewer tokens than DSV3_CUDA_EXPAND, switched off,
      * host memory, not contiguous */

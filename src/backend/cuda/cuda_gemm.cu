@@ -1898,7 +1898,8 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
     double expanded = pairs * nseg * (double)(D + vd) + 2.5 * P * H * R * W * split;
     if (cu_v.expand > 0 && expanded >= absorb) return false;
-    int tc = attn_chunk_tokens(n, H, P, nseg);
+    bool flash = cu_flash_ok(D, vd, g_split); /* scores, softmax and values in one launch, none stored */
+    int tc = flash ? 1 : attn_chunk_tokens(n, H, P, nseg);
     /* the expanded rows grow with the context (V3's 128 heads: 1.5 MB a position): past
      * half the free device memory the absorb form, which needs far less, runs instead of
      * an out-of-memory error */
@@ -1911,12 +1912,12 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
      * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
     float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
-    float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * P * tc);
-    __nv_bfloat16 *Pb = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * tc * nseg);
+    float *S = flash ? NULL : (float *)cu_alloc(sizeof(float) * (size_t)H * P * tc);
+    __nv_bfloat16 *Pb = flash ? NULL : (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * tc * nseg);
     __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
     __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * KD);
     __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * nseg * P * vd);
-    bool mem = E && S && Pb && Q && Kp && V, ok = mem; /* no memory: cu_alloc said so */
+    bool mem = E && (flash || (S && Pb)) && Q && Kp && V, ok = mem; /* no memory: cu_alloc said so */
     if (mem) {
         const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
         const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
@@ -1925,7 +1926,9 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
         launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, q, qk, nope, a->q_pe, rp, rp);
         expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 64, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
                                                                              k_lo);
-        for (int t0 = 0; t0 < n && ok; t0 += tc) {
+        if (flash)
+            ok = cu_flash_attend(a->out, Q, Kp, V, n, H, P, a->pos0, a->softmax_scale, D, vd, g_split);
+        for (int t0 = 0; t0 < n && ok && !flash; t0 += tc) {
             int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
             /* per head h, column-major: S_h^T (L x c) = Kp_h (KD x L)^T Q_h^T (KD x c); row
              * t * H + h of S (ldc H L) as cu_attention_dense lays them out */
@@ -1943,7 +1946,7 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
                                  Pb + (size_t)k * L, H * nseg * L, (long long)nseg * L, k ? 1.0f : 0.0f, out, H * vd,
                                  vd, H);
         }
-        if (!ok) cu_check(cudaErrorUnknown, "expanded attention: cublasGemmStridedBatchedEx");
+        if (!ok) cu_check(cudaErrorUnknown, "expanded attention: cublasGemmStridedBatchedEx or flash_kernel");
     }
     cu_free(E);
     cu_free(S);

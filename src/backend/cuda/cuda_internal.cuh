@@ -549,6 +549,11 @@ struct cu_variants {
                        * pseudo-experts of the routed experts' width in the routed experts'
                        * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights only,
                        * 1 BF16 too, 0 never */
+    int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
+                * one launch (flash_kernel, cuda_flash.cu) where its head sizes are compiled in;
+                * on unless 0 (then cuBLAS products and a softmax launch per chunk) */
+    int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
+                   * (default 4) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
@@ -723,6 +728,14 @@ bool cu_attention_parts_ok(const ds_attn_args *a);
 bool cu_attention_parts(const ds_attn_args *a, cu_attn_parts *out);
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
+/* Whether flash_kernel takes score rows of D and value rows of DV, with split (hi + lo)
+ * operands or not (DSV3_CUDA_FLASH on, its shared memory granted). */
+bool cu_flash_ok(int D, int DV, bool split);
+/* The expanded form's attention of n queries (positions pos0 ..) of H heads over P keys
+ * from cu_mla_expanded's bf16 packs (split: hi and lo parts), into out (n H rows of DV)
+ * in one launch (cuda_flash.cu); false when nothing was queued. */
+bool cu_flash_attend(float *out, const void *Q, const void *Kp, const void *V, int n, int H, int P, int pos0,
+                     float scale, int D, int DV, bool split);
 /* Fills the graph entries of the ops table (cuda_mem.cu). */
 void cu_graph_ops(ds_ops *ops);
 /* Frees the MoE layers' expert tables (cuda_forget_weights). */
