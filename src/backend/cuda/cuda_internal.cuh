@@ -554,6 +554,8 @@ struct cu_variants {
                 * on unless 0 (then cuBLAS products and a softmax launch per chunk) */
     int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
                    * (default 4) */
+    int alloc_max; /* DSV3_CUDA_ALLOC_MAX (tests): cu_alloc fails, as on a full device, for a new
+                    * block of more than this many MiB; 0 (default) no limit */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -172,10 +172,12 @@ void *cu_alloc(size_t bytes)
         p = g_blk[best].p;
     } else {
         size_t cap = (bytes + 4095) & ~(size_t)4095;
-        if (cudaMalloc(&p, cap) != cudaSuccess) {
+        /* DSV3_CUDA_ALLOC_MAX=N (tests): a new block over N MiB fails as a full device would */
+        bool over = cu_v.alloc_max > 0 && cap > (size_t)cu_v.alloc_max << 20;
+        if (over || cudaMalloc(&p, cap) != cudaSuccess) {
             cudaGetLastError();
             pool_trim();
-            if (cudaMalloc(&p, cap) != cudaSuccess) {
+            if (over || cudaMalloc(&p, cap) != cudaSuccess) {
                 cudaGetLastError();
                 size_t fr = 0, tot = 0;
                 cudaMemGetInfo(&fr, &tot);
