@@ -1711,7 +1711,7 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
     const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH");
     snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s",
              fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "",
-             fl && !strcmp(fl, "0") ? " flash off" : "");
+             !fl ? "" : !strcmp(fl, "0") ? " flash off" : !strcmp(fl, "1") ? " flash mma.sync" : "");
     int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++) {
         seq[i] = 1;
@@ -1727,13 +1727,15 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
 static void test_expanded(void)
 {
     set_variant("EXPAND", "-16"); /* whatever the multiply-adds say */
-    /* the scores, softmax and values by flash_kernel where its head sizes are compiled in
-     * (192 + 128: the 16B model's; 64 + 32: the golden model's), then by cuBLAS products and
+    /* the scores, softmax and values in one launch where the head sizes are compiled in
+     * (192 + 128: the 16B model's, on warpgroup MMA by default, on mma.sync with
+     * DSV3_CUDA_FLASH=1; 64 + 32: the golden model's, mma.sync), then by cuBLAS products and
      * a softmax launch per chunk (DSV3_CUDA_FLASH=0) */
-    for (int pass = 0; pass < 2; pass++) {
+    static const char *const flash[] = {NULL, "1", "0"};
+    for (int pass = 0; pass < 3; pass++) {
         printf("-- session 21 prefill attention in the expanded form (mla_attend)%s\n",
-               pass ? ", flash_kernel off" : "");
-        set_variant("FLASH", pass ? "0" : NULL);
+               pass == 1 ? ", flash_kernel on mma.sync" : pass ? ", flash_kernel off" : "");
+        set_variant("FLASH", flash[pass]);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
             test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */

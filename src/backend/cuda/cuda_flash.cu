@@ -280,7 +280,230 @@ __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restr
     *(float4 *)(out + ((size_t)t * H + h) * DV + col) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-/* Whether flash_kernel<D, DV, SPLIT> has its shared memory (asked for once). */
+/* ---- the same on warpgroup MMA (DSV3_CUDA_FLASH=2, the default where the build has an
+ * sm_90a image; D and DV multiples of 64). The block's four warps are one warpgroup. The
+ * queries stay the A operand from registers (ldmatrix, as above); the key and value tiles
+ * are B operands by descriptor, in wgmma's 128-byte swizzle (GR_SW's layout: 32 rows of
+ * 64 columns a sub-tile, a row's 16-byte chunk c at c ^ (row % 8)). The keys are K-major
+ * (the scores' k runs along a key's row); the values are read MN-major (imm-trans-b: the
+ * products' k runs down the keys), so both tiles land by the same cp.async pattern. Every
+ * warp takes every tile (wgmma is warpgroup-wide), the masked ones included. */
+#define FW_SW(r, c) ((r) * 64 + ((((c) >> 3) ^ ((r) & 7)) << 3) + ((c) & 7))
+
+template <int D, int DV, bool SPLIT>
+struct fw_smem {
+    uint16_t k[SPLIT ? 2 : 1][D / 64][FL_BN * 64];  /* key tile, sub-tiles of 64 columns (4 KB) */
+    uint16_t v[SPLIT ? 2 : 1][DV / 64][FL_BN * 64]; /* value tile, the same */
+    __nv_bfloat16 q[SPLIT ? 2 : 1][FL_BM][D + 8];
+};
+
+/* ROWS rows of COLS bf16 from src (rows `stride` apart) into sub-tiles of 64 columns in
+ * FW_SW's layout, zeros from row `valid` on. */
+template <int COLS, int ROWS>
+__device__ __forceinline__ void fw_load(uint16_t (*dst)[ROWS * 64], const __nv_bfloat16 *src, size_t stride, int valid)
+{
+    constexpr int CH = COLS / 8;
+    for (int i = threadIdx.x; i < ROWS * CH; i += FL_THREADS) {
+        int r = i / CH, c = i % CH * 8;
+        bool in = r < valid;
+        cu_cp16(&dst[c / 64][FW_SW(r, c % 64)], in ? src + r * stride + c : src, in);
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+/* wgmma's descriptor of a 128-byte-swizzled tile from p: 1024 bytes from one 8-row group to the next */
+__device__ __forceinline__ uint64_t fw_desc(const void *p)
+{
+    uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
+    return ((a & 0x3ffff) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+#define FW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+                 "+f"(d[i + 6]), "+f"(d[i + 7])
+/* d (16 sums) (+)= A (registers) . B (K-major tile at db), m64n32k16 bf16; acc 0: from zero */
+__device__ __forceinline__ void fw_mma32(float *d, const uint32_t *a, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : FW_D8(0), FW_D8(8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d (32 sums) += A (registers) . B (MN-major tile at db), m64n64k16 bf16 */
+__device__ __forceinline__ void fw_mma64t(float *d, const uint32_t *a, uint64_t db)
+{
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
+                 "%29, %30, %31}, {%32, %33, %34, %35}, %36, 1, 1, 1, 1;\n"
+                 : FW_D8(0), FW_D8(8), FW_D8(16), FW_D8(24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+#undef FW_D8
+#endif
+
+template <int D, int DV, bool SPLIT>
+__global__ void __launch_bounds__(FL_THREADS, 2)
+flash_wg_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
+                const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
+                const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1;
+    extern __shared__ __align__(1024) unsigned char fw_raw[];
+    unsigned char *base = fw_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fw_raw) & 1023)) & 1023);
+    fw_smem<D, DV, SPLIT> &sm = *(fw_smem<D, DV, SPLIT> *)base;
+    const int nqt = (n + FL_BM - 1) / FL_BM, qt = nqt - 1 - (int)blockIdx.x / mc, c = (int)blockIdx.x % mc;
+    const int tiles = fl_tiles(qt, n, pos0), chunks = (tiles + kc - 1) / kc;
+    if (c >= chunks) return;
+    const int kt0 = c * kc, kt1 = min(tiles, kt0 + kc);
+    const int h = blockIdx.y, t0 = qt * FL_BM, nq = min(FL_BM, n - t0);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    const __nv_bfloat16 *qb = Q + ((size_t)t0 * H + h) * KD;
+    fl_load<D, FL_BM>(sm.q[0], qb, (size_t)H * KD, nq);
+    if (SPLIT) fl_load<D, FL_BM>(sm.q[NP - 1], qb + 2 * D, (size_t)H * KD, nq);
+    const __nv_bfloat16 *kb = Kp + (size_t)h * P * KD, *vb = V + (size_t)h * NSEG * P * DV;
+    auto load_k = [&](int kt) {
+        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
+        fw_load<D, FL_BN>(sm.k[0], kb + (size_t)j0 * KD, KD, valid);
+        if (SPLIT) fw_load<D, FL_BN>(sm.k[NP - 1], kb + (size_t)j0 * KD + D, KD, valid);
+        fl_commit();
+    };
+    auto load_v = [&](int kt) {
+        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
+        fw_load<DV, FL_BN>(sm.v[0], vb + (size_t)j0 * DV, DV, valid);
+        if (SPLIT) fw_load<DV, FL_BN>(sm.v[NP - 1], vb + ((size_t)P + j0) * DV, DV, valid);
+        fl_commit();
+    };
+    load_k(kt0);
+    load_v(kt0);
+    float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    const int w0 = pos0 + t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8};
+    uint32_t qa[D / 16][NP][4]; /* the warp's query fragments, hi and lo, for every key tile */
+    for (int kt = kt0; kt < kt1; kt++) {
+        fl_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
+        __syncthreads();
+        if (kt == kt0)
+            #pragma unroll
+            for (int i = 0; i < D / 16; i++)
+                #pragma unroll
+                for (int pt = 0; pt < NP; pt++)
+                    fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
+        const int j0 = kt * FL_BN;
+        float s[FL_BN / 8][4];
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int i = 0; i < D / 16; i++) {
+            const int kk = 16 * i;
+            const uint64_t dh = fw_desc(&sm.k[0][kk / 64][0]) + (uint64_t)((kk % 64 * 2) >> 4);
+            fw_mma32(&s[0][0], qa[i][0], dh, i > 0);
+            if (SPLIT) {
+                const uint64_t dl = fw_desc(&sm.k[NP - 1][kk / 64][0]) + (uint64_t)((kk % 64 * 2) >> 4);
+                fw_mma32(&s[0][0], qa[i][0], dl, 1);
+                fw_mma32(&s[0][0], qa[i][NP - 1], dh, 1);
+            }
+        }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads(); /* every warp is done with the keys */
+        const bool more = kt + 1 < kt1;
+        if (more) load_k(kt + 1);
+        {
+            const bool mask = j0 + FL_BN - 1 > w0;
+            float mx[2] = {m[0], m[1]};
+            #pragma unroll
+            for (int j = 0; j < FL_BN / 8; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = s[j][e] * scale2;
+                    if (mask && j0 + 8 * j + 2 * q + (e & 1) > pr[e / 2]) v = -INFINITY;
+                    s[j][e] = v;
+                    mx[e / 2] = fmaxf(mx[e / 2], v);
+                }
+            #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 2));
+            }
+            float ref[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
+            float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])}, ls[2] = {0.0f, 0.0f};
+            m[0] = mx[0], m[1] = mx[1];
+            #pragma unroll
+            for (int j = 0; j < FL_BN / 8; j++)
+                #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float p = exp2f(s[j][e] - ref[e / 2]);
+                    s[j][e] = p;
+                    ls[e / 2] += p;
+                }
+            l[0] = l[0] * corr[0] + ls[0], l[1] = l[1] * corr[1] + ls[1];
+            #pragma unroll
+            for (int j = 0; j < DV / 8; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+        }
+        if (more) fl_wait<1>();
+        else fl_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        /* the probabilities as the A operand (all of them before the first product reads them) */
+        uint32_t ph[FL_BN / 16][4], pl[FL_BN / 16][4];
+        #pragma unroll
+        for (int ks = 0; ks < FL_BN / 16; ks++) {
+            ph[ks][0] = fl_split(s[2 * ks][0], s[2 * ks][1], &pl[ks][0]);
+            ph[ks][1] = fl_split(s[2 * ks][2], s[2 * ks][3], &pl[ks][1]);
+            ph[ks][2] = fl_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[ks][2]);
+            ph[ks][3] = fl_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[ks][3]);
+        }
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        #pragma unroll
+        for (int ks = 0; ks < FL_BN / 16; ks++)
+            #pragma unroll
+            for (int half = 0; half < DV / 64; half++) {
+                /* keys 16 ks .. : 16 rows of the tile, two of its 8-row groups */
+                const uint64_t vh = fw_desc(&sm.v[0][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
+                fw_mma64t(&o[8 * half][0], ph[ks], vh);
+                if (SPLIT) {
+                    const uint64_t vl = fw_desc(&sm.v[NP - 1][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
+                    fw_mma64t(&o[8 * half][0], ph[ks], vl);
+                    fw_mma64t(&o[8 * half][0], pl[ks], vh);
+                }
+            }
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        __syncthreads();
+        if (more) load_v(kt + 1);
+    }
+    #pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(~0u, l[i], 1);
+        l[i] += __shfl_xor_sync(~0u, l[i], 2);
+    }
+    const int ra = 16 * warp + g, rb = ra + 8, ta = t0 + ra, tb = t0 + rb;
+    if (chunks > 1) {
+        const size_t at = (((size_t)h * nqt + qt) * mc + c) * FL_BM;
+        if (q == 0) ml[at + ra] = make_float2(m[0], l[0]), ml[at + rb] = make_float2(m[1], l[1]);
+        #pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            const int col = 8 * j + 2 * q;
+            *(float2 *)(part + (at + ra) * DV + col) = make_float2(o[j][0], o[j][1]);
+            *(float2 *)(part + (at + rb) * DV + col) = make_float2(o[j][2], o[j][3]);
+        }
+        return;
+    }
+    l[0] = 1.0f / l[0], l[1] = 1.0f / l[1];
+    #pragma unroll
+    for (int j = 0; j < DV / 8; j++) {
+        const int col = 8 * j + 2 * q;
+        if (ta < n) *(float2 *)(out + ((size_t)ta * H + h) * DV + col) = make_float2(o[j][0] * l[0], o[j][1] * l[0]);
+        if (tb < n) *(float2 *)(out + ((size_t)tb * H + h) * DV + col) = make_float2(o[j][2] * l[1], o[j][3] * l[1]);
+    }
+#endif
+}
+
+/* Whether flash_kernel<D, DV, SPLIT> (and flash_wg_kernel where it is built and the
+ * device took an sm_90a image) have their shared memory (asked for once). */
 template <int D, int DV, bool SPLIT>
 static bool flash_ready(void)
 {
@@ -288,6 +511,28 @@ static bool flash_ready(void)
     if (!ready) {
         cudaError_t e = cudaFuncSetAttribute(flash_kernel<D, DV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)sizeof(fl_smem<D, DV, SPLIT>));
+        ready = e == cudaSuccess ? 1 : -1;
+        if (e != cudaSuccess) cudaGetLastError();
+    }
+    return ready > 0;
+}
+
+/* The dynamic shared memory of flash_wg_kernel: its tiles, and 1 KB to align them. */
+template <int D, int DV, bool SPLIT>
+static size_t fw_bytes(void)
+{
+    return sizeof(fw_smem<D, DV, SPLIT>) + 1024;
+}
+
+template <int D, int DV, bool SPLIT>
+static bool flash_wg_ready(void)
+{
+    static int ready;
+    if (!ready) {
+        cudaError_t e = cudaErrorNotSupported;
+        if (D % 64 == 0 && DV % 64 == 0 && cu_grouped_wgmma())
+            e = cudaFuncSetAttribute(flash_wg_kernel<D, DV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)fw_bytes<D, DV, SPLIT>());
         ready = e == cudaSuccess ? 1 : -1;
         if (e != cudaSuccess) cudaGetLastError();
     }
@@ -328,8 +573,13 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
         }
     }
     dim3 grid((unsigned)(nqt * mc), (unsigned)H);
-    flash_kernel<D, DV, SPLIT><<<grid, FL_THREADS, sizeof(fl_smem<D, DV, SPLIT>), cu_s>>>(
-        out, part, ml, Q, Kp, V, n, H, P, pos0, scale * 1.4426950408889634f, kc, mc);
+    const float s2 = scale * 1.4426950408889634f;
+    if (cu_v.flash == 2 && flash_wg_ready<D, DV, SPLIT>())
+        flash_wg_kernel<D, DV, SPLIT><<<grid, FL_THREADS, fw_bytes<D, DV, SPLIT>(), cu_s>>>(out, part, ml, Q, Kp, V, n,
+                                                                                          H, P, pos0, s2, kc, mc);
+    else
+        flash_kernel<D, DV, SPLIT><<<grid, FL_THREADS, sizeof(fl_smem<D, DV, SPLIT>), cu_s>>>(out, part, ml, Q, Kp, V,
+                                                                                             n, H, P, pos0, s2, kc, mc);
     if (mc > 1)
         flash_merge_kernel<<<cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, cu_s>>>(out, part, ml, n, H, DV, pos0, kc,
                                                                                         mc);

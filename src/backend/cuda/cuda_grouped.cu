@@ -1200,6 +1200,7 @@ bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2)
 int cu_grouped_tile(void) { return GG_BM; }
 
 bool cu_grouped_ld_ok(void) { return gw_ok() == 2; }
+bool cu_grouped_wgmma(void) { return gw_image(); }
 
 bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const int4 *tiles, int mt, const int *total,
                             int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter, int idn, int idrep)

@@ -550,8 +550,10 @@ struct cu_variants {
                        * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights only,
                        * 1 BF16 too, 0 never */
     int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
-                * one launch (flash_kernel, cuda_flash.cu) where its head sizes are compiled in;
-                * on unless 0 (then cuBLAS products and a softmax launch per chunk) */
+                * one launch where its head sizes are compiled in (cuda_flash.cu): 2 (default)
+                * flash_wg_kernel on warpgroup MMA where the device runs sm_90a code and the
+                * sizes are multiples of 64, else flash_kernel; 1 flash_kernel (mma.sync); 0
+                * cuBLAS products and a softmax launch per chunk */
     int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
                    * (default 4) */
     int alloc_max; /* DSV3_CUDA_ALLOC_MAX (tests): cu_alloc fails, as on a full device, for a new
@@ -679,6 +681,8 @@ bool cu_grouped_experts_dev(float *ys, const float *x, const int *list, const in
                             int nk, int ne, const cu_weight *tab, ds_wfmt fmt, int dim, int inter, int idn, int idrep);
 /* True when the grouped kernels take a tile's own weight row length (gr_kernel runs). */
 bool cu_grouped_ld_ok(void);
+/* True when the device runs this build's sm_90a (warpgroup MMA) code. */
+bool cu_grouped_wgmma(void);
 /* The same for one MLP over all n rows of x (the shared experts of a prefill, weights
  * that pass cu_grouped_ok): ys (n, dim) = w2(silu(w1 x) * w3 x); false: nothing queued
  * or a launch failed. */
