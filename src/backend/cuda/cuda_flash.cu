@@ -42,6 +42,21 @@ __device__ __forceinline__ void fl_load(__nv_bfloat16 (*dst)[LD], const __nv_bfl
     }
 }
 
+#define FW_SW(r, c) ((r) * 64 + ((((c) >> 3) ^ ((r) & 7)) << 3) + ((c) & 7))
+
+/* ROWS rows of COLS bf16 from src (rows `stride` apart) into sub-tiles of 64 columns in
+ * FW_SW's layout, zeros from row `valid` on. */
+template <int COLS, int ROWS>
+__device__ __forceinline__ void fl_load(uint16_t (*dst)[ROWS * 64], const __nv_bfloat16 *src, size_t stride, int valid)
+{
+    constexpr int CH = COLS / 8;
+    for (int i = threadIdx.x; i < ROWS * CH; i += FL_THREADS) {
+        int r = i / CH, c = i % CH * 8;
+        bool in = r < valid;
+        cu_cp16(&dst[c / 64][FW_SW(r, c % 64)], in ? src + r * stride + c : src, in);
+    }
+}
+
 __device__ __forceinline__ void fl_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void fl_wait(void)
@@ -81,159 +96,127 @@ __host__ __device__ static inline int fl_tiles(int qt, int n, int pos0)
     return (pos0 + last) / FL_BN + 1;
 }
 
-/* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
- * key tiles kc x % mc .. (mc chunks at most; blocks past a tile's chunks return). A tile
- * of one chunk writes its rows of out; the chunks of a longer one write their unscaled
- * sums (part) and each row's maximum and sum (ml) for flash_merge_kernel, so that the
- * long tiles of a causal pass do not keep a few SMs busy after the rest are done.
- * Warp w owns the tile's rows 16 w .. 16 w + 15; a thread the rows g and g + 8 of them
- * (g = lane / 4) and, of each 8-column tile of scores or outputs, columns 2 q and 2 q + 1
- * (q = lane % 4). scale2: the softmax scale times log2(e). */
-template <int D, int DV, bool SPLIT>
-__global__ void __launch_bounds__(FL_THREADS, 2)
-flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
-             const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
-             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
+/* The block's query tile (rows t0 .. t0 + 63 of head h, zeros from row nq on), hi and lo
+ * parts, into q by cp.async. */
+template <int D, bool SPLIT>
+__device__ __forceinline__ void fl_load_q(__nv_bfloat16 (*q)[FL_BM][D + 8], const __nv_bfloat16 *Q, int t0, int H,
+                                          int h, int nq)
 {
-    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1;
-    extern __shared__ __align__(16) unsigned char fl_raw[];
-    fl_smem<D, DV, SPLIT> &sm = *(fl_smem<D, DV, SPLIT> *)fl_raw;
-    const int nqt = (n + FL_BM - 1) / FL_BM, qt = nqt - 1 - (int)blockIdx.x / mc, c = (int)blockIdx.x % mc;
-    const int tiles = fl_tiles(qt, n, pos0), chunks = (tiles + kc - 1) / kc;
-    if (c >= chunks) return;
-    const int kt0 = c * kc, kt1 = min(tiles, kt0 + kc);
-    const int h = blockIdx.y, t0 = qt * FL_BM, nq = min(FL_BM, n - t0);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    constexpr int KD = (SPLIT ? 3 : 1) * D;
     const __nv_bfloat16 *qb = Q + ((size_t)t0 * H + h) * KD;
-    fl_load<D, FL_BM>(sm.q[0], qb, (size_t)H * KD, nq);
-    if (SPLIT) fl_load<D, FL_BM>(sm.q[SPLIT ? 1 : 0], qb + 2 * D, (size_t)H * KD, nq);
-    const __nv_bfloat16 *kb = Kp + (size_t)h * P * KD, *vb = V + (size_t)h * NSEG * P * DV;
-    auto load_k = [&](int kt) {
-        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
-        fl_load<D, FL_BN>(sm.k[0], kb + (size_t)j0 * KD, KD, valid);
-        if (SPLIT) fl_load<D, FL_BN>(sm.k[SPLIT ? 1 : 0], kb + (size_t)j0 * KD + D, KD, valid);
-        fl_commit();
-    };
-    auto load_v = [&](int kt) {
-        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
-        fl_load<DV, FL_BN>(sm.v[0], vb + (size_t)j0 * DV, DV, valid);
-        if (SPLIT) fl_load<DV, FL_BN>(sm.v[SPLIT ? 1 : 0], vb + ((size_t)P + j0) * DV, DV, valid);
-        fl_commit();
-    };
-    load_k(kt0); /* with the queries: group 0 */
-    load_v(kt0);
-    float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    #pragma unroll
-    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    const int w0 = pos0 + t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8}; /* the warp's first row, the thread's rows */
-    for (int kt = kt0; kt < kt1; kt++) {
-        fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
-        __syncthreads();
-        const int j0 = kt * FL_BN;
-        const bool active = j0 <= w0 + 15; /* a key of the tile that a row of the warp sees */
-        float s[FL_BN / 8][4];
-        if (active) {
-            #pragma unroll
-            for (int j = 0; j < FL_BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-            #pragma unroll 4
-            for (int kk = 0; kk < D; kk += 16) {
-                uint32_t ah[4], al[4];
-                fl_ldm4<false>(ah, &sm.q[0][16 * warp + lane % 16][kk + lane / 16 * 8]);
-                if (SPLIT) fl_ldm4<false>(al, &sm.q[SPLIT ? 1 : 0][16 * warp + lane % 16][kk + lane / 16 * 8]);
-                #pragma unroll
-                for (int j = 0; j < FL_BN / 8; j += 2) {
-                    uint32_t bh[4], bl[4];
-                    const int key = 8 * j + lane % 8 + lane / 16 * 8, col = kk + lane / 8 % 2 * 8;
-                    fl_ldm4<false>(bh, &sm.k[0][key][col]);
-                    cu_mma<true>(s[j], ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
-                    cu_mma<true>(s[j + 1], ah[0], ah[1], ah[2], ah[3], bh[2], bh[3]);
-                    if (SPLIT) {
-                        fl_ldm4<false>(bl, &sm.k[SPLIT ? 1 : 0][key][col]);
-                        cu_mma<true>(s[j], ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
-                        cu_mma<true>(s[j + 1], ah[0], ah[1], ah[2], ah[3], bl[2], bl[3]);
-                        cu_mma<true>(s[j], al[0], al[1], al[2], al[3], bh[0], bh[1]);
-                        cu_mma<true>(s[j + 1], al[0], al[1], al[2], al[3], bh[2], bh[3]);
-                    }
-                }
-            }
-        }
-        __syncthreads(); /* every warp is done with the keys */
-        const bool more = kt + 1 < kt1;
-        if (more) load_k(kt + 1);
-        if (active) {
-            /* scaled scores, the mask past each row's position, the running maximum */
-            const bool mask = j0 + FL_BN - 1 > w0;
-            float mx[2] = {m[0], m[1]};
-            #pragma unroll
-            for (int j = 0; j < FL_BN / 8; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[j][e] * scale2;
-                    if (mask && j0 + 8 * j + 2 * q + (e & 1) > pr[e / 2]) v = -INFINITY;
-                    s[j][e] = v;
-                    mx[e / 2] = fmaxf(mx[e / 2], v);
-                }
-            #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 2));
-            }
-            /* a row that has seen no key yet (a later chunk) keeps -inf and zeros */
-            float ref[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
-            float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])}, ls[2] = {0.0f, 0.0f};
-            m[0] = mx[0], m[1] = mx[1];
-            #pragma unroll
-            for (int j = 0; j < FL_BN / 8; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[j][e] - ref[e / 2]);
-                    s[j][e] = p;
-                    ls[e / 2] += p;
-                }
-            l[0] = l[0] * corr[0] + ls[0], l[1] = l[1] * corr[1] + ls[1]; /* the thread's columns */
-            #pragma unroll
-            for (int j = 0; j < DV / 8; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
-        }
-        if (more) fl_wait<1>(); /* this tile's values (the next keys may still be on their way) */
-        else fl_wait<0>();
-        __syncthreads();
-        if (active) {
-            #pragma unroll
-            for (int ks = 0; ks < FL_BN / 16; ks++) {
-                /* the probabilities as the A operand: keys 16 ks .. of the score tiles 2 ks, 2 ks + 1 */
-                uint32_t ph[4], pl[4];
-                ph[0] = fl_split(s[2 * ks][0], s[2 * ks][1], &pl[0]);
-                ph[1] = fl_split(s[2 * ks][2], s[2 * ks][3], &pl[1]);
-                ph[2] = fl_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[2]);
-                ph[3] = fl_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[3]);
-                #pragma unroll
-                for (int j = 0; j < DV / 8; j += 2) {
-                    uint32_t vh[4], vl[4];
-                    const int key = 16 * ks + lane % 8 + lane / 8 % 2 * 8, col = 8 * j + lane / 16 * 8;
-                    fl_ldm4<true>(vh, &sm.v[0][key][col]);
-                    cu_mma<true>(o[j], ph[0], ph[1], ph[2], ph[3], vh[0], vh[1]);
-                    cu_mma<true>(o[j + 1], ph[0], ph[1], ph[2], ph[3], vh[2], vh[3]);
-                    if (SPLIT) {
-                        fl_ldm4<true>(vl, &sm.v[SPLIT ? 1 : 0][key][col]);
-                        cu_mma<true>(o[j], ph[0], ph[1], ph[2], ph[3], vl[0], vl[1]);
-                        cu_mma<true>(o[j + 1], ph[0], ph[1], ph[2], ph[3], vl[2], vl[3]);
-                        cu_mma<true>(o[j], pl[0], pl[1], pl[2], pl[3], vh[0], vh[1]);
-                        cu_mma<true>(o[j + 1], pl[0], pl[1], pl[2], pl[3], vh[2], vh[3]);
-                    }
-                }
-            }
-        }
-        __syncthreads(); /* every warp is done with the values */
-        if (more) load_v(kt + 1);
+    fl_load<D, FL_BM>(q[0], qb, (size_t)H * KD, nq);
+    if (SPLIT) fl_load<D, FL_BM>(q[SPLIT ? 1 : 0], qb + 2 * D, (size_t)H * KD, nq);
+}
+
+/* Key (or value) tile kt of a head, rows `stride` apart from `base`, the lo part `lo`
+ * elements after the hi one, into t[0] (and t[1]) by cp.async, as one group. */
+template <int COLS, bool SPLIT, typename T>
+__device__ __forceinline__ void fl_load_kv(T *t, const __nv_bfloat16 *base, size_t stride, size_t lo, int kt, int P)
+{
+    const int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
+    fl_load<COLS, FL_BN>(t[0], base + (size_t)j0 * stride, stride, valid);
+    if (SPLIT) fl_load<COLS, FL_BN>(t[SPLIT ? 1 : 0], base + (size_t)j0 * stride + lo, stride, valid);
+    fl_commit();
+}
+
+/* Two 8-column tiles d0, d1 (+)= A . B on mma.m16n8k16: A's 16 x 16 fragment ah (lo part
+ * al), B's two 16 x 8 fragments bh[0, 1] and bh[2, 3] (lo parts bl); with SPLIT the
+ * products hi.hi + hi.lo + lo.hi, else hi.hi. */
+template <bool SPLIT>
+__device__ __forceinline__ void fl_mma2(float *d0, float *d1, const uint32_t *ah, const uint32_t *al,
+                                        const uint32_t *bh, const uint32_t *bl)
+{
+    cu_mma<true>(d0, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+    cu_mma<true>(d1, ah[0], ah[1], ah[2], ah[3], bh[2], bh[3]);
+    if (SPLIT) {
+        cu_mma<true>(d0, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+        cu_mma<true>(d1, ah[0], ah[1], ah[2], ah[3], bl[2], bl[3]);
+        cu_mma<true>(d0, al[0], al[1], al[2], al[3], bh[0], bh[1]);
+        cu_mma<true>(d1, al[0], al[1], al[2], al[3], bh[2], bh[3]);
     }
+}
+
+/* Where block (x, h) works: chunk c of query tile qt (the longest tiles first), key tiles
+ * kt0 .. kt1 - 1 of `tiles`; `chunks` of that tile in all (blocks past them return). */
+struct fl_work {
+    int nqt, qt, c, tiles, chunks, kt0, kt1, h, t0, nq;
+};
+
+__device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc)
+{
+    fl_work w;
+    w.nqt = (n + FL_BM - 1) / FL_BM, w.qt = w.nqt - 1 - (int)blockIdx.x / mc, w.c = (int)blockIdx.x % mc;
+    w.tiles = fl_tiles(w.qt, n, pos0), w.chunks = (w.tiles + kc - 1) / kc;
+    w.kt0 = w.c * kc, w.kt1 = min(w.tiles, w.kt0 + kc);
+    w.h = blockIdx.y, w.t0 = w.qt * FL_BM, w.nq = min(FL_BM, n - w.t0);
+    return w;
+}
+
+/* One key tile's step of the running softmax on the thread's scores s (keys j0 ..; rows at
+ * positions pr, the warp's first w0): scaled, masked past each row's position, the
+ * maximum m and the thread's share of the sum l carried, the sums o rescaled; s becomes
+ * the tile's unnormalised probabilities. A row that has seen no key yet (a later chunk)
+ * keeps -inf and zeros. */
+template <int DV>
+__device__ __forceinline__ void fl_softmax(float (*s)[4], float *m, float *l, float (*o)[4], int j0, int w0,
+                                           const int *pr, int q, float scale2)
+{
+    const bool mask = j0 + FL_BN - 1 > w0;
+    float mx[2] = {m[0], m[1]};
+    #pragma unroll
+    for (int j = 0; j < FL_BN / 8; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float v = s[j][e] * scale2;
+            if (mask && j0 + 8 * j + 2 * q + (e & 1) > pr[e / 2]) v = -INFINITY;
+            s[j][e] = v;
+            mx[e / 2] = fmaxf(mx[e / 2], v);
+        }
+    #pragma unroll
+    for (int i = 0; i < 2; i++) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 2));
+    }
+    float ref[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
+    float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])}, ls[2] = {0.0f, 0.0f};
+    m[0] = mx[0], m[1] = mx[1];
+    #pragma unroll
+    for (int j = 0; j < FL_BN / 8; j++)
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = exp2f(s[j][e] - ref[e / 2]);
+            s[j][e] = p;
+            ls[e / 2] += p;
+        }
+    l[0] = l[0] * corr[0] + ls[0], l[1] = l[1] * corr[1] + ls[1];
+    #pragma unroll
+    for (int j = 0; j < DV / 8; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
+}
+
+/* The probabilities of keys 16 ks .. 16 ks + 15 (score tiles 2 ks, 2 ks + 1) as an A
+ * operand, bf16 hi parts into ph and lo parts into pl. */
+__device__ __forceinline__ void fl_pfrag(const float (*s)[4], int ks, uint32_t *ph, uint32_t *pl)
+{
+    ph[0] = fl_split(s[2 * ks][0], s[2 * ks][1], &pl[0]);
+    ph[1] = fl_split(s[2 * ks][2], s[2 * ks][3], &pl[1]);
+    ph[2] = fl_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[2]);
+    ph[3] = fl_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[3]);
+}
+
+/* The block's end: a tile of one chunk writes its rows (< n) of out, each chunk of a
+ * longer one its unscaled sums and each row's (max, sum) for flash_merge_kernel. */
+template <int DV>
+__device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const float *m, float *l, float *out,
+                                         float *part, float2 *ml, int n, int H, int mc, int warp, int g, int q)
+{
     #pragma unroll
     for (int i = 0; i < 2; i++) {
         l[i] += __shfl_xor_sync(~0u, l[i], 1);
         l[i] += __shfl_xor_sync(~0u, l[i], 2);
     }
-    const int ra = 16 * warp + g, rb = ra + 8, ta = t0 + ra, tb = t0 + rb;
-    if (chunks > 1) { /* the chunk's sums for flash_merge_kernel */
-        const size_t at = (((size_t)h * nqt + qt) * mc + c) * FL_BM;
+    const int ra = 16 * warp + g, rb = ra + 8, ta = w.t0 + ra, tb = w.t0 + rb;
+    if (w.chunks > 1) {
+        const size_t at = (((size_t)w.h * w.nqt + w.qt) * mc + w.c) * FL_BM;
         if (q == 0) ml[at + ra] = make_float2(m[0], l[0]), ml[at + rb] = make_float2(m[1], l[1]);
         #pragma unroll
         for (int j = 0; j < DV / 8; j++) {
@@ -243,72 +226,30 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
         }
         return;
     }
-    l[0] = 1.0f / l[0], l[1] = 1.0f / l[1];
+    const float ia = 1.0f / l[0], ib = 1.0f / l[1];
     #pragma unroll
     for (int j = 0; j < DV / 8; j++) {
         const int col = 8 * j + 2 * q;
-        if (ta < n) *(float2 *)(out + ((size_t)ta * H + h) * DV + col) = make_float2(o[j][0] * l[0], o[j][1] * l[0]);
-        if (tb < n) *(float2 *)(out + ((size_t)tb * H + h) * DV + col) = make_float2(o[j][2] * l[1], o[j][3] * l[1]);
+        if (ta < n) *(float2 *)(out + ((size_t)ta * H + w.h) * DV + col) = make_float2(o[j][0] * ia, o[j][1] * ia);
+        if (tb < n) *(float2 *)(out + ((size_t)tb * H + w.h) * DV + col) = make_float2(o[j][2] * ib, o[j][3] * ib);
     }
 }
 
-/* Rows of the tiles that flash_kernel took in more than one chunk: out = sum over the
- * chunks of 2^(m_c - M) o_c / sum of 2^(m_c - M) l_c, M the rows' largest m_c. One
- * thread per row, head and four columns. */
-__global__ void flash_merge_kernel(float *__restrict__ out, const float *__restrict__ part,
-                                   const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc)
-{
-    const int nqt = (n + FL_BM - 1) / FL_BM, q4 = DV / 4;
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)n * H * q4) return;
-    const int col = (int)(i % q4) * 4, h = (int)(i / q4 % H), t = (int)(i / q4 / H), qt = t / FL_BM, r = t % FL_BM;
-    const int chunks = (fl_tiles(qt, n, pos0) + kc - 1) / kc;
-    if (chunks < 2) return; /* written by flash_kernel */
-    const size_t at = ((size_t)h * nqt + qt) * mc * FL_BM + r;
-    float M = -INFINITY;
-    for (int c = 0; c < chunks; c++) M = fmaxf(M, ml[at + (size_t)c * FL_BM].x);
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float L = 0.0f;
-    for (int c = 0; c < chunks; c++) {
-        const float2 v = ml[at + (size_t)c * FL_BM];
-        const float f = exp2f(v.x - M); /* 0 for a chunk the row saw nothing of */
-        const float4 o = *(const float4 *)(part + (at + (size_t)c * FL_BM) * DV + col);
-        L += f * v.y;
-        acc.x += f * o.x, acc.y += f * o.y, acc.z += f * o.z, acc.w += f * o.w;
-    }
-    const float inv = 1.0f / L;
-    *(float4 *)(out + ((size_t)t * H + h) * DV + col) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-}
-
-/* ---- the same on warpgroup MMA (DSV3_CUDA_FLASH=2, the default where the build has an
- * sm_90a image; D and DV multiples of 64). The block's four warps are one warpgroup. The
- * queries stay the A operand from registers (ldmatrix, as above); the key and value tiles
- * are B operands by descriptor, in wgmma's 128-byte swizzle (GR_SW's layout: 32 rows of
- * 64 columns a sub-tile, a row's 16-byte chunk c at c ^ (row % 8)). The keys are K-major
- * (the scores' k runs along a key's row); the values are read MN-major (imm-trans-b: the
- * products' k runs down the keys), so both tiles land by the same cp.async pattern. Every
- * warp takes every tile (wgmma is warpgroup-wide), the masked ones included. */
-#define FW_SW(r, c) ((r) * 64 + ((((c) >> 3) ^ ((r) & 7)) << 3) + ((c) & 7))
-
+/* ---- the products on warpgroup MMA (WG: DSV3_CUDA_FLASH=2, the default where the device
+ * runs the build's sm_90a code; D and DV multiples of 64). The block's four warps are one
+ * warpgroup. The queries are the A operand from registers, loaded once for every key
+ * tile; the key and value tiles are B operands by descriptor, in wgmma's 128-byte swizzle
+ * (FW_SW: sub-tiles of 32 rows of 64 columns, a row's 16-byte chunk c at c ^ (row % 8)).
+ * The keys are K-major (the scores' k runs along a key's row); the values are read
+ * MN-major (imm-trans-b: the products' k runs down the keys), so both tiles land by the
+ * same cp.async pattern. Every warp takes every tile (wgmma is warpgroup-wide), the
+ * masked ones included. */
 template <int D, int DV, bool SPLIT>
 struct fw_smem {
     uint16_t k[SPLIT ? 2 : 1][D / 64][FL_BN * 64];  /* key tile, sub-tiles of 64 columns (4 KB) */
     uint16_t v[SPLIT ? 2 : 1][DV / 64][FL_BN * 64]; /* value tile, the same */
     __nv_bfloat16 q[SPLIT ? 2 : 1][FL_BM][D + 8];
 };
-
-/* ROWS rows of COLS bf16 from src (rows `stride` apart) into sub-tiles of 64 columns in
- * FW_SW's layout, zeros from row `valid` on. */
-template <int COLS, int ROWS>
-__device__ __forceinline__ void fw_load(uint16_t (*dst)[ROWS * 64], const __nv_bfloat16 *src, size_t stride, int valid)
-{
-    constexpr int CH = COLS / 8;
-    for (int i = threadIdx.x; i < ROWS * CH; i += FL_THREADS) {
-        int r = i / CH, c = i % CH * 8;
-        bool in = r < valid;
-        cu_cp16(&dst[c / 64][FW_SW(r, c % 64)], in ? src + r * stride + c : src, in);
-    }
-}
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* wgmma's descriptor of a 128-byte-swizzled tile from p: 1024 bytes from one 8-row group to the next */
@@ -342,197 +283,221 @@ __device__ __forceinline__ void fw_mma64t(float *d, const uint32_t *a, uint64_t 
 #undef FW_D8
 #endif
 
-template <int D, int DV, bool SPLIT>
-__global__ void __launch_bounds__(FL_THREADS, 2)
-flash_wg_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
-                const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
-                const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
+
+/* The scores of key tile sm.k into s on mma.sync: each warp's 16 rows (queries from
+ * shared memory) against the tile's 32 keys. */
+template <int D, bool SPLIT, typename SM>
+__device__ __forceinline__ void fl_scores(float (*s)[4], SM &sm, int warp, int lane)
+{
+    #pragma unroll
+    for (int j = 0; j < FL_BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    #pragma unroll 4
+    for (int kk = 0; kk < D; kk += 16) {
+        uint32_t ah[4], al[4];
+        fl_ldm4<false>(ah, &sm.q[0][16 * warp + lane % 16][kk + lane / 16 * 8]);
+        if (SPLIT) fl_ldm4<false>(al, &sm.q[SPLIT ? 1 : 0][16 * warp + lane % 16][kk + lane / 16 * 8]);
+        #pragma unroll
+        for (int j = 0; j < FL_BN / 8; j += 2) {
+            uint32_t bh[4], bl[4];
+            const int key = 8 * j + lane % 8 + lane / 16 * 8, col = kk + lane / 8 % 2 * 8;
+            fl_ldm4<false>(bh, &sm.k[0][key][col]);
+            if (SPLIT) fl_ldm4<false>(bl, &sm.k[SPLIT ? 1 : 0][key][col]);
+            fl_mma2<SPLIT>(s[j], s[j + 1], ah, al, bh, bl);
+        }
+    }
+}
+
+/* o += the probabilities s . value tile sm.v on mma.sync */
+template <int DV, bool SPLIT, typename SM>
+__device__ __forceinline__ void fl_values(float (*o)[4], const float (*s)[4], SM &sm, int lane)
+{
+    #pragma unroll
+    for (int ks = 0; ks < FL_BN / 16; ks++) {
+        uint32_t ph[4], pl[4];
+        fl_pfrag(s, ks, ph, pl);
+        #pragma unroll
+        for (int j = 0; j < DV / 8; j += 2) {
+            uint32_t vh[4], vl[4];
+            const int key = 16 * ks + lane % 8 + lane / 8 % 2 * 8, col = 8 * j + lane / 16 * 8;
+            fl_ldm4<true>(vh, &sm.v[0][key][col]);
+            if (SPLIT) fl_ldm4<true>(vl, &sm.v[SPLIT ? 1 : 0][key][col]);
+            fl_mma2<SPLIT>(o[j], o[j + 1], ph, pl, vh, vl);
+        }
+    }
+}
+
+/* The same two on warpgroup MMA: the scores from the query fragments qa (hi, lo) against
+ * the key tile, m64n32k16 per 16 columns; the values per 64-column half, m64n64k16 per 16
+ * keys. Each waits for its own products. (Empty where the build's code is not sm_90a:
+ * flash_launch runs them only on a device that takes that code.) */
+template <int D, bool SPLIT, typename SM>
+__device__ __forceinline__ void fw_scores(float (*s)[4], const uint32_t (*qa)[SPLIT ? 2 : 1][4], SM &sm)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1;
-    extern __shared__ __align__(1024) unsigned char fw_raw[];
-    unsigned char *base = fw_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fw_raw) & 1023)) & 1023);
-    fw_smem<D, DV, SPLIT> &sm = *(fw_smem<D, DV, SPLIT> *)base;
-    const int nqt = (n + FL_BM - 1) / FL_BM, qt = nqt - 1 - (int)blockIdx.x / mc, c = (int)blockIdx.x % mc;
-    const int tiles = fl_tiles(qt, n, pos0), chunks = (tiles + kc - 1) / kc;
-    if (c >= chunks) return;
-    const int kt0 = c * kc, kt1 = min(tiles, kt0 + kc);
-    const int h = blockIdx.y, t0 = qt * FL_BM, nq = min(FL_BM, n - t0);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const __nv_bfloat16 *qb = Q + ((size_t)t0 * H + h) * KD;
-    fl_load<D, FL_BM>(sm.q[0], qb, (size_t)H * KD, nq);
-    if (SPLIT) fl_load<D, FL_BM>(sm.q[NP - 1], qb + 2 * D, (size_t)H * KD, nq);
-    const __nv_bfloat16 *kb = Kp + (size_t)h * P * KD, *vb = V + (size_t)h * NSEG * P * DV;
-    auto load_k = [&](int kt) {
-        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
-        fw_load<D, FL_BN>(sm.k[0], kb + (size_t)j0 * KD, KD, valid);
-        if (SPLIT) fw_load<D, FL_BN>(sm.k[NP - 1], kb + (size_t)j0 * KD + D, KD, valid);
-        fl_commit();
-    };
-    auto load_v = [&](int kt) {
-        int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
-        fw_load<DV, FL_BN>(sm.v[0], vb + (size_t)j0 * DV, DV, valid);
-        if (SPLIT) fw_load<DV, FL_BN>(sm.v[NP - 1], vb + ((size_t)P + j0) * DV, DV, valid);
-        fl_commit();
-    };
-    load_k(kt0);
-    load_v(kt0);
-    float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     #pragma unroll
-    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    const int w0 = pos0 + t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8};
-    uint32_t qa[D / 16][NP][4]; /* the warp's query fragments, hi and lo, for every key tile */
-    for (int kt = kt0; kt < kt1; kt++) {
-        fl_wait<1>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
-        __syncthreads();
-        if (kt == kt0)
-            #pragma unroll
-            for (int i = 0; i < D / 16; i++)
-                #pragma unroll
-                for (int pt = 0; pt < NP; pt++)
-                    fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
-        const int j0 = kt * FL_BN;
-        float s[FL_BN / 8][4];
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        #pragma unroll
-        for (int i = 0; i < D / 16; i++) {
-            const int kk = 16 * i;
-            const uint64_t dh = fw_desc(&sm.k[0][kk / 64][0]) + (uint64_t)((kk % 64 * 2) >> 4);
-            fw_mma32(&s[0][0], qa[i][0], dh, i > 0);
-            if (SPLIT) {
-                const uint64_t dl = fw_desc(&sm.k[NP - 1][kk / 64][0]) + (uint64_t)((kk % 64 * 2) >> 4);
-                fw_mma32(&s[0][0], qa[i][0], dl, 1);
-                fw_mma32(&s[0][0], qa[i][NP - 1], dh, 1);
-            }
+    for (int i = 0; i < D / 16; i++) {
+        const uint64_t dh = fw_desc(&sm.k[0][i / 4][0]) + (uint64_t)(i % 4 * 32 >> 4);
+        fw_mma32(&s[0][0], qa[i][0], dh, i > 0);
+        if (SPLIT) {
+            const uint64_t dl = fw_desc(&sm.k[SPLIT ? 1 : 0][i / 4][0]) + (uint64_t)(i % 4 * 32 >> 4);
+            fw_mma32(&s[0][0], qa[i][0], dl, 1);
+            fw_mma32(&s[0][0], qa[i][SPLIT ? 1 : 0], dh, 1);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        __syncthreads(); /* every warp is done with the keys */
-        const bool more = kt + 1 < kt1;
-        if (more) load_k(kt + 1);
-        {
-            const bool mask = j0 + FL_BN - 1 > w0;
-            float mx[2] = {m[0], m[1]};
-            #pragma unroll
-            for (int j = 0; j < FL_BN / 8; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = s[j][e] * scale2;
-                    if (mask && j0 + 8 * j + 2 * q + (e & 1) > pr[e / 2]) v = -INFINITY;
-                    s[j][e] = v;
-                    mx[e / 2] = fmaxf(mx[e / 2], v);
-                }
-            #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(~0u, mx[i], 2));
-            }
-            float ref[2] = {mx[0] == -INFINITY ? 0.0f : mx[0], mx[1] == -INFINITY ? 0.0f : mx[1]};
-            float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])}, ls[2] = {0.0f, 0.0f};
-            m[0] = mx[0], m[1] = mx[1];
-            #pragma unroll
-            for (int j = 0; j < FL_BN / 8; j++)
-                #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[j][e] - ref[e / 2]);
-                    s[j][e] = p;
-                    ls[e / 2] += p;
-                }
-            l[0] = l[0] * corr[0] + ls[0], l[1] = l[1] * corr[1] + ls[1];
-            #pragma unroll
-            for (int j = 0; j < DV / 8; j++) o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
-        }
-        if (more) fl_wait<1>();
-        else fl_wait<0>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        /* the probabilities as the A operand (all of them before the first product reads them) */
-        uint32_t ph[FL_BN / 16][4], pl[FL_BN / 16][4];
-        #pragma unroll
-        for (int ks = 0; ks < FL_BN / 16; ks++) {
-            ph[ks][0] = fl_split(s[2 * ks][0], s[2 * ks][1], &pl[ks][0]);
-            ph[ks][1] = fl_split(s[2 * ks][2], s[2 * ks][3], &pl[ks][1]);
-            ph[ks][2] = fl_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[ks][2]);
-            ph[ks][3] = fl_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[ks][3]);
-        }
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        #pragma unroll
-        for (int ks = 0; ks < FL_BN / 16; ks++)
-            #pragma unroll
-            for (int half = 0; half < DV / 64; half++) {
-                /* keys 16 ks .. : 16 rows of the tile, two of its 8-row groups */
-                const uint64_t vh = fw_desc(&sm.v[0][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
-                fw_mma64t(&o[8 * half][0], ph[ks], vh);
-                if (SPLIT) {
-                    const uint64_t vl = fw_desc(&sm.v[NP - 1][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
-                    fw_mma64t(&o[8 * half][0], ph[ks], vl);
-                    fw_mma64t(&o[8 * half][0], pl[ks], vh);
-                }
-            }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        __syncthreads();
-        if (more) load_v(kt + 1);
     }
-    #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        l[i] += __shfl_xor_sync(~0u, l[i], 1);
-        l[i] += __shfl_xor_sync(~0u, l[i], 2);
-    }
-    const int ra = 16 * warp + g, rb = ra + 8, ta = t0 + ra, tb = t0 + rb;
-    if (chunks > 1) {
-        const size_t at = (((size_t)h * nqt + qt) * mc + c) * FL_BM;
-        if (q == 0) ml[at + ra] = make_float2(m[0], l[0]), ml[at + rb] = make_float2(m[1], l[1]);
-        #pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-            const int col = 8 * j + 2 * q;
-            *(float2 *)(part + (at + ra) * DV + col) = make_float2(o[j][0], o[j][1]);
-            *(float2 *)(part + (at + rb) * DV + col) = make_float2(o[j][2], o[j][3]);
-        }
-        return;
-    }
-    l[0] = 1.0f / l[0], l[1] = 1.0f / l[1];
-    #pragma unroll
-    for (int j = 0; j < DV / 8; j++) {
-        const int col = 8 * j + 2 * q;
-        if (ta < n) *(float2 *)(out + ((size_t)ta * H + h) * DV + col) = make_float2(o[j][0] * l[0], o[j][1] * l[0]);
-        if (tb < n) *(float2 *)(out + ((size_t)tb * H + h) * DV + col) = make_float2(o[j][2] * l[1], o[j][3] * l[1]);
-    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
 
-/* Whether flash_kernel<D, DV, SPLIT> (and flash_wg_kernel where it is built and the
- * device took an sm_90a image) have their shared memory (asked for once). */
+template <int DV, bool SPLIT, typename SM>
+__device__ __forceinline__ void fw_values(float (*o)[4], const float (*s)[4], SM &sm)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    uint32_t ph[FL_BN / 16][4], pl[FL_BN / 16][4]; /* all of them before the first product reads them */
+    #pragma unroll
+    for (int ks = 0; ks < FL_BN / 16; ks++) fl_pfrag(s, ks, ph[ks], pl[ks]);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    #pragma unroll
+    for (int ks = 0; ks < FL_BN / 16; ks++)
+        #pragma unroll
+        for (int half = 0; half < DV / 64; half++) {
+            /* keys 16 ks .. : 16 rows of the tile, two of its 8-row groups */
+            const uint64_t vh = fw_desc(&sm.v[0][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
+            fw_mma64t(&o[8 * half][0], ph[ks], vh);
+            if (SPLIT) {
+                const uint64_t vl = fw_desc(&sm.v[SPLIT ? 1 : 0][half][0]) + (uint64_t)(16 * ks * 128 >> 4);
+                fw_mma64t(&o[8 * half][0], ph[ks], vl);
+                fw_mma64t(&o[8 * half][0], pl[ks], vh);
+            }
+        }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+
+/* The tiles' shared memory of either form, aligned to 1024 bytes in the launch's (which
+ * asks for 1 KB more). */
+template <int D, int DV, bool SPLIT, bool WG>
+struct fl_smem_of {
+    typedef fl_smem<D, DV, SPLIT> type;
+};
 template <int D, int DV, bool SPLIT>
+struct fl_smem_of<D, DV, SPLIT, true> {
+    typedef fw_smem<D, DV, SPLIT> type;
+};
+
+/* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
+ * key tiles kc x % mc .. (mc chunks at most; blocks past a tile's chunks return). A tile
+ * of one chunk writes its rows of out; the chunks of a longer one write their unscaled
+ * sums (part) and each row's maximum and sum (ml) for flash_merge_kernel, so that the
+ * long tiles of a causal pass do not keep a few SMs busy after the rest are done.
+ * Warp w owns the tile's rows 16 w .. 16 w + 15; a thread the rows g and g + 8 of them
+ * (g = lane / 4) and, of each 8-column tile of scores or outputs, columns 2 q and 2 q + 1
+ * (q = lane % 4). scale2: the softmax scale times log2(e). WG: the products on warpgroup
+ * MMA, else mma.sync (where a warp skips a tile that none of its rows sees). */
+template <int D, int DV, bool SPLIT, bool WG>
+__global__ void __launch_bounds__(FL_THREADS, 2)
+flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
+             const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
+             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
+{
+    typedef typename fl_smem_of<D, DV, SPLIT, WG>::type SM;
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1;
+    extern __shared__ __align__(1024) unsigned char fl_raw[];
+    SM &sm = *(SM *)(fl_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fl_raw) & 1023)) & 1023));
+    const fl_work w = fl_where(n, pos0, kc, mc);
+    if (w.c >= w.chunks) return;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+    fl_load_q<D, SPLIT>(sm.q, Q, w.t0, H, w.h, w.nq);
+    const __nv_bfloat16 *kb = Kp + (size_t)w.h * P * KD, *vb = V + (size_t)w.h * NSEG * P * DV;
+    fl_load_kv<D, SPLIT>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
+    fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
+    float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    #pragma unroll
+    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    const int w0 = pos0 + w.t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8}; /* the warp's first row, the thread's rows */
+    uint32_t qa[WG ? D / 16 : 1][NP][4]; /* WG: the warp's query fragments for every key tile */
+    for (int kt = w.kt0; kt < w.kt1; kt++) {
+        fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
+        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
+        __syncthreads();
+        const int j0 = kt * FL_BN;
+        const bool active = WG || j0 <= w0 + 15; /* a key of the tile that a row of the warp sees */
+        float s[FL_BN / 8][4];
+        if constexpr (WG) {
+            if (kt == w.kt0)
+                #pragma unroll
+                for (int i = 0; i < (WG ? D / 16 : 0); i++)
+                    #pragma unroll
+                    for (int pt = 0; pt < NP; pt++)
+                        fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
+            fw_scores<D, SPLIT>(s, qa, sm);
+        } else if (active) {
+            fl_scores<D, SPLIT>(s, sm, warp, lane);
+        }
+        __syncthreads(); /* every warp is done with the keys */
+        const bool more = kt + 1 < w.kt1;
+        if (more) fl_load_kv<D, SPLIT>(sm.k, kb, KD, D, kt + 1, P);
+        if (active) fl_softmax<DV>(s, m, l, o, j0, w0, pr, q, scale2);
+        if (more) fl_wait<1>(); /* this tile's values (the next keys may still be on their way) */
+        else fl_wait<0>();
+        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if constexpr (WG) fw_values<DV, SPLIT>(o, s, sm);
+        else if (active) fl_values<DV, SPLIT>(o, s, sm, lane);
+        __syncthreads(); /* every warp is done with the values */
+        if (more) fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
+    }
+    fl_store<DV>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
+}
+
+/* Rows of the tiles that flash_kernel took in more than one chunk: out = sum over the
+ * chunks of 2^(m_c - M) o_c / sum of 2^(m_c - M) l_c, M the rows' largest m_c. One
+ * thread per row, head and four columns. */
+__global__ void flash_merge_kernel(float *__restrict__ out, const float *__restrict__ part,
+                                   const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc)
+{
+    const int nqt = (n + FL_BM - 1) / FL_BM, q4 = DV / 4;
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n * H * q4) return;
+    const int col = (int)(i % q4) * 4, h = (int)(i / q4 % H), t = (int)(i / q4 / H), qt = t / FL_BM, r = t % FL_BM;
+    const int chunks = (fl_tiles(qt, n, pos0) + kc - 1) / kc;
+    if (chunks < 2) return; /* written by flash_kernel */
+    const size_t at = ((size_t)h * nqt + qt) * mc * FL_BM + r;
+    float M = -INFINITY;
+    for (int c = 0; c < chunks; c++) M = fmaxf(M, ml[at + (size_t)c * FL_BM].x);
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float L = 0.0f;
+    for (int c = 0; c < chunks; c++) {
+        const float2 v = ml[at + (size_t)c * FL_BM];
+        const float f = exp2f(v.x - M); /* 0 for a chunk the row saw nothing of */
+        const float4 o = *(const float4 *)(part + (at + (size_t)c * FL_BM) * DV + col);
+        L += f * v.y;
+        acc.x += f * o.x, acc.y += f * o.y, acc.z += f * o.z, acc.w += f * o.w;
+    }
+    const float inv = 1.0f / L;
+    *(float4 *)(out + ((size_t)t * H + h) * DV + col) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+}
+
+/* The dynamic shared memory of flash_kernel<.., WG>: its tiles, and 1 KB to align them. */
+template <int D, int DV, bool SPLIT, bool WG>
+static size_t fl_bytes(void)
+{
+    return sizeof(typename fl_smem_of<D, DV, SPLIT, WG>::type) + 1024;
+}
+
+/* Whether flash_kernel<D, DV, SPLIT, WG> can run here, its shared memory granted (asked
+ * for once): WG needs the device to run this build's sm_90a code. */
+template <int D, int DV, bool SPLIT, bool WG>
 static bool flash_ready(void)
 {
-    static int ready; /* 1: yes, -1: the device refused */
-    if (!ready) {
-        cudaError_t e = cudaFuncSetAttribute(flash_kernel<D, DV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)sizeof(fl_smem<D, DV, SPLIT>));
-        ready = e == cudaSuccess ? 1 : -1;
-        if (e != cudaSuccess) cudaGetLastError();
-    }
-    return ready > 0;
-}
-
-/* The dynamic shared memory of flash_wg_kernel: its tiles, and 1 KB to align them. */
-template <int D, int DV, bool SPLIT>
-static size_t fw_bytes(void)
-{
-    return sizeof(fw_smem<D, DV, SPLIT>) + 1024;
-}
-
-template <int D, int DV, bool SPLIT>
-static bool flash_wg_ready(void)
-{
-    static int ready;
+    static int ready; /* 1: yes, -1: no */
     if (!ready) {
         cudaError_t e = cudaErrorNotSupported;
-        if (D % 64 == 0 && DV % 64 == 0 && cu_grouped_wgmma())
-            e = cudaFuncSetAttribute(flash_wg_kernel<D, DV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fw_bytes<D, DV, SPLIT>());
+        if (!WG || cu_grouped_wgmma())
+            e = cudaFuncSetAttribute(flash_kernel<D, DV, SPLIT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)fl_bytes<D, DV, SPLIT, WG>());
         ready = e == cudaSuccess ? 1 : -1;
         if (e != cudaSuccess) cudaGetLastError();
     }
@@ -574,12 +539,16 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
     }
     dim3 grid((unsigned)(nqt * mc), (unsigned)H);
     const float s2 = scale * 1.4426950408889634f;
-    if (cu_v.flash == 2 && flash_wg_ready<D, DV, SPLIT>())
-        flash_wg_kernel<D, DV, SPLIT><<<grid, FL_THREADS, fw_bytes<D, DV, SPLIT>(), cu_s>>>(out, part, ml, Q, Kp, V, n,
-                                                                                          H, P, pos0, s2, kc, mc);
-    else
-        flash_kernel<D, DV, SPLIT><<<grid, FL_THREADS, sizeof(fl_smem<D, DV, SPLIT>), cu_s>>>(out, part, ml, Q, Kp, V,
-                                                                                             n, H, P, pos0, s2, kc, mc);
+    bool wg = false;
+    if constexpr (D % 64 == 0 && DV % 64 == 0) { /* the warpgroup form's tiles are 64 columns wide */
+        wg = cu_v.flash == 2 && flash_ready<D, DV, SPLIT, true>();
+        if (wg)
+            flash_kernel<D, DV, SPLIT, true><<<grid, FL_THREADS, fl_bytes<D, DV, SPLIT, true>(), cu_s>>>(
+                out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
+    }
+    if (!wg)
+        flash_kernel<D, DV, SPLIT, false><<<grid, FL_THREADS, fl_bytes<D, DV, SPLIT, false>(), cu_s>>>(
+            out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
     if (mc > 1)
         flash_merge_kernel<<<cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, cu_s>>>(out, part, ml, n, H, DV, pos0, kc,
                                                                                         mc);
@@ -593,8 +562,8 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
 bool cu_flash_ok(int D, int DV, bool split)
 {
     if (!cu_v.flash) return false;
-    if (D == 192 && DV == 128) return split ? flash_ready<192, 128, true>() : flash_ready<192, 128, false>();
-    if (D == 64 && DV == 32) return split ? flash_ready<64, 32, true>() : flash_ready<64, 32, false>();
+    if (D == 192 && DV == 128) return split ? flash_ready<192, 128, true, false>() : flash_ready<192, 128, false, false>();
+    if (D == 64 && DV == 32) return split ? flash_ready<64, 32, true, false>() : flash_ready<64, 32, false, false>();
     return false;
 }
 
