@@ -1,8 +1,8 @@
 /* Prefill attention of the expanded (MHA) form in one launch per pass (session 23,
  * DSV3_CUDA_FLASH): for each head and 64-query tile, the scores against 32-key tiles,
  * the causal mask, a running (online) softmax and the value products, all on the
- * tensor cores (mma.m16n8k16, bf16 operands, float32 sums), without writing the
- * scores. cu_mla_expanded's chunk loop wrote every score (float32), read them back for
+ * tensor cores (bf16 operands, float32 sums: warpgroup MMA on Hopper, mma.m16n8k16
+ * elsewhere), without writing the scores. cu_mla_expanded's chunk loop wrote every score (float32), read them back for
  * the softmax, wrote the probabilities as bf16 parts and read them again for the
  * values: two cuBLAS products and a softmax launch per chunk of tokens, each over the
  * whole square, masked half included.

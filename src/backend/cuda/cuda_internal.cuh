@@ -551,7 +551,7 @@ struct cu_variants {
                        * 1 BF16 too, 0 never */
     int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
                 * one launch where its head sizes are compiled in (cuda_flash.cu): 2 (default)
-                * flash_wg_kernel on warpgroup MMA where the device runs sm_90a code and the
+                * flash_kernel on warpgroup MMA where the device runs sm_90a code and the
                 * sizes are multiples of 64, else flash_kernel; 1 flash_kernel (mma.sync); 0
                 * cuBLAS products and a softmax launch per chunk */
     int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
