@@ -550,10 +550,10 @@ struct cu_variants {
                        * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights only,
                        * 1 BF16 too, 0 never */
     int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
-                * one launch where its head sizes are compiled in (cuda_flash.cu): 2 (default)
-                * flash_kernel on warpgroup MMA where the device runs sm_90a code and the
-                * sizes are multiples of 64, else flash_kernel; 1 flash_kernel (mma.sync); 0
-                * cuBLAS products and a softmax launch per chunk */
+                * one launch (flash_kernel, cuda_flash.cu) where its head sizes are compiled
+                * in: 2 (default) on warpgroup MMA where the device runs sm_90a code and the
+                * sizes are multiples of 64, else on mma.sync; 1 on mma.sync always; 0 cuBLAS
+                * products and a softmax launch per chunk */
     int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
                    * (default 4) */
     int alloc_max; /* DSV3_CUDA_ALLOC_MAX (tests): cu_alloc fails, as on a full device, for a new
