@@ -79,16 +79,6 @@ __device__ __forceinline__ void fl_ldm4(uint32_t *r, const void *p)
                      : "r"(a));
 }
 
-/* bf16 pair of (a, b), a in the low half; *lo gets the pair of what rounding left */
-__device__ __forceinline__ uint32_t fl_split(float a, float b, uint32_t *lo)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    float2 f = __bfloat1622float2(h);
-    __nv_bfloat162 l = __floats2bfloat162_rn(a - f.x, b - f.y);
-    *lo = *(uint32_t *)&l;
-    return *(uint32_t *)&h;
-}
-
 /* Key tiles of query tile qt (those up to its last query's position). */
 __host__ __device__ static inline int fl_tiles(int qt, int n, int pos0)
 {
@@ -197,10 +187,10 @@ __device__ __forceinline__ void fl_softmax(float (*s)[4], float *m, float *l, fl
  * operand, bf16 hi parts into ph and lo parts into pl. */
 __device__ __forceinline__ void fl_pfrag(const float (*s)[4], int ks, uint32_t *ph, uint32_t *pl)
 {
-    ph[0] = fl_split(s[2 * ks][0], s[2 * ks][1], &pl[0]);
-    ph[1] = fl_split(s[2 * ks][2], s[2 * ks][3], &pl[1]);
-    ph[2] = fl_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[2]);
-    ph[3] = fl_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[3]);
+    ph[0] = bf16x2_split(s[2 * ks][0], s[2 * ks][1], &pl[0]);
+    ph[1] = bf16x2_split(s[2 * ks][2], s[2 * ks][3], &pl[1]);
+    ph[2] = bf16x2_split(s[2 * ks + 1][0], s[2 * ks + 1][1], &pl[2]);
+    ph[3] = bf16x2_split(s[2 * ks + 1][2], s[2 * ks + 1][3], &pl[3]);
 }
 
 /* The block's end: a tile of one chunk writes its rows (< n) of out, each chunk of a

@@ -751,18 +751,6 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
     if (lo) lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
 }
 
-/* bf16 hi of a, b as one bf16x2 word, *lo (when lo) their remainders' the same way */
-__device__ __forceinline__ uint32_t bf16x2_split(float a, float b, uint32_t *lo)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    if (lo) {
-        float2 f = __bfloat1622float2(h);
-        __nv_bfloat162 l = __floats2bfloat162_rn(a - f.x, b - f.y);
-        *lo = *(uint32_t *)&l;
-    }
-    return *(uint32_t *)&h;
-}
-
 /* split_bf16_kernel four elements a thread (stage 19): n4 float4s of x */
 __global__ void split_bf16x4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4)
 {

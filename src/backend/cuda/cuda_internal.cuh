@@ -125,6 +125,18 @@ __device__ __forceinline__ uint32_t cu_f16x2(float a, float b)
     return *reinterpret_cast<uint32_t *>(&h);
 }
 
+/* bf16 hi of a, b as one bf16x2 word, *lo (when lo) their remainders' the same way */
+__device__ __forceinline__ uint32_t bf16x2_split(float a, float b, uint32_t *lo)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    if (lo) {
+        float2 f = __bfloat1622float2(h);
+        __nv_bfloat162 l = __floats2bfloat162_rn(a - f.x, b - f.y);
+        *lo = *(uint32_t *)&l;
+    }
+    return *(uint32_t *)&h;
+}
+
 /* d += A (16 x 16, row major: a0..a3) . B (16 x 8, column major: b0, b1) on the
  * tensor cores, bf16 (BF) or f16 operands, float32 sums (mma.m16n8k16). Registers
  * only, so not volatile: the compiler may move it among the fragment loads. */
