@@ -712,7 +712,15 @@ static bool gw_ready(void)
  * hi and lo each, into partial sums that are then scaled per token (the step's
  * activation scales come with its stage) and per weight block into the float32
  * sums, as in gf_kernel. Same grid, tiles, arguments and outputs as gf_kernel. */
-#define GR_RAW(F) ((F) == DS_W_FP8 ? GF_BK + 16 : 2 * GF_BK + 16) /* raw row bytes: the fragment reads conflict-free */
+/* raw weight row bytes in a stage: BF16 rows padded by 16 bytes, FP8 rows of 64 bytes
+ * with their 16-byte chunks swizzled (GR_WB); either way the fragment reads are
+ * conflict-free */
+#define GR_RAW(F) ((F) == DS_W_FP8 ? GF_BK : 2 * GF_BK + 16)
+/* byte c of weight row n in a stage: FP8 chunk c / 16 of row n at chunk (c / 16) ^ (n / 2 % 4),
+ * so that a warp's 8 fragment rows (g = 0..7, 64 bytes apart) fall on 8 distinct groups of
+ * 4 banks */
+#define GR_WB(F, n, c) ((F) == DS_W_FP8 ? (n) * GF_BK + ((((c) >> 4) ^ (((n) >> 1) & 3)) << 4) + ((c) & 15) \
+                                        : (n) * GR_RAW(F) + (c))
 /* gr_kernel's activations (template argument LO): hi only (DSV3_CUDA_GEMM=bf16), hi + lo
  * in the same type (f16 / bf16), or, for FP8 weights, f16 hi + e4m3 lo (DSV3_CUDA_LO8, the
  * default): the lo products then run on the FP8 tensor cores against the weights' own
@@ -724,6 +732,14 @@ static bool gw_ready(void)
 /* e4m3 lo tile: 64 tokens x 64 bytes in wgmma's 64-byte swizzle (16-byte chunk c of row r
  * at chunk c ^ (r / 2 % 4)); 512 bytes from one 8-row group to the next */
 #define GR_SW8(r, c) ((r) * 64 + ((((c) >> 4) ^ (((r) >> 1) & 3)) << 4) + ((c) & 15))
+/* a stage's activation elements (16-bit units): hi, then lo (f16 / bf16: as many; e4m3: half
+ * as many) */
+#define GR_AN(LO) (GG_BM * GF_BK * ((LO) == GR_LO_F16 ? 2 : 1) + ((LO) == GR_LO_E4M3 ? GG_BM * GF_BK / 2 : 0))
+/* stages a block cycles through. FP8 with e4m3 lo parts: 21 KB a stage (session 24: the
+ * stages were 27 KB, lo given as many bytes as hi and the weight rows padded to 80 bytes).
+ * One H200, 16B FP8, dsv3 bench pp512 / pp4096 tok/s: the 27 KB stages x 4 26.5k / 32.6k;
+ * 21 KB x 3 26.8-26.9k / 33.0-33.1k, x 4 27.4-27.6k / 33.5-33.6k, x 5 27.0-27.2k /
+ * 32.9-33.0k. BF16 with 2 stages instead of 3: pp512 23.0-23.4k against 25.4k. */
 #define GR_ST(F) ((F) == DS_W_FP8 ? 4 : 3)
 
 /* Element (r, c) of a 64 x 64 f16 tile in wgmma's 128-byte swizzle (K-major): row r
@@ -733,15 +749,15 @@ static bool gw_ready(void)
  * tile must start on 1024 bytes. */
 #define GR_SW(r, c) ((r) * 64 + ((((c) >> 3) ^ ((r) & 7)) << 3) + ((c) & 7))
 
-template <int F>
+template <int F, int LO>
 struct __align__(1024) gr_stage {
-    uint16_t a[2][GG_BM * GF_BK]; /* activations hi, lo: GR_SW layout */
-    uint8_t b[GF_BN * GR_RAW(F)]; /* weights: raw rows */
+    uint16_t a[GR_AN(LO)];        /* activations hi (GR_SW), then lo (GR_SW, or GR_SW8 for e4m3) */
+    uint8_t b[GF_BN * GR_RAW(F)]; /* weights: raw rows (GR_WB) */
     float xs[GG_BM];              /* the step's activation scale of each token */
 };
-template <int F>
+template <int F, int LO>
 union gr_smem {
-    gr_stage<F> s[GR_ST(F)];
+    gr_stage<F, LO> s[GR_ST(F)];
     float c[GG_BM][GF_CLD];
 };
 
@@ -808,7 +824,7 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
  * elements on from hi; LO_E4M3: from f.l), weights, scales; zeros outside the tile
  * and past k. */
 template <int F, int LO, bool RS>
-__device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, size_t lo, int ks, int k)
+__device__ __forceinline__ void gr_issue(gr_stage<F, LO> &st, const gr_src<F> &f, size_t lo, int ks, int k)
 {
     int tid = threadIdx.x, k0 = ks * GF_BK;
     #pragma unroll
@@ -816,20 +832,20 @@ __device__ __forceinline__ void gr_issue(gr_stage<F> &st, const gr_src<F> &f, si
         int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
         bool in = (f.xin >> j & 1) && k0 + c < k;
         const uint16_t *p = in ? f.x[j] + k0 : f.x[j];
-        cu_cp16(&st.a[0][GR_SW(m, c)], p, in);
-        if (LO == GR_LO_F16) cu_cp16(&st.a[1][GR_SW(m, c)], p + lo, in);
+        cu_cp16(&st.a[GR_SW(m, c)], p, in);
+        if (LO == GR_LO_F16) cu_cp16(&st.a[GG_BM * GF_BK + GR_SW(m, c)], p + lo, in);
     }
     if (LO == GR_LO_E4M3) {
         int m = tid / 4, c = tid % 4 * 16;
         bool in = f.lin && k0 + c < k;
-        cu_cp16((uint8_t *)st.a[1] + GR_SW8(m, c), in ? f.l + k0 : f.l, in);
+        cu_cp16((uint8_t *)(st.a + GG_BM * GF_BK) + GR_SW8(m, c), in ? f.l + k0 : f.l, in);
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
     #pragma unroll
     for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
         int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
         bool in = (f.win >> j & 1) && k0 + c / es < k;
-        cu_cp16(st.b + n * GR_RAW(F) + c, in ? f.w[j] + (size_t)k0 * es : f.w[j], in);
+        cu_cp16(st.b + GR_WB(F, n, c), in ? f.w[j] + (size_t)k0 * es : f.w[j], in);
     }
     if (!RS && tid < GG_BM) gr_cp4(&st.xs[tid], f.xsin ? f.xs + ks : f.xs, f.xsin);
 }
@@ -966,7 +982,7 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], con
  * step in acc itself; FP8 ones fold with the weight block's scale alone, each block
  * (two steps) with f16 lo parts, each step with e4m3 ones. */
 template <int F, int LO, int NB, bool RS>
-__device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src<F> &src, size_t lo, const float *srow,
+__device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr_src<F> &src, size_t lo, const float *srow,
                                         int ks0, int nks, int k, int ra, int q)
 {
     const bool BF = F == DS_W_BF16;
@@ -982,12 +998,13 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src
         int nx = it + ST - 1;
         if (nx < nks) gr_issue<F, LO, RS>(sm.s[nx % ST], src, lo, ks0 + nx, k);
         asm volatile("cp.async.commit_group;\n" ::);
-        const gr_stage<F> &st = sm.s[it % ST];
+        const gr_stage<F, LO> &st = sm.s[it % ST];
         float sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
         /* A fragments (mma.m16n8k16's A layout per warp): rows g, g + 8; k 2q, 2q + 1
          * and 2q + 8, 2q + 9 of each 16 */
         uint32_t a[GF_BK / 16][4];
         const uint8_t *w0 = st.b + ra * GR_RAW(F), *w1 = w0 + 8 * GR_RAW(F);
+        const int sw0 = F == DS_W_FP8 ? (ra >> 1 & 3) << 4 : 0; /* GR_WB: rows ra and ra + 8 alike */
         #pragma unroll
         for (int s = 0; s < GF_BK / 16; s++) {
             int kk = 16 * s + 2 * q;
@@ -997,10 +1014,10 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src
                 a[s][2] = *(const uint32_t *)(w0 + 2 * kk + 16);
                 a[s][3] = *(const uint32_t *)(w1 + 2 * kk + 16);
             } else {
-                a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + kk), 0);
-                a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + kk), 0);
-                a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + kk + 8), 0);
-                a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + kk + 8), 0);
+                a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + (kk ^ sw0)), 0);
+                a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + (kk ^ sw0)), 0);
+                a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + ((kk + 8) ^ sw0)), 0);
+                a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + ((kk + 8) ^ sw0)), 0);
             }
             #pragma unroll
             for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
@@ -1011,14 +1028,14 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F> &sm, const gr_src
         #pragma unroll
         for (int s = 0; s < (LO == GR_LO_E4M3 ? GF_BK / 32 : 0); s++) {
             int kk = 32 * s + 4 * q;
-            a8[s][0] = *(const uint32_t *)(w0 + kk);
-            a8[s][1] = *(const uint32_t *)(w1 + kk);
-            a8[s][2] = *(const uint32_t *)(w0 + kk + 16);
-            a8[s][3] = *(const uint32_t *)(w1 + kk + 16);
+            a8[s][0] = *(const uint32_t *)(w0 + (kk ^ sw0));
+            a8[s][1] = *(const uint32_t *)(w1 + (kk ^ sw0));
+            a8[s][2] = *(const uint32_t *)(w0 + ((kk + 16) ^ sw0));
+            a8[s][3] = *(const uint32_t *)(w1 + ((kk + 16) ^ sw0));
             #pragma unroll
             for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
         }
-        const uint64_t d0 = gr_desc(&st.a[0][0]), d8 = LO == GR_LO_E4M3 ? gr_desc8(&st.a[1][0]) : 0;
+        const uint64_t d0 = gr_desc(st.a), d8 = LO == GR_LO_E4M3 ? gr_desc8(st.a + GG_BM * GF_BK) : 0;
         if (RS && BF) {
             gr_step<BF, LO, NB>(acc, a, a8, d0, d8, it > 0);
         } else if (RS) {
@@ -1056,7 +1073,7 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gr_raw[];
-    gr_smem<F> &sm = *(gr_smem<F> *)gr_align(gr_raw);
+    gr_smem<F, LO> &sm = *(gr_smem<F, LO> *)gr_align(gr_raw);
     const bool BF = F == DS_W_BF16;
     const int ST = GR_ST(F);
     int4 tl = tiles[blockIdx.y];
@@ -1115,7 +1132,7 @@ template <int F, int LO, bool RS>
 static bool gr_ready(void)
 {
     static bool done;
-    return gk_smem(&done, gr_kernel<F, true, LO, RS>, gr_kernel<F, false, LO, RS>, sizeof(gr_smem<F>) + 1024);
+    return gk_smem(&done, gr_kernel<F, true, LO, RS>, gr_kernel<F, false, LO, RS>, sizeof(gr_smem<F, LO>) + 1024);
 }
 
 /* The prefill kernels' common signature, and the one that runs: gw 2 gr_kernel (with
@@ -1129,11 +1146,11 @@ static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
     const int LO = SPLIT ? GR_LO_F16 : GR_LO_NONE;
     if constexpr (F == DS_W_FP8)
         if (gw == 2 && lo8) {
-            *smem = sizeof(gr_smem<F>) + 1024;
+            *smem = sizeof(gr_smem<F, GR_LO_E4M3>) + 1024;
             return gr_ready<F, GR_LO_E4M3, RS>() ? gr_kernel<F, UP, GR_LO_E4M3, RS> : NULL;
         }
     if (gw == 2) {
-        *smem = sizeof(gr_smem<F>) + 1024;
+        *smem = sizeof(gr_smem<F, LO>) + 1024;
         return gr_ready<F, LO, RS>() ? gr_kernel<F, UP, LO, RS> : NULL;
     }
     if (gw) {
