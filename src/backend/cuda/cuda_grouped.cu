@@ -827,6 +827,26 @@ template <int F, int LO, bool RS>
 __device__ __forceinline__ void gr_issue(gr_stage<F, LO> &st, const gr_src<F> &f, size_t lo, int ks, int k)
 {
     int tid = threadIdx.x, k0 = ks * GF_BK;
+    /* a step inside k: each chunk's predicate is the tile's alone, and a chunk outside the
+     * tile reads nothing from its clamped row (row 0, column k0 < k) */
+    if (k0 + GF_BK <= k) {
+        #pragma unroll
+        for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
+            int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
+            cu_cp16(&st.a[GR_SW(m, c)], f.x[j] + k0, f.xin >> j & 1);
+            if (LO == GR_LO_F16) cu_cp16(&st.a[GG_BM * GF_BK + GR_SW(m, c)], f.x[j] + k0 + lo, f.xin >> j & 1);
+        }
+        if (LO == GR_LO_E4M3)
+            cu_cp16((uint8_t *)(st.a + GG_BM * GF_BK) + GR_SW8(tid / 4, tid % 4 * 16), f.l + k0, f.lin);
+        const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
+        #pragma unroll
+        for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
+            int q = tid + j * GG_THREADS, n = q / per, c = (q % per) * 16;
+            cu_cp16(st.b + GR_WB(F, n, c), f.w[j] + (size_t)k0 * es, f.win >> j & 1);
+        }
+        if (!RS && tid < GG_BM) gr_cp4(&st.xs[tid], f.xs + ks, f.xsin);
+        return;
+    }
     #pragma unroll
     for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
         int q = tid + j * GG_THREADS, m = q / 8, c = (q % 8) * 8;
