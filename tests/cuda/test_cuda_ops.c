@@ -802,17 +802,21 @@ static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl 
 static void set_variant(const char *name, const char *value);
 
 /* A prefill's shared experts as pseudo-experts of the routed experts' width in their
- * grouped launches (DSV3_CUDA_SHARED_MERGE; FP8 by default, 1 BF16 too): two and four
- * parts, several token tiles each; and the widths that keep them apart (FP8 experts not
- * whole 128-row scale blocks, a shared width not a multiple of the routed one). Where
- * gr_kernel does not run (DSV3_CUDA_WGMMA 0, 1), all of them run apart. */
+ * grouped launches (DSV3_CUDA_SHARED_MERGE; FP8 by default, BF16 in passes of up to 1024
+ * tokens, 1 BF16 always): two and four parts, several token tiles each; and what keeps
+ * them apart (FP8 experts not whole 128-row scale blocks, a shared width not a multiple of
+ * the routed one, BF16 passes longer than 1024 by default). Where gr_kernel does not run
+ * (DSV3_CUDA_WGMMA 0, 1), all of them run apart. */
 static void test_shared_merge(void)
 {
     g_moe_shared = 1;
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 128);
     test_moe_shape(DS_W_FP8, 301, false, 1, DS_GEMM_BF16, 400, 256);
     test_moe_shape(DS_W_FP8, 40, true, 4, DS_GEMM_BF16, 256, 144); /* apart */
+    test_moe_shape(DS_W_BF16, 90, true, 4, DS_GEMM_BF16, 128, 64);
+    test_moe_shape(DS_W_BF16, 1030, false, 1, DS_GEMM_BF16, 128, 64); /* apart */
     set_variant("SHARED_MERGE", "1");
+    test_moe_shape(DS_W_BF16, 1030, false, 1, DS_GEMM_BF16, 128, 64);
     test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
     test_moe_shape(DS_W_BF16, 130, false, 1, DS_GEMM_BF16, 272, 80);
     g_moe_shared = 3;

@@ -559,8 +559,8 @@ struct cu_variants {
     int attend_c; /* DSV3_CUDA_ATTEND_C: blocks per cluster of attend_merge_kernel (2, 4; else 8) */
     int shared_merge; /* DSV3_CUDA_SHARED_MERGE (session 23): a prefill's shared experts as
                        * pseudo-experts of the routed experts' width in the routed experts'
-                       * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights only,
-                       * 1 BF16 too, 0 never */
+                       * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights, and
+                       * BF16 ones in passes of up to 1024 tokens (session 24); 1 always, 0 never */
     int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
                 * one launch (flash_kernel, cuda_flash.cu) where its head sizes are compiled
                 * in: 2 (default) on warpgroup MMA where the device runs sm_90a code and the

@@ -1122,15 +1122,22 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 
     }
 }
 
-/* How many pseudo-experts of the routed experts' width a prefill's shared experts sh
- * make in moe_experts_dev's launches (DSV3_CUDA_SHARED_MERGE); 0: they run apart. */
-static int moe_shared_parts(const ds_mlp_w *sh, const ds_weight *ew1, bool q)
+/* BF16 shared experts merge by default in passes of at most this many tokens. One H200,
+ * 16B BF16, dsv3 bench tok/s apart / merged (session 24, two rounds): pp256 17.6k / 18.9k,
+ * pp512 27.6k / 29.0k, pp1024 34.8k / 35.0-35.5k, pp2048 36.2-36.6k / 35.9-36.0k, pp3072
+ * 35.6-35.8k / 35.1-35.3k, pp4096 34.9-35.0k / 34.4-34.5k. */
+#define SHARED_MERGE_BF16_MAX 1024
+
+/* How many pseudo-experts of the routed experts' width the shared experts sh of a
+ * prefill of n tokens make in moe_experts_dev's launches (DSV3_CUDA_SHARED_MERGE: unset
+ * FP8 always, BF16 up to SHARED_MERGE_BF16_MAX tokens); 0: they run apart. */
+static int moe_shared_parts(const ds_mlp_w *sh, const ds_weight *ew1, bool q, int n)
 {
     if (!sh || q || !cu_v.shared_merge || !cu_grouped_ld_ok()) return 0;
     const ds_weight *w1 = sh->w1, *w2 = sh->w2, *w3 = sh->w3;
     ds_wfmt f = ew1[0].fmt;
     int dim = ew1[0].cols, inter = ew1[0].rows, es = f == DS_W_FP8 ? 1 : 2;
-    if (cu_v.shared_merge < 0 && f != DS_W_FP8) return 0;
+    if (cu_v.shared_merge < 0 && f != DS_W_FP8 && n > SHARED_MERGE_BF16_MAX) return 0;
     if (w1->fmt != f || w2->fmt != f || w3->fmt != f || w1->cols != dim || w3->cols != dim ||
         w3->rows != w1->rows || w2->rows != dim || w2->cols != w1->rows || w1->rows % inter != 0 ||
         (size_t)w2->cols * es % 16 != 0 || (f == DS_W_FP8 && inter % DS_BLOCK != 0))
@@ -1153,7 +1160,7 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
     if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || (q && !cu_v.fp8mma) ||
         !cu_device_readable(x) || !cu_device_readable(y) || !cu_device_readable(wt) || !cu_device_readable(idx))
         return false;
-    int np = moe_shared_parts(sh, ew1, q);
+    int np = moe_shared_parts(sh, ew1, q, n);
     long mt = nk / bm + (ne < nk ? ne : nk) + 1 + (long)np * ((n + bm - 1) / bm);
     if (mt > 65535 && np) { /* grid.y: the shared experts apart */
         np = 0;
