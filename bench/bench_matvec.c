@@ -1,9 +1,11 @@
 /* bench_matvec.c - napkin-math benchmark of the decode matvec kernel (one
  * token, y = W x) on a large weight: anonymous memory versus a file-backed
- * mapping (a checkpoint shard, its bytes read as weights; the values do not
- * matter for the timing), each beside the read bandwidth measured in the same
- * run. Also times the raw streaming sum of the same mapping, which isolates
- * the cost of the page-cache mapping from the kernel's own arithmetic.
+ * mapping (a checkpoint shard, its bytes read as weights), each beside the
+ * read bandwidth measured in the same run. For FP8 the values matter: a
+ * 128-code chunk that holds a zero or subnormal code takes the kernel's
+ * second pass, so the run also times anonymous memory with such a code in 5%
+ * of the chunks, and counts the shard's share (its BF16 and float32 tensors,
+ * read as codes, hold such bytes in many chunks).
  *   bench_matvec [FILE|- [fp8|bf16 [K]]]   (see bench/matvec.sh; K: the row
  *   length, 2048 unless given; -: no file) */
 #include <fcntl.h>
@@ -32,6 +34,20 @@ static double time_matvec(const ds_weight *w, const float *x, float *y, int reps
 {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
+        double t = now();
+        avx512_matmul_decode(y, x, 1, w, 0, w->rows);
+        t = now() - t;
+        if (t < best) best = t;
+    }
+    size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
+    return (double)w->rows * w->cols * esz / best / 1e9;
+}
+
+/* Best GB/s of the decode kernel over a weight small enough to stay in L2. */
+static double time_hot(const ds_weight *w, const float *x, float *y)
+{
+    double best = 1e30;
+    for (int r = 0; r < 2000; r++) {
         double t = now();
         avx512_matmul_decode(y, x, 1, w, 0, w->rows);
         t = now() - t;
@@ -126,16 +142,21 @@ int main(int argc, char **argv)
     /* the kernel's arithmetic ceiling: a weight that stays in L2 (512 KiB per thread) */
     ds_weight hot = w;
     hot.rows = (int)(((size_t)omp_get_max_threads() << 19) / ((size_t)K * esz));
-    double best = 1e30;
-    for (int r = 0; r < 2000; r++) {
-        double t = now();
-        avx512_matmul_decode(y, x, 1, &hot, 0, hot.rows);
-        t = now() - t;
-        if (t < best) best = t;
-    }
     printf("matvec on a weight held in L2 (%d rows): %.1f GB/s, the kernel's arithmetic ceiling\n", hot.rows,
-           (double)hot.rows * K * esz / best / 1e9);
+           time_hot(&hot, x, y));
     time_moe("anonymous memory", fmt, anon, bytes, x, scale, bw);
+    if (fmt == DS_W_FP8) {
+        size_t n = bytes / 128, marked = 0;
+        for (size_t c = 0; c < n; c++)
+            if ((c * 2654435761u >> 7) % 100 < 5) {
+                anon[c * 128 + c % 128] = 0x03; /* 3 x 2^-9 */
+                marked++;
+            }
+        double gs = time_matvec(&w, x, y, reps);
+        printf("matvec on anonymous memory with a subnormal code in %.1f%% of the 128-code chunks: %.1f GB/s (%.1f%%); "
+               "held in L2: %.1f GB/s\n",
+               100.0 * (double)marked / (double)n, gs, 100 * gs / bw, time_hot(&hot, x, y));
+    }
     if (file) {
         int fd = open(file, O_RDONLY);
         struct stat st;
@@ -143,17 +164,39 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_matvec: %s: cannot open, or smaller than 1 GiB\n", file);
             return 1;
         }
-        uint8_t *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
-        if (map == MAP_FAILED) return 1;
-        volatile uint8_t sink = 0;
-        for (size_t o = 0; o < bytes; o += 4096) sink += map[o];
-        (void)sink;
-        w.data = map;
-        double gf = time_matvec(&w, x, y, reps);
-        printf("matvec on the file mapping (%s, page cache) %.1f GB/s (%.1f%% of the anonymous read bandwidth)\n", file,
-               gf, 100 * gf / bw);
-        time_moe("the file mapping", fmt, map, bytes, x, scale, bw);
-        munmap(map, bytes);
+        /* twice: mapped as it comes (4 KiB page-table entries unless the system maps
+         * files with huge pages by default), then with MADV_HUGEPAGE as the model maps
+         * its checkpoint (safetensors.c) */
+        for (int huge = 0; huge < 2; huge++) {
+            uint8_t *map = mmap(NULL, bytes, PROT_READ, MAP_SHARED, fd, 0);
+            if (map == MAP_FAILED) return 1;
+            if (huge) madvise(map, bytes, MADV_HUGEPAGE);
+            volatile uint8_t sink = 0;
+            for (size_t o = 0; o < bytes; o += 4096) sink += map[o];
+            (void)sink;
+            w.data = map;
+            double gf = time_matvec(&w, x, y, reps);
+            const char *how = huge ? "the file mapping, MADV_HUGEPAGE" : "the file mapping";
+            printf("matvec on %s (%s, page cache) %.1f GB/s (%.1f%% of the anonymous read bandwidth)\n", how, file,
+                   gf, 100 * gf / bw);
+            if (fmt == DS_W_FP8 && !huge) {
+                /* the file's bytes as e4m3 codes: a 128-code chunk holding a zero or
+                 * subnormal code (exponent field 0) takes the kernel's float32 fix-up
+                 * pass, so for FP8 the bytes' values matter (a shard's BF16 and float32
+                 * tensors read as codes hold such bytes in nearly every chunk) */
+                size_t slow = 0, n = bytes / 128;
+                for (size_t c = 0; c < n; c++)
+                    for (int i = 0; i < 128; i++)
+                        if (!(map[c * 128 + i] & 0x78)) {
+                            slow++;
+                            break;
+                        }
+                printf("  %.1f%% of its 128-code chunks hold a zero or subnormal e4m3 code (the fix-up path)\n",
+                       100.0 * (double)slow / (double)n);
+            }
+            time_moe(how, fmt, map, bytes, x, scale, bw);
+            munmap(map, bytes);
+        }
         close(fd);
     }
     free(anon);

@@ -140,7 +140,7 @@ AVX2 INLINE void fp8x16_to_f32(const uint8_t *p, __m256 *lo, __m256 *hi)
 
 /* 16 e4m3 codes as floats times 2^-120, exact (subnormal codes become float32
  * subnormals): through bf16 (the sign-extended code shifted left 4 and masked,
- * as cpu_avx512.c's fp8x32_to_bf16), widened by interleaving with zeros. The
+ * as cpu_avx512.c's fp8x64_to_bf16 does), widened by interleaving with zeros. The
  * interleave works within 128-bit lanes: lo holds codes 0-3 and 8-11, hi 4-7
  * and 12-15 (prep_fp8_acts8 orders the activations to match). Five operations
  * for 16 codes, where the fp16 route (fp8x16_to_f32) takes seven. */
