@@ -43,20 +43,6 @@ static double time_matvec(const ds_weight *w, const float *x, float *y, int reps
     return (double)w->rows * w->cols * esz / best / 1e9;
 }
 
-/* Best GB/s of the decode kernel over a weight small enough to stay in L2. */
-static double time_hot(const ds_weight *w, const float *x, float *y)
-{
-    double best = 1e30;
-    for (int r = 0; r < 2000; r++) {
-        double t = now();
-        avx512_matmul_decode(y, x, 1, w, 0, w->rows);
-        t = now() - t;
-        if (t < best) best = t;
-    }
-    size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
-    return (double)w->rows * w->cols * esz / best / 1e9;
-}
-
 /* The MoE decode pattern on the weights at base: 6 of up to 64 experts (w1,
  * w2, w3 of 1408 x 2048 each, laid out expert after expert as in a
  * checkpoint) per token; w1 and w3 of all six in one matmul_many, then their
@@ -143,7 +129,7 @@ int main(int argc, char **argv)
     ds_weight hot = w;
     hot.rows = (int)(((size_t)omp_get_max_threads() << 19) / ((size_t)K * esz));
     printf("matvec on a weight held in L2 (%d rows): %.1f GB/s, the kernel's arithmetic ceiling\n", hot.rows,
-           time_hot(&hot, x, y));
+           time_matvec(&hot, x, y, 2000));
     time_moe("anonymous memory", fmt, anon, bytes, x, scale, bw);
     if (fmt == DS_W_FP8) {
         size_t n = bytes / 128, marked = 0;
@@ -155,7 +141,7 @@ int main(int argc, char **argv)
         double gs = time_matvec(&w, x, y, reps);
         printf("matvec on anonymous memory with a subnormal code in %.1f%% of the 128-code chunks: %.1f GB/s (%.1f%%); "
                "held in L2: %.1f GB/s\n",
-               100.0 * (double)marked / (double)n, gs, 100 * gs / bw, time_hot(&hot, x, y));
+               100.0 * (double)marked / (double)n, gs, 100 * gs / bw, time_matvec(&hot, x, y, 2000));
     }
     if (file) {
         int fd = open(file, O_RDONLY);
