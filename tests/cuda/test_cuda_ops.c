@@ -857,6 +857,14 @@ static void test_prefill_products(void)
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
     test_moe_shape(DS_W_BF16, 23, false, 1, DS_GEMM_BF16, 100, 60); /* not % 16: the fallback */
     test_shared_merge();
+    /* session 24: the up product reads x by token (DSV3_CUDA_XROW, on); off, a split copy per row */
+    set_variant("XROW", "0");
+    test_moe_shape(DS_W_FP8, 301, false, 1, DS_GEMM_BF16, 400, 144);
+    test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    g_moe_shared = 1;
+    test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_BF16, 256, 128);
+    g_moe_shared = 0;
+    set_variant("XROW", NULL);
     /* FP8 dense products on the tensor cores: rows past 128-blocks, offset rows, k tails */
     test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 600, 400, 17, 160, 333, DS_GEMM_BF16, false, false);
@@ -1220,7 +1228,10 @@ static void test_gate(ds_wfmt fmt, int n, int E, int dim, int K, bool sigmoid, i
     int same = 0;
     for (int i = 0; i < n * K; i++) same += ri[i] == gi[i];
     CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
-    compare(label, gw, rw, (size_t)n * K, 1e-5);
+    /* past 8 tokens an FP8 gate's product runs on the tensor cores with f16 hi + e4m3 lo
+     * activations, whose products the matmul tests hold to SPLIT_TOL: the weights here
+     * had measured 6e-6 .. 1.01e-5 against 1e-5 as the random draw moved (session 24) */
+    compare(label, gw, rw, (size_t)n * K, fmt == DS_W_FP8 && n > 8 ? SPLIT_TOL : 1e-5);
     free((void *)w.data), free((void *)w.scale);
     cuda_forget_weights();
     G->free(gi), G->free(gx), G->free(gbias), G->free(gsc), G->free(gw);

@@ -322,7 +322,7 @@ __global__ void __launch_bounds__(GG_THREADS, 2)
 gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
 {
     extern __shared__ __align__(128) unsigned char gf_raw[];
     gf_smem<F> &sm = *(gf_smem<F> *)gf_raw;
@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(GG_THREADS, 2)
 gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char gw_raw[];
@@ -791,7 +791,7 @@ template <int F, bool UP>
 __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, const uint8_t *xl8, const float *xs, int kc,
                                             int t0, int t1,
                                             const cu_weight &wa, const cu_weight &wb, int r0, int rows, int k, int row0,
-                                            int ld)
+                                            int ld, const int *xrow)
 {
     int tid = threadIdx.x;
     f.xin = f.win = 0;
@@ -799,7 +799,7 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
     for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
         int q = tid + j * GG_THREADS, t = t0 + q / 8;
         bool in = t < t1;
-        f.x[j] = xh + (in ? (size_t)t * k + (q % 8) * 8 : 0);
+        f.x[j] = xh + (in ? (size_t)(xrow ? xrow[t] : t) * k + (q % 8) * 8 : 0);
         f.xin |= (unsigned)in << j;
     }
     const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
@@ -815,7 +815,8 @@ __device__ __forceinline__ void gr_src_init(gr_src<F> &f, const uint16_t *xh, co
     f.xsin = tid < GG_BM && t0 + tid < t1;
     f.xs = xs + (f.xsin ? (size_t)(t0 + tid) * kc : 0);
     f.lin = t0 + tid / 4 < t1;
-    f.l = xl8 && f.lin ? xl8 + (size_t)(t0 + tid / 4) * k + tid % 4 * 16 : xl8; /* xl8 NULL: no lo parts */
+    int tl = t0 + tid / 4;
+    f.l = xl8 && f.lin ? xl8 + (size_t)(xrow ? xrow[tl] : tl) * k + tid % 4 * 16 : xl8; /* xl8 NULL: no lo parts */
 }
 
 /* The cp.async of step ks (columns ks * GF_BK ..) into st: x hi, lo (LO_F16: lo
@@ -1087,7 +1088,7 @@ __global__ void __launch_bounds__(GG_THREADS, 2)
 gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gr_raw[];
@@ -1109,7 +1110,7 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     #pragma unroll
     for (int i = 0; i < 32; i++) acc[i] = 0.0f;
     gr_src<F> src;
-    gr_src_init<F, UP>(src, xh, (const uint8_t *)xl, xs, kc, t0, t1, wa, wb, r0, rows, k, row0, ld);
+    gr_src_init<F, UP>(src, xh, (const uint8_t *)xl, xs, kc, t0, t1, wa, wb, r0, rows, k, row0, ld, xrow);
     const size_t lo = LO == GR_LO_F16 ? (size_t)(xl - xh) : 0;
     #pragma unroll
     for (int s = 0; s < ST - 1; s++) {
@@ -1128,7 +1129,7 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
         #pragma unroll
         for (int j = 0; j < 8; j++) {
             int t = t0 + 8 * j + 2 * q;
-            float f0 = t < t1 ? xs[t] : 0.0f, f1 = t + 1 < t1 ? xs[t + 1] : 0.0f;
+            float f0 = t < t1 ? xs[xrow ? xrow[t] : t] : 0.0f, f1 = t + 1 < t1 ? xs[xrow ? xrow[t + 1] : t + 1] : 0.0f;
             acc[4 * j] *= f0, acc[4 * j + 1] *= f1, acc[4 * j + 2] *= f0, acc[4 * j + 3] *= f1;
         }
     asm volatile("cp.async.wait_group 0;\n" ::);
@@ -1157,7 +1158,7 @@ static bool gr_ready(void)
  * e4m3 lo parts where lo8; RS: x scaled per row, gf_gather_rows_kernel's), 1
  * gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
 typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
-                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t);
+                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t, const int *);
 template <int F, bool UP, bool SPLIT, bool RS>
 static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
 {
@@ -1182,7 +1183,18 @@ static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
 /* whether gr_kernel takes e4m3 lo parts: FP8 weights, split activations, DSV3_CUDA_LO8 */
 static bool gr_lo8(int gw, ds_wfmt f, bool split) { return gw == 2 && f == DS_W_FP8 && split && cu_v.lo8; }
 
-/* The experts on gf_kernel: x gathered, then up and down. */
+/* xrow[r] = the token of row r: list[r] for the listed rows, then the tokens again for
+ * each pseudo-expert (rows nk + j idn + t) */
+__global__ void gf_rowmap_kernel(int *__restrict__ xrow, const int *__restrict__ list, int nk, int idn, int rows)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) xrow[r] = r < nk ? list[r] : (r - nk) % idn;
+}
+
+/* The experts on gf_kernel: x gathered, then up and down. gr_kernel's up product reads
+ * x's parts by token where the tokens are known (idn: moe_experts_dev's path;
+ * DSV3_CUDA_XROW, on unless 0): x is split once per token and xrow maps each listed
+ * row to its token, instead of a split copy of x per listed row. */
 template <int F, bool SPLIT>
 static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
                        const cu_weight *tab, int ne, int dim, int inter, int idn, int idrep)
@@ -1191,34 +1203,42 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     if (idrep && gw != 2) return false; /* the pseudo-experts' w2 row length: gr_kernel only */
     int halves = SPLIT ? 2 : 1, xc = (dim + GF_BK - 1) / GF_BK, hc = (inter + GF_BK - 1) / GF_BK;
     int rows = nk + idn * idrep; /* the listed rows, then x's rows idrep times */
-    size_t nx = (size_t)rows * dim, nh = (size_t)rows * inter;
+    bool byrow = gw == 2 && list && idn > 0 && cu_v.xrow;
+    int xn = byrow ? idn : rows; /* rows of x's parts */
+    size_t nx = (size_t)xn * dim, nh = (size_t)rows * inter;
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)rows * (xc + hc));
+    int *xrow = byrow ? (int *)cu_alloc(sizeof(int) * (size_t)rows) : NULL;
     bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT);
     size_t smem = 0;
     /* x gathered with one scale per row for gr_kernel (its RS form), per chunk for the others */
     gk_fn up = gw == 2 ? gk_pick<F, true, SPLIT, true>(gw, lo8, &smem) : gk_pick<F, true, SPLIT, false>(gw, lo8, &smem);
     gk_fn down = gk_pick<F, false, SPLIT, false>(gw, lo8, &smem);
-    bool ok = xb && hb && sc && up && down;
+    bool ok = xb && hb && sc && up && down && (xrow || !byrow);
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)rows * xc;
-        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)rows * 32, 256);
+        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)xn * 32, 256);
+        /* by token: x's rows as they are, once */
+        const int *gl = byrow ? NULL : list, *gt = byrow ? NULL : total;
+        int gn = byrow ? idn : nk, gdn = byrow ? 0 : idn, grep = byrow ? 0 : idrep;
+        if (byrow) gf_rowmap_kernel<<<cu_blocks((size_t)rows, 256), 256, 0, cu_s>>>(xrow, list, nk, idn, rows);
         if (gw == 2 && lo8)
-            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total, idn, idrep);
+            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else if (gw == 2)
-            gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total, idn,
-                                                                                  idrep);
+            gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
-        up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0);
-        down<<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0);
+        up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0, xrow);
+        down<<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0,
+                                             NULL);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
     cu_free(hb);
     cu_free(sc);
+    cu_free(xrow);
     return ok;
 }
 
@@ -1371,7 +1391,8 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
         else if (gw == 2)
             gf_gather_rows_kernel<false, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny);
+        fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny,
+                                             NULL);
         if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }

@@ -570,6 +570,9 @@ struct cu_variants {
                    * (default 4) */
     int alloc_max; /* DSV3_CUDA_ALLOC_MAX (tests): cu_alloc fails, as on a full device, for a new
                     * block of more than this many MiB; 0 (default) no limit */
+    int xrow; /* DSV3_CUDA_XROW (session 24): the routed experts' up product (gr_kernel) reads
+               * x's split rows by token through a row -> token map, x split once per token;
+               * on unless 0 (then a split copy of x per (token, expert) row) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

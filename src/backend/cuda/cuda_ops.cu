@@ -33,7 +33,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -76,6 +76,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.attend_c = cu_env_flag("DSV3_CUDA_ATTEND_C", 8);
     cu_v.wgmma = cu_env_flag("DSV3_CUDA_WGMMA", 2);
     cu_v.lo8 = cu_env_flag("DSV3_CUDA_LO8", 1);
+    cu_v.xrow = cu_env_flag("DSV3_CUDA_XROW", 1);
     cu_v.shared_gr = cu_env_flag("DSV3_CUDA_SHARED_GR", -1);
     cu_v.shared_merge = cu_env_flag("DSV3_CUDA_SHARED_MERGE", -1);
     cu_v.flash = cu_env_flag("DSV3_CUDA_FLASH", 2);
