@@ -162,14 +162,18 @@ static void free_weight(ds_weight *w)
  * scales them into f16's range per 64-column chunk, so very large and very small
  * ones are tried too. */
 static float g_xsize = 1.0f;
+/* Floats by which test_matmul's device x starts past an allocation (2: 8-byte aligned
+ * rows only, as a view into a buffer could give). */
+static int g_x_shift;
 
 static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nrows, ds_gemm_impl gemm, bool ue8m0,
                         bool host_io)
 {
     char label[128];
-    snprintf(label, sizeof label, "matmul %s%s%s %dx%d n=%d rows %d+%d%s%s", fmt_name(fmt),
+    snprintf(label, sizeof label, "matmul %s%s%s %dx%d n=%d rows %d+%d%s%s%s", fmt_name(fmt),
              gemm == DS_GEMM_FP8 ? " fp8gemm" : "", ue8m0 ? "/ue8m0" : "", rows, cols, n, row0, nrows,
-             host_io ? " (host io)" : "", g_xsize > 1 ? " x large" : g_xsize < 1 ? " x small" : "");
+             host_io ? " (host io)" : "", g_xsize > 1 ? " x large" : g_xsize < 1 ? " x small" : "",
+             g_x_shift ? " x at +8 bytes" : "");
     ds_weight w = make_weight(fmt, rows, cols);
     float *x = hrand((size_t)n * cols, g_xsize);
     for (int i = 0; i < n; i++) /* rows of different magnitude, for the activation scales */
@@ -190,14 +194,15 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
         compare(label, y, ref, ny, tol);
         free(y);
     } else {
-        float *gx = gcopy(x, (size_t)n * cols), *gy = gbuf(ny);
+        float *gx0 = gbuf((size_t)n * cols + g_x_shift), *gx = gx0 + g_x_shift, *gy = gbuf(ny);
+        memcpy(gx, x, sizeof(float) * (size_t)n * cols);
         G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
         compare(label, gy, ref, ny, tol);
         check_guard(label, gy, ny);
         /* again, from the cached device copy of the weight */
         G->matmul(gy, gx, n, &w, row0, nrows, gemm, ue8m0);
         CHECK_MSG(rel_err(gy, ref, ny) <= tol, "%s: second call (cached weight) differs", label);
-        G->free(gx);
+        G->free(gx0);
         G->free(gy);
     }
     free(ref);
@@ -873,6 +878,10 @@ static void test_prefill_products(void)
     /* few tiles and a long k: k split over blocks (4 x 4 and 5 + 5 + 5 + 2 steps of 64) */
     test_matmul(DS_W_FP8, 300, 1024, 40, 0, 300, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 300, 1040, 70, 32, 260, DS_GEMM_BF16, false, false);
+    g_x_shift = 2; /* rows split with float2 loads (gf_gather_rows) */
+    test_matmul(DS_W_FP8, 300, 1040, 70, 32, 260, DS_GEMM_BF16, false, false);
+    test_matmul(DS_W_FP8, 257, 384, 130, 64, 193, DS_GEMM_BF16, false, false);
+    g_x_shift = 0;
     g_xsize = 3e5f; /* f16 overflows without the per-chunk scales */
     test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
     g_xsize = 1e-6f; /* below f16's normal range without them */

@@ -142,13 +142,82 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
 }
 
 /* The same with one scale per row (xs (n)), as gr_kernel's RS form takes it: one warp
- * per row, which finds the row's largest |x| and then writes its parts. */
-template <bool BF, bool LO8>
-__global__ void gf_gather_rows_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
-                                      const float *__restrict__ x, const int *__restrict__ list, int total, int k,
-                                      const int *__restrict__ total_d, int idn, int idrep)
+ * per row, each lane holding up to GS_V vectors of VW floats in registers (the rest of
+ * a longer row is read twice), so that a row's loads are all in flight at once; the
+ * parts go out 4 (or 2) elements a store. Session 25: the warp had looped over its row
+ * twice in float2 steps (a chain of dependent loads: 2-5.6 us a product at prefill 512
+ * of the 16B model). Rows: the listed rows up to *total_d, then x's rows again idrep
+ * times (row total + j idn + t is token t). */
+#define GS_T 128 /* threads a block: 4 rows */
+#define GS_V 16
+template <int VW>
+struct gs_vec;
+template <>
+struct gs_vec<4> {
+    typedef float4 t;
+};
+template <>
+struct gs_vec<2> {
+    typedef float2 t;
+};
+__device__ __forceinline__ float gs_amax(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
+__device__ __forceinline__ float gs_amax(float2 v) { return fmaxf(fabsf(v.x), fabsf(v.y)); }
+
+/* the bits of the f16 (bf16 when BF) pair of a, b; *f their values */
+template <bool BF>
+__device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
 {
-    size_t r = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    if (BF) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        *f = __bfloat1622float2(h);
+        return *(uint32_t *)&h;
+    }
+    __half2 h = __floats2half2_rn(a, b);
+    *f = __half22float2(h);
+    return *(uint32_t *)&h;
+}
+
+/* the parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
+ * in xl (e4m3 bytes when LO8; none when xl is NULL) */
+template <bool BF, bool LO8, bool FOUR>
+__device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float a,
+                                       float b, float c, float d)
+{
+    float2 f, g;
+    uint32_t h0 = gs_pair<BF>(a, b, &f), h1 = FOUR ? gs_pair<BF>(c, d, &g) : 0;
+    if (FOUR) *(uint2 *)(xh + i) = make_uint2(h0, h1);
+    else *(uint32_t *)(xh + i) = h0;
+    if (LO8) {
+        uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
+        uint32_t l1 = FOUR ? __nv_cvt_float2_to_fp8x2(make_float2(c - g.x, d - g.y), __NV_SATFINITE, __NV_E4M3) : 0;
+        if (FOUR) *(uint32_t *)((uint8_t *)xl + i) = l0 | l1 << 16;
+        else *(uint16_t *)((uint8_t *)xl + i) = (uint16_t)l0;
+    } else if (xl) {
+        float2 u;
+        uint32_t l0 = gs_pair<BF>(a - f.x, b - f.y, &u), l1 = FOUR ? gs_pair<BF>(c - g.x, d - g.y, &u) : 0;
+        if (FOUR) *(uint2 *)(xl + i) = make_uint2(l0, l1);
+        else *(uint32_t *)(xl + i) = l0;
+    }
+}
+template <bool BF, bool LO8>
+__device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float4 v, float s)
+{
+    gs_put<BF, LO8, true>(xh, xl, i, v.x * s, v.y * s, v.z * s, v.w * s);
+}
+template <bool BF, bool LO8>
+__device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float2 v, float s)
+{
+    gs_put<BF, LO8, false>(xh, xl, i, v.x * s, v.y * s, 0.0f, 0.0f);
+}
+
+template <bool BF, bool LO8, int VW>
+__global__ void __launch_bounds__(GS_T) gf_gather_rows_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl,
+                                                               float *__restrict__ xs, const float *__restrict__ x,
+                                                               const int *__restrict__ list, int total, int k,
+                                                               const int *__restrict__ total_d, int idn, int idrep)
+{
+    typedef typename gs_vec<VW>::t vec;
+    size_t r = ((size_t)blockIdx.x * GS_T + threadIdx.x) / 32;
     int lane = threadIdx.x % 32, src;
     if (r < (size_t)total) { /* a listed row, up to *total_d of them */
         if (total_d && r >= (size_t)*total_d) return; /* the whole warp */
@@ -158,21 +227,41 @@ __global__ void gf_gather_rows_kernel(uint16_t *__restrict__ xh, uint16_t *__res
     } else {
         return;
     }
-    const float *row = x + (size_t)src * k;
+    const vec *row = (const vec *)(x + (size_t)src * k);
+    int kv = k / VW;
+    vec v[GS_V];
     float m = 0.0f;
-    for (int c = 2 * lane; c < k; c += 64) {
-        float2 v = *(const float2 *)(row + c);
-        m = fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y)));
-    }
     #pragma unroll
-    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
-    float inv, s = gf_scale(m, &inv);
-    for (int c = 2 * lane; c < k; c += 64) {
-        float2 v = *(const float2 *)(row + c);
-        if (LO8) gf_put8(xh, (uint8_t *)xl, r * k + c, v.x * s, v.y * s);
-        else gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
+    for (int j = 0; j < GS_V; j++) {
+        int i = lane + 32 * j;
+        if (i < kv) {
+            v[j] = row[i];
+            m = fmaxf(m, gs_amax(v[j]));
+        }
     }
+    for (int i = lane + 32 * GS_V; i < kv; i += 32) m = fmaxf(m, gs_amax(row[i]));
+    m = cu_warp_max(m);
+    float inv, s = gf_scale(m, &inv);
+    #pragma unroll
+    for (int j = 0; j < GS_V; j++) {
+        int i = lane + 32 * j;
+        if (i < kv) gs_put<BF, LO8>(xh, xl, r * k + (size_t)i * VW, v[j], s);
+    }
+    for (int i = lane + 32 * GS_V; i < kv; i += 32) gs_put<BF, LO8>(xh, xl, r * k + (size_t)i * VW, row[i], s);
     if (lane == 0) xs[r] = inv;
+}
+
+/* gf_gather_rows_kernel over total + idn idrep rows (k even): float4 loads and stores
+ * where x's rows allow them */
+template <bool BF, bool LO8>
+static void gf_gather_rows(uint16_t *xh, uint16_t *xl, float *xs, const float *x, const int *list, int total, int k,
+                           const int *total_d, int idn, int idrep)
+{
+    unsigned g = cu_blocks(((size_t)total + (size_t)idn * idrep) * 32, GS_T);
+    if (!g) return;
+    if (k % 4 == 0 && (uintptr_t)x % 16 == 0)
+        gf_gather_rows_kernel<BF, LO8, 4><<<g, GS_T, 0, cu_s>>>(xh, xl, xs, x, list, total, k, total_d, idn, idrep);
+    else gf_gather_rows_kernel<BF, LO8, 2><<<g, GS_T, 0, cu_s>>>(xh, xl, xs, x, list, total, k, total_d, idn, idrep);
 }
 
 /* A stage's GF_BN weight rows, GF_BK columns from k0 (UP: rows r0.. of wa, then the
@@ -1219,15 +1308,13 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL, *hl = SPLIT ? hb + nh : NULL;
         float *xs = sc, *hs = sc + (size_t)rows * xc;
-        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256), gr = cu_blocks((size_t)xn * 32, 256);
+        unsigned gb = cu_blocks((size_t)nk * xc * 32, 256);
         /* by token: x's rows as they are, once */
         const int *gl = byrow ? NULL : list, *gt = byrow ? NULL : total;
         int gn = byrow ? idn : nk, gdn = byrow ? 0 : idn, grep = byrow ? 0 : idrep;
         if (byrow) gf_rowmap_kernel<<<cu_blocks((size_t)rows, 256), 256, 0, cu_s>>>(xrow, list, nk, idn, rows);
-        if (gw == 2 && lo8)
-            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
-        else if (gw == 2)
-            gf_gather_rows_kernel<F == DS_W_BF16, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
+        if (gw == 2 && lo8) gf_gather_rows<false, true>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
+        else if (gw == 2) gf_gather_rows<F == DS_W_BF16, false>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
         up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0, xrow);
@@ -1385,11 +1472,9 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     bool ok = xb && xs && part && fn;
     if (ok) {
         uint16_t *xl = SPLIT ? xb + nx : NULL;
-        unsigned gb = cu_blocks((size_t)n * kc * 32, 256), gr = cu_blocks((size_t)n * 32, 256);
-        if (gw == 2 && lo8)
-            gf_gather_rows_kernel<false, true><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
-        else if (gw == 2)
-            gf_gather_rows_kernel<false, false><<<gr, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
+        unsigned gb = cu_blocks((size_t)n * kc * 32, 256);
+        if (gw == 2 && lo8) gf_gather_rows<false, true>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
+        else if (gw == 2) gf_gather_rows<false, false>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
         fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny,
                                              NULL);

@@ -686,7 +686,7 @@ void cu_gemm_force_split(bool on);
 bool cu_grouped_ok(const ds_weight *ew1, const ds_weight *ew2);
 bool cu_grouped_experts(float *ys, const float *x, const int *list, const int *cnt, int ne, const cu_weight *tab,
                         ds_wfmt fmt, int dim, int inter);
-/* The same with the grouping on the device (nothing downloaded): moe_sort_kernel's list
+/* The same with the grouping on the device (nothing downloaded): moe_place_kernel's list
  * and tiles, mt tiles (the empty ones do nothing), *total (device) rows of at most nk;
  * total NULL: exactly nk rows (cu_grouped_experts, tiles from the host). Rows nk ..
  * nk + idn * idrep - 1 after them are x's rows 0 .. idn - 1, idrep times over (the shared

@@ -1064,54 +1064,87 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
 /* ---- prefill's routing grouped per expert on the device (stage 9, DSV3_CUDA_MOE_DEVSORT):
  * what moe_experts_host builds on the host after downloading the routing, without the
  * download (the GPU idled while the host waited for it and built the lists, once per MoE
- * layer). One block: a histogram of the local experts, their prefix counts and the tiles
- * (expert, first, end) of at most bm sorted rows (then empty ones up to mt) by thread 0,
- * then each pair takes the next row of its expert. The order of an expert's rows varies
- * from run to run, but no result depends on it: each sorted row's products are its own,
- * and the combine sums each token's K rows in k order. (Stage 9 placed the pairs stably
- * with one warp, 32 at a time: 42-55 us per MoE layer at 3072 pairs, a chain through
- * shared memory.) list: [token of sorted row | its weight (float bits) | sorted row of
- * pair p, or -1 when p's expert is another rank's]; *total: sorted rows. With np > 0
- * the tiles start with the shared experts' np pseudo-experts (moe_experts_dev): ne + i
- * over rows nk + i n .. of n tokens, w = ld, their w2's row length. */
-#define SORT_THREADS 1024
+ * layer). Two launches over chunks of SORT_CHUNK pairs: moe_count_kernel counts each
+ * chunk's pairs per local expert; moe_place_kernel then gives every chunk the sorted rows
+ * from (the rows of earlier experts) + (this expert's rows in earlier chunks) on, and
+ * each pair takes the next one of its expert; its block 0 also writes the tiles
+ * (expert, first, end) of at most bm sorted rows (then empty ones up to mt). The order of
+ * an expert's rows inside a chunk varies from run to run, but no result depends on it:
+ * each sorted row's products are its own, and the combine sums each token's K rows in k
+ * order. (Stage 9 placed the pairs stably with one warp, 32 at a time: 42-55 us per MoE
+ * layer at 3072 pairs, a chain through shared memory; then one block of 1024 threads
+ * until session 25: 12.5 us at 3072 pairs, 62 us at 24576.) list: [token of sorted row |
+ * its weight (float bits) | sorted row of pair p, or -1 when p's expert is another
+ * rank's]; *total: sorted rows. With np > 0 the tiles start with the shared experts' np
+ * pseudo-experts (moe_experts_dev): ne + i over rows nk + i n .. of n tokens, w = ld,
+ * their w2's row length. */
+#define SORT_THREADS 256
+#define SORT_CHUNK 1024
 
-__global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 *tiles, int *total,
-                                                                const int *__restrict__ idx,
-                                                                const float *__restrict__ wt, int nk, int K, int e0,
-                                                                int ne, int mt, int bm, int n, int np, int ld)
+/* hist[c * ne + e]: the pairs of chunk c (the block) whose expert is local expert e */
+__global__ void __launch_bounds__(SORT_THREADS) moe_count_kernel(int *__restrict__ hist, const int *__restrict__ idx,
+                                                                 int nk, int e0, int ne)
 {
-    extern __shared__ int off[]; /* [ne + 1]: counts, then each expert's next sorted row */
-    int tid = threadIdx.x, pt = (n + bm - 1) / bm, ps = np * pt;
-    /* the shared experts' pseudo-experts first (whole tiles, the longest): expert ne + i,
-     * rows nk + i n .. of every token, w2 rows of ld */
-    for (int p = tid; p < ps; p += SORT_THREADS) {
-        int i = p / pt, t = nk + i * n + p % pt * bm;
-        tiles[p] = make_int4(ne + i, t, min(t + bm, nk + (i + 1) * n), ld);
-    }
-    tiles += ps;
-    mt -= ps;
-    for (int e = tid; e <= ne; e += SORT_THREADS) off[e] = 0;
+    extern __shared__ int cnt[]; /* [ne] */
+    for (int e = threadIdx.x; e < ne; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
-    for (int p = tid; p < nk; p += SORT_THREADS) {
+    int p1 = min((blockIdx.x + 1) * SORT_CHUNK, nk);
+    for (int p = blockIdx.x * SORT_CHUNK + threadIdx.x; p < p1; p += SORT_THREADS) {
         int e = idx[p] - e0;
-        if (e >= 0 && e < ne) atomicAdd(&off[e], 1);
+        if (e >= 0 && e < ne) atomicAdd(&cnt[e], 1);
     }
     __syncthreads();
-    if (tid == 0) {
-        int sum = 0, nt = 0;
-        for (int e = 0; e < ne; e++) {
-            int c = off[e];
-            for (int t = sum; t < sum + c; t += bm) tiles[nt++] = make_int4(e, t, min(t + bm, sum + c), 0);
-            off[e] = sum;
-            sum += c;
+    for (int e = threadIdx.x; e < ne; e += SORT_THREADS) hist[(size_t)blockIdx.x * ne + e] = cnt[e];
+}
+
+/* v[0 .. m) -> its exclusive prefix sums, by one warp (each lane a run of m / 32);
+ * returns the sum to every lane */
+__device__ int sort_warp_scan(int *v, int m)
+{
+    int lane = threadIdx.x % 32, per = (m + 31) / 32, a = min(lane * per, m), z = min(a + per, m), s = 0;
+    for (int i = a; i < z; i++) s += v[i];
+    int inc = s;
+    #pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(~0u, inc, o);
+        if (lane >= o) inc += y;
+    }
+    for (int i = a, run = inc - s; i < z; i++) {
+        int c = v[i];
+        v[i] = run;
+        run += c;
+    }
+    return __shfl_sync(~0u, inc, 31);
+}
+
+__global__ void __launch_bounds__(SORT_THREADS) moe_place_kernel(int *list, int4 *tiles, int *total,
+                                                                 const int *__restrict__ hist, int nc,
+                                                                 const int *__restrict__ idx,
+                                                                 const float *__restrict__ wt, int nk, int K, int e0,
+                                                                 int ne, int mt, int bm, int n, int np, int ld)
+{
+    extern __shared__ int sh[];
+    int *off = sh, *first = sh + ne, *nt = sh + 2 * ne + 1; /* [ne], [ne + 1], [ne + 1] */
+    int tid = threadIdx.x, c = blockIdx.x;
+    for (int e = tid; e < ne; e += SORT_THREADS) {
+        int sum = 0, before = 0;
+        for (int j = 0; j < nc; j++) {
+            if (j == c) before = sum;
+            sum += hist[(size_t)j * ne + e];
         }
-        *total = sum;
-        off[ne] = nt;
+        off[e] = before;
+        first[e] = sum;
     }
     __syncthreads();
-    for (int t = off[ne] + tid; t < mt; t += SORT_THREADS) tiles[t] = make_int4(0, 0, 0, 0);
-    for (int p = tid; p < nk; p += SORT_THREADS) {
+    if (tid < 32) {
+        int rows = sort_warp_scan(first, ne); /* first[e]: expert e's first sorted row */
+        if (tid == 0) first[ne] = rows;
+    }
+    __syncthreads();
+    for (int e = tid; e < ne; e += SORT_THREADS) off[e] += first[e];
+    __syncthreads();
+    int p1 = min((c + 1) * SORT_CHUNK, nk);
+    for (int p = c * SORT_CHUNK + tid; p < p1; p += SORT_THREADS) {
         int e = idx[p] - e0, at = -1;
         if (e >= 0 && e < ne) {
             at = atomicAdd(&off[e], 1);
@@ -1120,6 +1153,29 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_sort_kernel(int *list, int4 
         }
         list[2 * nk + p] = at;
     }
+    if (c) return;
+    /* the tiles: the shared experts' pseudo-experts first (whole tiles, the longest):
+     * expert ne + i, rows nk + i n .. of every token, w2 rows of ld */
+    int pt = (n + bm - 1) / bm, ps = np * pt;
+    for (int p = tid; p < ps; p += SORT_THREADS) {
+        int i = p / pt, t = nk + i * n + p % pt * bm;
+        tiles[p] = make_int4(ne + i, t, min(t + bm, nk + (i + 1) * n), ld);
+    }
+    tiles += ps;
+    mt -= ps;
+    for (int e = tid; e < ne; e += SORT_THREADS) nt[e] = (first[e + 1] - first[e] + bm - 1) / bm;
+    __syncthreads();
+    if (tid < 32) {
+        int all = sort_warp_scan(nt, ne);
+        if (tid == 0) {
+            nt[ne] = all;
+            *total = first[ne];
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < ne; e += SORT_THREADS)
+        for (int t = first[e], i = nt[e]; t < first[e + 1]; t += bm) tiles[i++] = make_int4(e, t, min(t + bm, first[e + 1]), 0);
+    for (int t = nt[ne] + tid; t < mt; t += SORT_THREADS) tiles[t] = make_int4(0, 0, 0, 0);
 }
 
 /* BF16 shared experts merge by default in passes of at most this many tokens. One H200,
@@ -1170,14 +1226,17 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
     const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, sh, np);
     if (!tab) return false;
     size_t rows = (size_t)nk + (size_t)np * n; /* the sorted rows, then the pseudo-experts' */
-    int *dl = (int *)cu_alloc(sizeof(int) * (3 * (size_t)nk + 1));
+    /* [3 nk: the list | total | the chunks' counts per expert] */
+    int *dl = (int *)cu_alloc(sizeof(int) * (3 * (size_t)nk + 1 + (size_t)ne * cu_blocks((size_t)nk, SORT_CHUNK)));
     int4 *dt = (int4 *)cu_alloc(sizeof(int4) * (size_t)mt);
     float *ys = (float *)cu_alloc(sizeof(float) * rows * dim);
     bool ok = dl && dt && ys;
     if (ok) {
-        int *total = dl + 3 * (size_t)nk, ld = np ? sh->w2->cols : 0;
-        moe_sort_kernel<<<1, SORT_THREADS, sizeof(int) * ((size_t)ne + 1), cu_s>>>(dl, dt, total, idx, wt, nk, K, e0,
-                                                                                 ne, (int)mt, bm, n, np, ld);
+        int *total = dl + 3 * (size_t)nk, *hist = total + 1, ld = np ? sh->w2->cols : 0;
+        unsigned nc = cu_blocks((size_t)nk, SORT_CHUNK);
+        moe_count_kernel<<<nc, SORT_THREADS, sizeof(int) * (size_t)ne, cu_s>>>(hist, idx, nk, e0, ne);
+        moe_place_kernel<<<nc, SORT_THREADS, sizeof(int) * (3 * (size_t)ne + 2), cu_s>>>(
+            dl, dt, total, hist, (int)nc, idx, wt, nk, K, e0, ne, (int)mt, bm, n, np, ld);
         ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
              (q ? cu_grouped_experts_q(ys, x, dl, dt, (int)mt, total, nk, ne, tab, dim, inter, ue8m0)
                 : cu_grouped_experts_dev(ys, x, dl, dt, (int)mt, total, nk, ne + np, tab, ew1[0].fmt, dim, inter, n,
