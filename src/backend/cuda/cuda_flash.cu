@@ -448,6 +448,8 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
 __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restrict__ part,
                                    const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     const int nqt = (n + FL_BM - 1) / FL_BM, q4 = DV / 4;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * H * q4) return;
@@ -540,8 +542,8 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
         flash_kernel<D, DV, SPLIT, false><<<grid, FL_THREADS, fl_bytes<D, DV, SPLIT, false>(), cu_s>>>(
             out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
     if (mc > 1)
-        flash_merge_kernel<<<cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, cu_s>>>(out, part, ml, n, H, DV, pos0, kc,
-                                                                                        mc);
+        cu_launch(flash_merge_kernel, cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, out, (const float *)part,
+                  (const float2 *)ml, n, H, DV, pos0, kc, mc);
     cu_free(part);
     cu_free(ml);
     return cu_check(cudaGetLastError(), "flash attention: launch");

@@ -754,6 +754,8 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
 /* split_bf16_kernel four elements a thread (stage 19): n4 float4s of x */
 __global__ void split_bf16x4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n4) return;
     float4 v = x[i];
@@ -769,7 +771,7 @@ __global__ void split_bf16x4_kernel(uint2 *hi, uint2 *lo, const float4 *__restri
 static void launch_split_bf16(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, size_t n)
 {
     if (n % 4 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)hi % 8 == 0 && (uintptr_t)lo % 8 == 0)
-        split_bf16x4_kernel<<<cu_blocks(n / 4, 256), 256, 0, cu_s>>>((uint2 *)hi, (uint2 *)lo, (const float4 *)x, n / 4);
+        cu_launch(split_bf16x4_kernel, cu_blocks(n / 4, 256), 256, 0, (uint2 *)hi, (uint2 *)lo, (const float4 *)x, n / 4);
     else
         split_bf16_kernel<<<cu_blocks(n, 256), 256, 0, cu_s>>>(hi, lo, x, n);
 }

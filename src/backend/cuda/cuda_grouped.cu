@@ -217,6 +217,8 @@ __global__ void __launch_bounds__(GS_T) gf_gather_rows_kernel(uint16_t *__restri
                                                                const int *__restrict__ total_d, int idn, int idrep)
 {
     typedef typename gs_vec<VW>::t vec;
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t r = ((size_t)blockIdx.x * GS_T + threadIdx.x) / 32;
     int lane = threadIdx.x % 32, src;
     if (r < (size_t)total) { /* a listed row, up to *total_d of them */
@@ -260,8 +262,8 @@ static void gf_gather_rows(uint16_t *xh, uint16_t *xl, float *xs, const float *x
     unsigned g = cu_blocks(((size_t)total + (size_t)idn * idrep) * 32, GS_T);
     if (!g) return;
     if (k % 4 == 0 && (uintptr_t)x % 16 == 0)
-        gf_gather_rows_kernel<BF, LO8, 4><<<g, GS_T, 0, cu_s>>>(xh, xl, xs, x, list, total, k, total_d, idn, idrep);
-    else gf_gather_rows_kernel<BF, LO8, 2><<<g, GS_T, 0, cu_s>>>(xh, xl, xs, x, list, total, k, total_d, idn, idrep);
+        cu_launch(gf_gather_rows_kernel<BF, LO8, 4>, g, GS_T, 0, xh, xl, xs, x, list, total, k, total_d, idn, idrep);
+    else cu_launch(gf_gather_rows_kernel<BF, LO8, 2>, g, GS_T, 0, xh, xl, xs, x, list, total, k, total_d, idn, idrep);
 }
 
 /* A stage's GF_BN weight rows, GF_BK columns from k0 (UP: rows r0.. of wa, then the
@@ -416,6 +418,8 @@ gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     extern __shared__ __align__(128) unsigned char gf_raw[];
     gf_smem<F> &sm = *(gf_smem<F> *)gf_raw;
     const bool BF = F == DS_W_BF16;
+    cu_pdl_wait();
+    cu_pdl_launch();
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return; /* an empty tile past the device-grouped count */
@@ -690,6 +694,8 @@ gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     extern __shared__ __align__(128) unsigned char gw_raw[];
     gw_smem<F> &sm = *(gw_smem<F> *)gw_raw;
     const bool BF = F == DS_W_BF16;
+    cu_pdl_wait();
+    cu_pdl_launch();
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return;
@@ -1184,6 +1190,8 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     gr_smem<F, LO> &sm = *(gr_smem<F, LO> *)gr_align(gr_raw);
     const bool BF = F == DS_W_BF16;
     const int ST = GR_ST(F);
+    cu_pdl_wait();
+    cu_pdl_launch();
     int4 tl = tiles[blockIdx.y];
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return;
@@ -1276,6 +1284,8 @@ static bool gr_lo8(int gw, ds_wfmt f, bool split) { return gw == 2 && f == DS_W_
  * each pseudo-expert (rows nk + j idn + t) */
 __global__ void gf_rowmap_kernel(int *__restrict__ xrow, const int *__restrict__ list, int nk, int idn, int rows)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows) xrow[r] = r < nk ? list[r] : (r - nk) % idn;
 }
@@ -1312,14 +1322,15 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
         /* by token: x's rows as they are, once */
         const int *gl = byrow ? NULL : list, *gt = byrow ? NULL : total;
         int gn = byrow ? idn : nk, gdn = byrow ? 0 : idn, grep = byrow ? 0 : idrep;
-        if (byrow) gf_rowmap_kernel<<<cu_blocks((size_t)rows, 256), 256, 0, cu_s>>>(xrow, list, nk, idn, rows);
+        if (byrow) cu_launch(gf_rowmap_kernel, cu_blocks((size_t)rows, 256), 256, 0, xrow, list, nk, idn, rows);
         if (gw == 2 && lo8) gf_gather_rows<false, true>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else if (gw == 2) gf_gather_rows<F == DS_W_BF16, false>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
-        up<<<gu, GG_THREADS, smem, cu_s>>>(NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc, 0, xrow);
-        down<<<gd, GG_THREADS, smem, cu_s>>>(ys, NULL, NULL, NULL, hb, hl, hs, dt, tab + 2 * ne, NULL, inter, dim, 0, hc, 0,
-                                             NULL);
+        cu_launch(up, gu, GG_THREADS, smem, (float *)NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc,
+                  (size_t)0, xrow);
+        cu_launch(down, gd, GG_THREADS, smem, ys, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, hb, hl, hs, dt,
+                  tab + 2 * ne, (const cu_weight *)NULL, inter, dim, 0, hc, (size_t)0, (const int *)NULL);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -1415,6 +1426,8 @@ bool cu_grouped_mlp(float *ys, const float *x, int n, const cu_weight *w1, const
 /* y[i] = sum of the s partial products at p + j * n, j = 0 .. s - 1, in that order */
 __global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p, size_t n, int s)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float v = p[i];
@@ -1476,9 +1489,9 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
         if (gw == 2 && lo8) gf_gather_rows<false, true>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else if (gw == 2) gf_gather_rows<false, false>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        fn<<<grid, GG_THREADS, smem, cu_s>>>(part, NULL, NULL, NULL, xb, xl, xs, dt, tab, NULL, k, rows, row0, per, ny,
-                                             NULL);
-        if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
+        cu_launch(fn, grid, GG_THREADS, smem, part, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, xb, xl, xs, dt, tab,
+                  (const cu_weight *)NULL, k, rows, row0, per, ny, (const int *)NULL);
+        if (ns > 1) cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
     cu_free(xb);
@@ -1842,7 +1855,7 @@ bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu
         else
             gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
                                                                          ny);
-        if (ns > 1) gf_sum_kernel<<<cu_blocks(ny, 256), 256, 0, cu_s>>>(y, part, ny, ns);
+        if (ns > 1) cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
     if (part != y) cu_free(part);

@@ -1000,6 +1000,8 @@ __global__ void moe_combine_kernel(float *__restrict__ y, const float *__restric
                                    const float *__restrict__ wt, int K, int dim, const float *__restrict__ sh, int n,
                                    int np)
 {
+    cu_pdl_wait();
+    cu_pdl_launch();
     int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= dim) return;
     float acc = 0;
@@ -1049,8 +1051,8 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
             ok = cu_blas_grouped(ys, a, total, off, c, w + 2 * ne, np, inter, dim);
         }
         if (ok)
-            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys, at, wt, K, dim,
-                                                                                              NULL, 0, 0);
+            cu_launch(moe_combine_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, ys, at, wt, K, dim,
+                      (const float *)NULL, 0, 0);
     }
     free(off);
     free(w);
@@ -1086,6 +1088,8 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_count_kernel(int *__restrict
                                                                  int nk, int e0, int ne)
 {
     extern __shared__ int cnt[]; /* [ne] */
+    cu_pdl_wait();
+    cu_pdl_launch();
     for (int e = threadIdx.x; e < ne; e += SORT_THREADS) cnt[e] = 0;
     __syncthreads();
     int p1 = min((blockIdx.x + 1) * SORT_CHUNK, nk);
@@ -1125,6 +1129,8 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_place_kernel(int *list, int4
 {
     extern __shared__ int sh[];
     int *off = sh, *first = sh + ne, *nt = sh + 2 * ne + 1; /* [ne], [ne + 1], [ne + 1] */
+    cu_pdl_wait();
+    cu_pdl_launch();
     int tid = threadIdx.x, c = blockIdx.x;
     for (int e = tid; e < ne; e += SORT_THREADS) {
         int sum = 0, before = 0;
@@ -1234,16 +1240,16 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
     if (ok) {
         int *total = dl + 3 * (size_t)nk, *hist = total + 1, ld = np ? sh->w2->cols : 0;
         unsigned nc = cu_blocks((size_t)nk, SORT_CHUNK);
-        moe_count_kernel<<<nc, SORT_THREADS, sizeof(int) * (size_t)ne, cu_s>>>(hist, idx, nk, e0, ne);
-        moe_place_kernel<<<nc, SORT_THREADS, sizeof(int) * (3 * (size_t)ne + 2), cu_s>>>(
-            dl, dt, total, hist, (int)nc, idx, wt, nk, K, e0, ne, (int)mt, bm, n, np, ld);
+        cu_launch(moe_count_kernel, nc, SORT_THREADS, sizeof(int) * (size_t)ne, hist, idx, nk, e0, ne);
+        cu_launch(moe_place_kernel, nc, SORT_THREADS, sizeof(int) * (3 * (size_t)ne + 2), dl, dt, total, (const int *)hist,
+                  (int)nc, idx, wt, nk, K, e0, ne, (int)mt, bm, n, np, ld);
         ok = cu_check(cudaGetLastError(), "moe_experts: grouping") &&
              (q ? cu_grouped_experts_q(ys, x, dl, dt, (int)mt, total, nk, ne, tab, dim, inter, ue8m0)
                 : cu_grouped_experts_dev(ys, x, dl, dt, (int)mt, total, nk, ne + np, tab, ew1[0].fmt, dim, inter, n,
                                          np));
         if (ok)
-            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(
-                y, ys, dl + 2 * nk, wt, K, dim, ys + (size_t)nk * dim, n, np);
+            cu_launch(moe_combine_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, (const float *)ys,
+                      (const int *)dl + 2 * nk, wt, K, dim, (const float *)ys + (size_t)nk * dim, n, np);
         ok = ok && cu_check(cudaGetLastError(), "moe_experts: combine");
         *sh_done = ok && np > 0;
     }
@@ -1304,8 +1310,8 @@ static void moe_experts_host(float *y, const float *x, int n, int K, const int *
         float *ys2 = tab ? (float *)cu_alloc(sizeof(float) * (size_t)cnt[ne] * dim) : NULL;
         bool ok = ys2 && cu_grouped_experts(ys2, x, dl, cnt, ne, tab, ew1[0].fmt, dim, inter);
         if (ok)
-            moe_combine_kernel<<<dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, cu_s>>>(y, ys2, dl + 2 * nk,
-                                                                                               wt, K, dim, NULL, 0, 0);
+            cu_launch(moe_combine_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, (const float *)ys2,
+                      (const int *)dl + 2 * nk, wt, K, dim, (const float *)NULL, 0, 0);
         cu_free(ys2);
         if (ok) {
             cu_check(cudaGetLastError(), "moe_experts: combine");
