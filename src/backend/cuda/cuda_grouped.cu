@@ -408,23 +408,32 @@ __device__ __forceinline__ void gf_store_tile(float (*c)[GF_CLD], const float (*
  * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32).
  * Split k (down only): block z takes k steps z * ksteps .. and writes its partial
  * y at oy + z * ystride. */
+/* A block's tile (expert, first row, end row, w2 row length): entry blockIdx.y of the
+ * list, or without one (a dense product: nd tokens, the weight wd passed by value, no
+ * table to upload) rows 64 blockIdx.y .. of expert 0. */
+__device__ __forceinline__ int4 gk_tile(const int4 *__restrict__ tiles, int nd)
+{
+    if (tiles) return tiles[blockIdx.y];
+    return make_int4(0, (int)blockIdx.y * GG_BM, min((int)(blockIdx.y + 1) * GG_BM, nd), 0);
+}
+
 template <int F, bool UP, bool SPLIT>
 __global__ void __launch_bounds__(GG_THREADS, 2)
 gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow, int nd, cu_weight wd)
 {
     extern __shared__ __align__(128) unsigned char gf_raw[];
     gf_smem<F> &sm = *(gf_smem<F> *)gf_raw;
     const bool BF = F == DS_W_BF16;
     cu_pdl_wait();
     cu_pdl_launch();
-    int4 tl = tiles[blockIdx.y];
+    int4 tl = gk_tile(tiles, nd);
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return; /* an empty tile past the device-grouped count */
     int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
-    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    cu_weight wa = tiles ? wa_tab[e] : wd, wb = UP ? wb_tab[e] : wa;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4, g = lane / 4, q = lane % 4;
     const float *srow = NULL; /* FP8 only */
     if (!BF) {
@@ -688,7 +697,7 @@ __global__ void __launch_bounds__(GG_THREADS, 2)
 gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow, int nd, cu_weight wd)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(128) unsigned char gw_raw[];
@@ -696,11 +705,11 @@ gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     const bool BF = F == DS_W_BF16;
     cu_pdl_wait();
     cu_pdl_launch();
-    int4 tl = tiles[blockIdx.y];
+    int4 tl = gk_tile(tiles, nd);
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return;
     int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
-    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    cu_weight wa = tiles ? wa_tab[e] : wd, wb = UP ? wb_tab[e] : wa;
     int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
     const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
     if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
@@ -1183,7 +1192,7 @@ __global__ void __launch_bounds__(GG_THREADS, 2)
 gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
           const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
           const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow)
+          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow, int nd, cu_weight wd)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gr_raw[];
@@ -1192,11 +1201,11 @@ gr_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restric
     const int ST = GR_ST(F);
     cu_pdl_wait();
     cu_pdl_launch();
-    int4 tl = tiles[blockIdx.y];
+    int4 tl = gk_tile(tiles, nd);
     int e = tl.x, t0 = tl.y, t1 = tl.z;
     if (t0 >= t1) return;
     int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
-    cu_weight wa = wa_tab[e], wb = UP ? wb_tab[e] : wa;
+    cu_weight wa = tiles ? wa_tab[e] : wd, wb = UP ? wb_tab[e] : wa;
     const int ld = !UP && tl.w > 0 ? tl.w : k; /* the weight's row length: a pseudo-expert's w2 is a column slice */
     int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4, q = lane % 4;
     const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
@@ -1255,7 +1264,8 @@ static bool gr_ready(void)
  * e4m3 lo parts where lo8; RS: x scaled per row, gf_gather_rows_kernel's), 1
  * gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
 typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
-                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t, const int *);
+                      const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t, const int *, int,
+                      cu_weight);
 template <int F, bool UP, bool SPLIT, bool RS>
 static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
 {
@@ -1327,10 +1337,11 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
         else if (gw == 2) gf_gather_rows<F == DS_W_BF16, false>(xb, xl, xs, x, gl, gn, dim, gt, gdn, grep);
         else gf_gather_kernel<F == DS_W_BF16><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, list, nk, dim, total);
         dim3 gu(cu_blocks((size_t)inter, GF_BN / 2), (unsigned)nt), gd(cu_blocks((size_t)dim, GF_BN), (unsigned)nt);
+        const cu_weight none = {NULL, NULL};
         cu_launch(up, gu, GG_THREADS, smem, (float *)NULL, hb, hl, hs, xb, xl, xs, dt, tab, tab + ne, dim, inter, 0, xc,
-                  (size_t)0, xrow);
+                  (size_t)0, xrow, 0, none);
         cu_launch(down, gd, GG_THREADS, smem, ys, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, hb, hl, hs, dt,
-                  tab + 2 * ne, (const cu_weight *)NULL, inter, dim, 0, hc, (size_t)0, (const int *)NULL);
+                  tab + 2 * ne, (const cu_weight *)NULL, inter, dim, 0, hc, (size_t)0, (const int *)NULL, 0, none);
         ok = cu_check(cudaGetLastError(), "grouped experts: launch");
     }
     cu_free(xb);
@@ -1463,12 +1474,13 @@ static int gf_ksplit(int blocks, int kc, size_t ny)
     return best;
 }
 
+/* A dense product as one "expert" of every token, its tiles of GG_BM tokens worked out
+ * by each block (gk_tile) and the weight passed by value. */
 template <bool SPLIT>
-static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, const cu_weight *tab, int k, int row0,
-                     int rows)
+static bool gf_dense(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows)
 {
     int kc = (k + GF_BK - 1) / GF_BK;
-    dim3 grid(cu_blocks((size_t)rows, GF_BN), (unsigned)nt);
+    dim3 grid(cu_blocks((size_t)rows, GF_BN), cu_blocks((size_t)n, GG_BM));
     int gw = row0 % 64 == 0 ? gw_ok() : 0; /* a warpgroup's 64 rows in one scale block */
     int ns = gf_ksplit((int)(grid.x * grid.y), kc, (size_t)n * rows), per = (kc + ns - 1) / ns;
     if (gw == 2) per += per & 1; /* gr_kernel's RS form folds whole 128-column weight blocks */
@@ -1489,8 +1501,9 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
         if (gw == 2 && lo8) gf_gather_rows<false, true>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else if (gw == 2) gf_gather_rows<false, false>(xb, xl, xs, x, NULL, n, k, NULL, 0, 0);
         else gf_gather_kernel<false><<<gb, 256, 0, cu_s>>>(xb, xl, xs, x, NULL, n, k, NULL);
-        cu_launch(fn, grid, GG_THREADS, smem, part, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, xb, xl, xs, dt, tab,
-                  (const cu_weight *)NULL, k, rows, row0, per, ny, (const int *)NULL);
+        cu_launch(fn, grid, GG_THREADS, smem, part, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, xb, xl, xs,
+                  (const int4 *)NULL, (const cu_weight *)NULL, (const cu_weight *)NULL, k, rows, row0, per, ny,
+                  (const int *)NULL, n, *dw);
         if (ns > 1) cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
@@ -1500,8 +1513,9 @@ static bool gf_dense(float *y, const float *x, int n, const int4 *dt, int nt, co
     return ok;
 }
 
-/* A dense product as one "expert": the device tiles of every token (GG_BM each, *nt
- * of them) followed by the one-entry weight table; NULL if out of memory. */
+/* A dense product as one "expert" for the FP8 GEMM path's kernels: the device tiles of
+ * every token (GG_BM each, *nt of them) followed by the one-entry weight table; NULL if
+ * out of memory. */
 static int4 *dense_tiles(int n, const cu_weight *dw, int *nt)
 {
     *nt = (n + GG_BM - 1) / GG_BM;
@@ -1521,14 +1535,7 @@ static int4 *dense_tiles(int n, const cu_weight *dw, int *nt)
 
 bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k, int row0, int rows)
 {
-    int nt;
-    int4 *dt = dense_tiles(n, dw, &nt);
-    if (!dt) return false;
-    const cu_weight *tab = (const cu_weight *)(dt + nt);
-    bool ok = cu_gemm_split() ? gf_dense<true>(y, x, n, dt, nt, tab, k, row0, rows)
-                              : gf_dense<false>(y, x, n, dt, nt, tab, k, row0, rows);
-    cu_free(dt);
-    return ok;
+    return cu_gemm_split() ? gf_dense<true>(y, x, n, dw, k, row0, rows) : gf_dense<false>(y, x, n, dw, k, row0, rows);
 }
 
 /* ---- gq_kernel (stage 15, DSV3_CUDA_FP8MMA=1): the reference's fp8_gemm on the FP8
