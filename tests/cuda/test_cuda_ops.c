@@ -727,11 +727,14 @@ static void test_route_ties(int n, int E, int K, bool sigmoid, int groups, int l
     free(sc), free(bias), free(ri), free(rw);
 }
 
+/* test_moe_shape's routed experts: E in all, K a token, the local range e0 .. e0 + ne - 1 */
+static int g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
+
 /* moe_route (softmax / sigmoid with bias and groups) then moe_experts over a local expert range. */
 static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl gemm, int dim, int inter)
 {
     char label[160];
-    int E = 16, K = 4, e0 = 3, ne = 10, limited = groups > 1 ? 2 : 1;
+    int E = g_moe_E, K = g_moe_K, e0 = g_moe_e0, ne = g_moe_ne, limited = groups > 1 ? 2 : 1;
     float *sc = hrand((size_t)n * E, 3.0f), *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
     float *gsc = gcopy(sc, (size_t)n * E), *gbias = bias ? gcopy(bias, (size_t)E) : NULL;
     int *ri = malloc(sizeof(int) * n * K), *gi = G->alloc(sizeof(int) * n * K);
@@ -743,7 +746,7 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     snprintf(label, sizeof label, "moe_route %s groups=%d n=%d", sigmoid ? "sigmoid+bias" : "softmax", groups, n);
     CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
     compare(label, gw, rw, (size_t)n * K, 1e-6);
-    ds_weight w1[10], w2[10], w3[10];
+    ds_weight *w1 = malloc(sizeof(ds_weight) * 3 * (size_t)ne), *w2 = w1 + ne, *w3 = w2 + ne;
     for (int e = 0; e < ne; e++) {
         w1[e] = make_weight(fmt, inter, dim);
         w2[e] = make_weight(fmt, dim, inter);
@@ -761,8 +764,8 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     float *gx = gcopy(x, (size_t)n * dim), *gy = gbuf((size_t)n * dim);
     C->moe_experts(y, x, n, K, ri, rw, w1, w2, w3, e0, ne, inter_s ? &shared : NULL, gemm, false);
     G->moe_experts(gy, gx, n, K, gi, gw, w1, w2, w3, e0, ne, inter_s ? &shared : NULL, gemm, false);
-    snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d shared %d", fmt_name(fmt),
-             gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne, inter_s);
+    snprintf(label, sizeof label, "moe_experts %s%s n=%d dim=%d inter=%d experts %d+%d of %d, %d a token, shared %d",
+             fmt_name(fmt), gemm == DS_GEMM_FP8 ? " fp8gemm" : "", n, dim, inter, e0, ne, E, K, inter_s);
     /* n > 8: BF16 experts, and FP8 ones outside the FP8 GEMM path, on the tensor
      * cores (grouped mma kernels when dim, inter % 16 == 0, else grouped cuBLAS
      * for BF16 and the per-expert loop for FP8), activations hi + lo, or
@@ -778,6 +781,7 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
         free((void *)w2[e].data), free((void *)w2[e].scale);
         free((void *)w3[e].data), free((void *)w3[e].scale);
     }
+    free(w1);
     if (inter_s) {
         free((void *)s1.data), free((void *)s1.scale);
         free((void *)s2.data), free((void *)s2.scale);
@@ -870,6 +874,15 @@ static void test_prefill_products(void)
     test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_BF16, 256, 128);
     g_moe_shared = 0;
     set_variant("XROW", NULL);
+    /* session 25: the device grouping over several chunks of 1024 pairs with many local
+     * experts (its scans take runs of experts a lane): 100 of 160 from expert 17, and all
+     * 256 of V3's routing shape */
+    g_moe_E = 160, g_moe_K = 6, g_moe_e0 = 17, g_moe_ne = 100;
+    test_moe_shape(DS_W_BF16, 600, false, 1, DS_GEMM_BF16, 128, 64);
+    test_moe_shape(DS_W_FP8, 300, true, 4, DS_GEMM_BF16, 256, 128);
+    g_moe_E = 256, g_moe_K = 8, g_moe_e0 = 0, g_moe_ne = 256;
+    test_moe_shape(DS_W_BF16, 301, true, 8, DS_GEMM_BF16, 128, 64);
+    g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
     /* FP8 dense products on the tensor cores: rows past 128-blocks, offset rows, k tails */
     test_matmul(DS_W_FP8, 300, 208, 100, 0, 300, DS_GEMM_BF16, false, false);
     test_matmul(DS_W_FP8, 600, 400, 17, 160, 333, DS_GEMM_BF16, false, false);
