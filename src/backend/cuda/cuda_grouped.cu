@@ -88,33 +88,44 @@ __device__ __forceinline__ float gf_scale(float amax, float *inv)
     return __uint_as_float((uint32_t)(127 + 15 - e) << 23);
 }
 
-/* h[i], h[i + 1] = f16 (bf16 when BF) of a, b; l the remainders (when l is not NULL) */
+/* the bits of the f16 (bf16 when BF) pair of a, b; *f their values */
 template <bool BF>
-__device__ __forceinline__ void gf_put(uint16_t *__restrict__ h, uint16_t *__restrict__ l, size_t i, float a, float b)
+__device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
 {
-    float2 f;
     if (BF) {
-        __nv_bfloat162 hi = __floats2bfloat162_rn(a, b);
-        *(__nv_bfloat162 *)(h + i) = hi;
-        f = __bfloat1622float2(hi);
-        if (l) *(__nv_bfloat162 *)(l + i) = __floats2bfloat162_rn(a - f.x, b - f.y);
-    } else {
-        __half2 hi = __floats2half2_rn(a, b);
-        *(__half2 *)(h + i) = hi;
-        f = __half22float2(hi);
-        if (l) *(__half2 *)(l + i) = __floats2half2_rn(a - f.x, b - f.y);
+        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+        *f = __bfloat1622float2(h);
+        return *(uint32_t *)&h;
     }
+    __half2 h = __floats2half2_rn(a, b);
+    *f = __half22float2(h);
+    return *(uint32_t *)&h;
 }
 
-/* h[i], h[i + 1] = f16 of a, b; l[i], l[i + 1] their remainders as e4m3 (|a|, |b| <
- * 2^15: the remainders are at most 8, and e4m3 keeps them to 2^-4 of themselves down
- * to 2^-6, i.e. to 2^-15 of a value from 2^-10 of the chunk's largest on) */
-__device__ __forceinline__ void gf_put8(uint16_t *__restrict__ h, uint8_t *__restrict__ l, size_t i, float a, float b)
+/* The parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
+ * in xl (none when xl is NULL): f16 (bf16 when BF), or e4m3 bytes when LO8 (then hi is
+ * f16 and |a| .. |d| < 2^15: the remainders are at most 8, and e4m3 keeps them to 2^-4
+ * of themselves down to 2^-6, i.e. to 2^-15 of a value from 2^-10 of the chunk's
+ * largest on). */
+template <bool BF, bool LO8, bool FOUR>
+__device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float a,
+                                       float b, float c, float d)
 {
-    __half2 hi = __floats2half2_rn(a, b);
-    *(__half2 *)(h + i) = hi;
-    float2 f = __half22float2(hi);
-    *(__nv_fp8x2_storage_t *)(l + i) = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
+    float2 f, g;
+    uint32_t h0 = gs_pair<BF>(a, b, &f), h1 = FOUR ? gs_pair<BF>(c, d, &g) : 0;
+    if (FOUR) *(uint2 *)(xh + i) = make_uint2(h0, h1);
+    else *(uint32_t *)(xh + i) = h0;
+    if (LO8) {
+        uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
+        uint32_t l1 = FOUR ? __nv_cvt_float2_to_fp8x2(make_float2(c - g.x, d - g.y), __NV_SATFINITE, __NV_E4M3) : 0;
+        if (FOUR) *(uint32_t *)((uint8_t *)xl + i) = l0 | l1 << 16;
+        else *(uint16_t *)((uint8_t *)xl + i) = (uint16_t)l0;
+    } else if (xl) {
+        float2 u;
+        uint32_t l0 = gs_pair<BF>(a - f.x, b - f.y, &u), l1 = FOUR ? gs_pair<BF>(c - g.x, d - g.y, &u) : 0;
+        if (FOUR) *(uint2 *)(xl + i) = make_uint2(l0, l1);
+        else *(uint32_t *)(xl + i) = l0;
+    }
 }
 
 /* x (n, k) float32 rows list[i] (row i without a list) -> xh (+ xl) f16 (bf16 when
@@ -136,8 +147,7 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
     #pragma unroll
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(~0u, m, o));
     float inv, s = gf_scale(m, &inv);
-    if (c < k && LO8) gf_put8(xh, (uint8_t *)xl, r * k + c, v.x * s, v.y * s);
-    else if (c < k) gf_put<BF>(xh, xl, r * k + c, v.x * s, v.y * s);
+    if (c < k) gs_put<BF, LO8, false>(xh, xl, r * k + c, v.x * s, v.y * s, 0.0f, 0.0f);
     if (lane == 0) xs[w] = inv;
 }
 
@@ -163,42 +173,6 @@ struct gs_vec<2> {
 __device__ __forceinline__ float gs_amax(float4 v) { return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))); }
 __device__ __forceinline__ float gs_amax(float2 v) { return fmaxf(fabsf(v.x), fabsf(v.y)); }
 
-/* the bits of the f16 (bf16 when BF) pair of a, b; *f their values */
-template <bool BF>
-__device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
-{
-    if (BF) {
-        __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-        *f = __bfloat1622float2(h);
-        return *(uint32_t *)&h;
-    }
-    __half2 h = __floats2half2_rn(a, b);
-    *f = __half22float2(h);
-    return *(uint32_t *)&h;
-}
-
-/* the parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
- * in xl (e4m3 bytes when LO8; none when xl is NULL) */
-template <bool BF, bool LO8, bool FOUR>
-__device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float a,
-                                       float b, float c, float d)
-{
-    float2 f, g;
-    uint32_t h0 = gs_pair<BF>(a, b, &f), h1 = FOUR ? gs_pair<BF>(c, d, &g) : 0;
-    if (FOUR) *(uint2 *)(xh + i) = make_uint2(h0, h1);
-    else *(uint32_t *)(xh + i) = h0;
-    if (LO8) {
-        uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
-        uint32_t l1 = FOUR ? __nv_cvt_float2_to_fp8x2(make_float2(c - g.x, d - g.y), __NV_SATFINITE, __NV_E4M3) : 0;
-        if (FOUR) *(uint32_t *)((uint8_t *)xl + i) = l0 | l1 << 16;
-        else *(uint16_t *)((uint8_t *)xl + i) = (uint16_t)l0;
-    } else if (xl) {
-        float2 u;
-        uint32_t l0 = gs_pair<BF>(a - f.x, b - f.y, &u), l1 = FOUR ? gs_pair<BF>(c - g.x, d - g.y, &u) : 0;
-        if (FOUR) *(uint2 *)(xl + i) = make_uint2(l0, l1);
-        else *(uint32_t *)(xl + i) = l0;
-    }
-}
 template <bool BF, bool LO8>
 __device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, size_t i, float4 v, float s)
 {
@@ -827,7 +801,7 @@ static bool gw_ready(void)
  * in the same type (f16 / bf16), or, for FP8 weights, f16 hi + e4m3 lo (DSV3_CUDA_LO8, the
  * default): the lo products then run on the FP8 tensor cores against the weights' own
  * codes (k32 per instruction, half the time of a k16 f16 one) and lo's tiles are half the
- * bytes. x = hi + lo to ~2^-15 of each value (gf_put8) instead of ~2^-22. */
+ * bytes. x = hi + lo to ~2^-15 of each value (gs_put) instead of ~2^-22. */
 #define GR_LO_NONE 0
 #define GR_LO_F16 1
 #define GR_LO_E4M3 2
