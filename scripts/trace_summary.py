@@ -3,8 +3,8 @@
 launch of a captured decode graph (or one forward pass run outside graphs, such as a
 prefill), where its time goes when its kernels overlap (programmatic dependent launch):
 
-  scripts/trace_summary.py TRACE [--graph ID] [--launch N]
-  scripts/trace_summary.py TRACE --pass N
+  scripts/trace_summary.py TRACE [--graph ID] [--launch N] [--gaps K]
+  scripts/trace_summary.py TRACE --pass N [--gaps K]
 
 For each kernel (in launch order) the 'advance' is how far it moved the finish line: its
 end minus the latest end before it. Advances sum to the span's length, so they split it
@@ -12,7 +12,9 @@ among kernels as they really ran; 'busy' is end - start. Lines are grouped by ke
 (summed over layers). Without --graph: the graph with the most kernel records; --launch
 picks one launch of it (default: the middle one). --pass N: the kernels outside graphs
 after the last graph launch, split into forward passes at each embedding kernel; N counts
-from 0, negative from the end (-1: the last)."""
+from 0, negative from the end (-1: the last). --gaps K: then the time no kernel ran, in all
+and for the K kernel pairs (the one before, the one after) that left the most of it.
+Kernels of a graph overlap, so gaps say most about passes outside graphs."""
 import re
 import sys
 from collections import defaultdict
@@ -101,7 +103,7 @@ def main():
         recs = read(args[0])
     except OSError as e:
         sys.exit(f"trace_summary: cannot read {args[0]}: {e.strerror}")
-    pn = opt('--pass')
+    pn, k = opt('--pass'), opt('--gaps')
     title, run = forward_pass(recs, pn) if pn is not None else graph_launch(recs, opt('--graph'), opt('--launch'))
     t0 = run[0][0]
     total = max(r[1] for r in run) - t0
@@ -117,6 +119,20 @@ def main():
     print(f"{'kernel':42s} {'count':>5s} {'advance us':>11s} {'share':>6s} {'busy us':>9s}")
     for n in sorted(adv, key=lambda n: -adv[n]):
         print(f"{n:42s} {cnt[n]:5d} {adv[n] / 1000:11.1f} {100 * adv[n] / total:5.1f}% {busy[n] / 1000:9.1f}")
+    if k is not None:
+        gap, gn = defaultdict(int), defaultdict(int)
+        front = run[0][1]
+        for prev, r in zip(run, run[1:]):
+            if r[0] > front:
+                pair = (short(prev[4]), short(r[4]))
+                gap[pair] += r[0] - front
+                gn[pair] += 1
+            front = max(front, r[1])
+        idle = sum(gap.values())
+        print(f"idle {idle / 1000:.1f} us of {total / 1000:.1f} ({100 * idle / total:.1f}%)")
+        print(f"{'after':34s} {'before':34s} {'count':>5s} {'idle us':>8s} {'each':>6s}")
+        for pair in sorted(gap, key=lambda p: -gap[p])[:k]:
+            print(f"{pair[0][:34]:34s} {pair[1][:34]:34s} {gn[pair]:5d} {gap[pair] / 1000:8.1f} {gap[pair] / gn[pair] / 1000:6.2f}")
     return 0
 
 
