@@ -374,14 +374,6 @@ __device__ __forceinline__ void gf_store_tile(float (*c)[GF_CLD], const float (*
         }
 }
 
-/* tiles[blockIdx.y] = (expert e, first token, end token); blockIdx.x: GF_BN rows
- * (UP: GF_BN / 2 rows of w1 and the same rows of w3). A: xh (+ xl) (total, k)
- * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
- * oh (+ ol) f16 (total, rows) and os (total, ceil(rows / 64)), one chunk per
- * block; else float32 y (total, rows) into oy. Warps: 2 x 4, each 32 tokens x 32
- * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32).
- * Split k (down only): block z takes k steps z * ksteps .. and writes its partial
- * y at oy + z * ystride. */
 /* A block's tile (expert, first row, end row, w2 row length): entry blockIdx.y of the
  * list, or without one (a dense product: nd tokens, the weight wd passed by value, no
  * table to upload) rows 64 blockIdx.y .. of expert 0. */
@@ -391,6 +383,14 @@ __device__ __forceinline__ int4 gk_tile(const int4 *__restrict__ tiles, int nd)
     return make_int4(0, (int)blockIdx.y * GG_BM, min((int)(blockIdx.y + 1) * GG_BM, nd), 0);
 }
 
+/* tiles[blockIdx.y] (gk_tile) = (expert e, first token, end token); blockIdx.x: GF_BN rows
+ * (UP: GF_BN / 2 rows of w1 and the same rows of w3). A: xh (+ xl) (total, k)
+ * with xs (total, ceil(k / 64)). UP writes h = silu(w1 x) * (w3 x) the same way:
+ * oh (+ ol) f16 (total, rows) and os (total, ceil(rows / 64)), one chunk per
+ * block; else float32 y (total, rows) into oy. Warps: 2 x 4, each 32 tokens x 32
+ * rows, which lie in one 128-row scale block (r0 + row0 a multiple of 32).
+ * Split k (down only): block z takes k steps z * ksteps .. and writes its partial
+ * y at oy + z * ystride. */
 template <int F, bool UP, bool SPLIT>
 __global__ void __launch_bounds__(GG_THREADS, 2)
 gf_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
