@@ -1517,6 +1517,137 @@ static bool launch_gate_cluster(int *idx, float *wt, float *sc, const float *x, 
     return true;
 }
 
+/* Past 8 tokens (a prefill) a small gate on the CUDA cores (stage 28,
+ * DSV3_CUDA_GATE_TILE): block b takes tokens TT b .. TT b + TT - 1 against every
+ * expert, so it can route them itself, a warp a token. Their x rows are copied to
+ * shared memory once, each 32 EL-column chunk permuted so that a warp's 16-byte
+ * loads of one token are contiguous (a lane's EL columns c .. c + EL - 1 sit at
+ * lane * 4 + (q * 128) for their q-th four). Each warp then walks four expert rows at
+ * a time, the lanes across k with 16-byte weight loads (the next chunk's issued before
+ * the current one's arithmetic), float32 sums. This replaces
+ * four launches of about 20 us a layer at 512 tokens on the 16B model (the split of x
+ * into bf16 parts, two cuBLAS products, the routing): the gate is 64 x 2048 there, a
+ * few us of float32 work. V3's 256 x 7168 gate stays on the tensor cores. */
+#define GT_THREADS 512
+#define GT_MAXEK 262144 /* E x k at most */
+#define GT_MAXSMEM 200704 /* bytes of dynamic shared memory at most */
+#define GT_COPY 4 /* float4 of x a thread has in flight while copying */
+
+template <int F, int TT>
+__global__ void __launch_bounds__(GT_THREADS)
+gate_tile_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, int n, const void *__restrict__ w,
+                 int k, int ks, int E, const float *__restrict__ bias, int K, int G, int limited, bool sigmoid,
+                 float rscale)
+{
+    constexpr int EL = 16 / cu_wsize<F>::v, CW = 32 * EL, WARPS = GT_THREADS / 32;
+    extern __shared__ float sm[]; /* x [TT][ks] permuted, scores [TT][E], (E + G) a warp */
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int t0 = (int)blockIdx.x * TT, nt = min(TT, n - t0);
+    float *xs = sm, *ss = sm + (size_t)TT * ks, *scratch = ss + (size_t)TT * E + (size_t)warp * (E + G);
+    size_t wbytes = (size_t)E * k * cu_wsize<F>::v, per = (wbytes + gridDim.x - 1) / gridDim.x;
+    if ((size_t)blockIdx.x * per < wbytes)
+        cu_prefetch_lane_l2((const uint8_t *)w + (size_t)blockIdx.x * per,
+                            min(per, wbytes - (size_t)blockIdx.x * per), threadIdx.x, GT_THREADS);
+    cu_pdl_wait();
+    cu_pdl_launch();
+    /* the copy: GT_COPY loads in flight a thread, then their stores */
+    int k4 = k / 4;
+    for (int i0 = threadIdx.x; i0 < TT * k4; i0 += GT_COPY * GT_THREADS) {
+        float4 v[GT_COPY];
+        #pragma unroll
+        for (int j = 0; j < GT_COPY; j++) {
+            int i = i0 + j * GT_THREADS, t = i / k4;
+            v[j] = i < TT * k4 && t < nt ? *(const float4 *)(x + (size_t)(t0 + t) * k + (size_t)(i - t * k4) * 4)
+                                         : make_float4(0, 0, 0, 0);
+        }
+        #pragma unroll
+        for (int j = 0; j < GT_COPY; j++) {
+            int i = i0 + j * GT_THREADS, t = i / k4, c = (i - t * k4) * 4, r = c % CW;
+            if (i < TT * k4) *(float4 *)(xs + (size_t)t * ks + (c - r) + (r % EL) / 4 * 128 + r / EL * 4) = v[j];
+        }
+    }
+    __syncthreads();
+    for (int e0 = 4 * warp; e0 < E; e0 += 4 * WARPS) {
+        float acc[4][TT] = {};
+        uint4 raw[4]; /* this chunk's weights of the four rows; the next chunk's load goes out first */
+        #pragma unroll
+        for (int u = 0; u < 4; u++)
+            raw[u] = e0 + u < E && lane * EL < k ? *(const uint4 *)((const uint8_t *)w + ((size_t)(e0 + u) * k + lane * EL) * cu_wsize<F>::v)
+                                                 : make_uint4(0, 0, 0, 0);
+        for (int c = lane * EL, cs = lane * 4; c < k; c += CW, cs += CW) {
+            uint4 next[4];
+            #pragma unroll
+            for (int u = 0; u < 4; u++)
+                next[u] = e0 + u < E && c + CW < k ? *(const uint4 *)((const uint8_t *)w + ((size_t)(e0 + u) * k + c + CW) * cu_wsize<F>::v)
+                                                   : make_uint4(0, 0, 0, 0);
+            float wv[4][EL];
+            #pragma unroll
+            for (int u = 0; u < 4; u++) cu_wload16<F>(&raw[u], 0, wv[u]);
+            #pragma unroll
+            for (int t = 0; t < TT; t++) {
+                #pragma unroll
+                for (int q = 0; q < EL / 4; q++) {
+                    float4 v = *(const float4 *)(xs + (size_t)t * ks + cs + q * 128);
+                    #pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        acc[u][t] = fmaf(v.x, wv[u][4 * q], acc[u][t]);
+                        acc[u][t] = fmaf(v.y, wv[u][4 * q + 1], acc[u][t]);
+                        acc[u][t] = fmaf(v.z, wv[u][4 * q + 2], acc[u][t]);
+                        acc[u][t] = fmaf(v.w, wv[u][4 * q + 3], acc[u][t]);
+                    }
+                }
+            }
+            #pragma unroll
+            for (int u = 0; u < 4; u++) raw[u] = next[u];
+        }
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            #pragma unroll
+            for (int t = 0; t < TT; t++) {
+                float v = cu_warp_sum(acc[u][t]);
+                if (lane == 0 && e0 + u < E) ss[t * E + e0 + u] = v;
+            }
+        }
+    }
+    __syncthreads();
+    for (int t = warp; t < nt; t += WARPS)
+        cu_route_warp<true>(idx + (size_t)(t0 + t) * K, wt + (size_t)(t0 + t) * K, sc + (size_t)(t0 + t) * E, bias,
+                            ss + (size_t)t * E, scratch, scratch + E, E, K, G, limited, sigmoid, rscale);
+}
+
+/* gate_tile_kernel for more than GATE_NMAX tokens (false: not taken: too large a gate,
+ * or its shared memory refused by the device). */
+template <int F>
+static bool launch_gate_tile(int *idx, float *wt, float *sc, const float *x, int n, const cu_weight *w, int k, int E,
+                             const float *bias, int K, int G, int limited, bool sigmoid, float rscale)
+{
+    constexpr int EL = 16 / cu_wsize<F>::v, CW = 32 * EL;
+    static size_t granted[2] = {48 * 1024, 48 * 1024}; /* shared memory a launch may ask, per TT */
+    if (!cu_v.gate_tile || n <= GATE_NMAX || (size_t)E * k > GT_MAXEK || k % EL != 0) return false;
+    int ks = (k + CW - 1) / CW * CW;
+    /* eight tokens a block once they fill every SM, else four (more blocks) */
+    int tt = n >= 8 * cu_sm_count() ? 8 : 4;
+    size_t smem = sizeof(float) * ((size_t)tt * ks + (size_t)tt * E + (size_t)(GT_THREADS / 32) * (E + G));
+    if (smem > GT_MAXSMEM && tt == 8) {
+        tt = 4;
+        smem = sizeof(float) * ((size_t)tt * ks + (size_t)tt * E + (size_t)(GT_THREADS / 32) * (E + G));
+    }
+    if (smem > GT_MAXSMEM) return false;
+    int slot = tt == 8;
+    void (*kern)(int *, float *, float *, const float *, int, const void *, int, int, int, const float *, int, int,
+                 int, bool, float) = tt == 8 ? gate_tile_kernel<F, 8> : gate_tile_kernel<F, 4>;
+    if (smem > granted[slot]) {
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+            cudaGetLastError(); /* a smaller GPU: the tensor-core path stays */
+            return false;
+        }
+        granted[slot] = smem;
+    }
+    cu_launch(kern, dim3((unsigned)((n + tt - 1) / tt)), GT_THREADS, smem, idx, wt, sc, x, n, w->data, k, ks, E, bias,
+              K, G, limited, sigmoid, rscale);
+    return true;
+}
+
 /* One counter for every gate launch (they run one after another on the stream and each
  * leaves it at 0), made on the first call outside a stream capture; NULL until then. */
 static unsigned *gate_counter(void)
@@ -1548,11 +1679,18 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
                  int K, int groups, int limited_groups, bool sigmoid, float route_scale)
 {
     int E = gate->rows, k = gate->cols, sz = gate->fmt == DS_W_BF16 ? 2 : 4;
-    bool fits = cu_v.gate && n >= 1 && n <= GATE_NMAX && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 &&
-                E <= GATE_MAXE && K <= 32 && K <= E && cu_device_readable(x) && cu_device_readable(sc) &&
-                cu_device_readable(idx) && cu_device_readable(wt) && (!bias || cu_device_readable(bias)) &&
-                (uintptr_t)x % 16 == 0;
+    bool one = cu_v.gate && n >= 1 && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 && E <= GATE_MAXE &&
+               K <= 32 && K <= E && cu_device_readable(x) && cu_device_readable(sc) && cu_device_readable(idx) &&
+               cu_device_readable(wt) && (!bias || cu_device_readable(bias)) && (uintptr_t)x % 16 == 0;
+    bool fits = one && n <= GATE_NMAX;
     cu_weight dw;
+    if (one && n > GATE_NMAX && cu_weight_get(gate, &dw) && (uintptr_t)dw.data % 16 == 0 &&
+        (gate->fmt == DS_W_BF16
+             ? launch_gate_tile<DS_W_BF16>(idx, wt, sc, x, n, &dw, k, E, bias, K, groups, limited_groups, sigmoid, route_scale)
+             : launch_gate_tile<DS_W_F32>(idx, wt, sc, x, n, &dw, k, E, bias, K, groups, limited_groups, sigmoid, route_scale))) {
+        cu_check(cudaGetLastError(), "moe_gate");
+        return;
+    }
     if (fits && cu_weight_get(gate, &dw) && (uintptr_t)dw.data % 16 == 0 &&
         (gate->fmt == DS_W_BF16
              ? launch_gate_cluster<DS_W_BF16>(idx, wt, sc, x, n, &dw, k, E, bias, K, groups, limited_groups, sigmoid, route_scale)
