@@ -573,8 +573,8 @@ struct cu_variants {
     int xrow; /* DSV3_CUDA_XROW (session 24): the routed experts' up product (gr_kernel) reads
                * x's split rows by token through a row -> token map, x split once per token;
                * on unless 0 (then a split copy of x per (token, expert) row) */
-    int gate_tile; /* DSV3_CUDA_GATE_TILE (stage 28): past 8 tokens a small gate (E x k up to
-                    * 2^18) and its routing in one launch on the CUDA cores, float32
+    int gate_tile; /* DSV3_CUDA_GATE_TILE (stage 28): 9 to 1024 tokens of a small gate (E x k up
+                    * to 2^18) and their routing in one launch on the CUDA cores, float32
                     * (gate_tile_kernel); on unless 0 (then split + two cuBLAS products + route) */
 };
 extern cu_variants cu_v;
