@@ -1410,6 +1410,21 @@ static void test_stage8(void)
     test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
     set_variant("MOE_DEVSORT", NULL);
+    /* the combine four columns a thread (the default; two rounds of 8 pairs at K = 10) and
+     * one column a thread */
+    for (int pass = 0; pass < 2; pass++) {
+        printf("-- session 26 prefill MoE combine, %s\n", pass ? "one column a thread" : "four columns a thread");
+        set_variant("COMBINE4", pass ? "0" : NULL);
+        test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
+        g_moe_shared = 2;
+        test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+        g_moe_shared = 0;
+        g_moe_E = 40, g_moe_K = 10, g_moe_e0 = 0, g_moe_ne = 40;
+        test_moe_shape(DS_W_BF16, 100, false, 1, DS_GEMM_BF16, 128, 64);
+        test_moe_shape(DS_W_FP8, 70, false, 1, DS_GEMM_BF16, 256, 128);
+        g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
+    }
+    set_variant("COMBINE4", NULL);
     test_gates();
 }
 

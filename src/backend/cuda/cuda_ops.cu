@@ -33,7 +33,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1, 1};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1, 1, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -92,6 +92,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.heads_t3 = cu_env_flag("DSV3_CUDA_HEADS_T3", 1) != 0;
     cu_v.gate_cl = cu_env_flag("DSV3_CUDA_GATE_CL", 1) != 0;
     cu_v.gate_tile = cu_env_flag("DSV3_CUDA_GATE_TILE", 1) != 0;
+    cu_v.combine4 = cu_env_flag("DSV3_CUDA_COMBINE4", 1) != 0;
     cu_v.moe_xs = cu_env_flag("DSV3_CUDA_MOE_XS", -1);
     cu_v.nfold = cu_env_flag("DSV3_CUDA_NFOLD", -1);
 }
