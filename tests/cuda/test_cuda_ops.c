@@ -2019,6 +2019,10 @@ int main(void)
         test_gates();
         return t_done("cuda_ops");
     }
+    if (only && !strcmp(only, "expanded")) { /* the expanded form's (flash) cases alone */
+        test_expanded();
+        return t_done("cuda_ops");
+    }
 
     static const struct { int rows, cols, n, row0, nrows; } shapes[] = {
         {300, 200, 1, 0, 300},   /* decode; fp8 rows not 16-byte multiples */
