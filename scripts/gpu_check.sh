@@ -9,7 +9,9 @@
 #   cmake -B build-cuda -DDSV3_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j
 # GPU_CHECK_SANITIZE=1 also runs test_cuda_ops under compute-sanitizer (memcheck).
 # Full logs go to $OUT/ when OUT is set (the device tool's output folder), else /tmp.
-# Then bench_cuda_ops prints per-op times at DeepSeek-V3 shapes against the HBM roofline.
+# Then bench_cuda_ops prints per-op times at DeepSeek-V3 shapes against the HBM roofline, and
+# bench_cuda_sync (where built) the cost of one dependent step: launch boundaries against a
+# persistent kernel's grid barriers.
 # GPU_CHECK_MODEL=CONFIG (e.g. configs/config_16B.json) also synthesises that model's BF16
 # checkpoint on this machine's disk (GPU_CHECK_CKPT, default /tmp/dsv3_ckpt_bf16; ~31 GB
 # for 16B, started in the background while the tests run), then runs bench_cuda_model
@@ -103,6 +105,9 @@ run_prog test_cuda_golden.expanded test_cuda_golden env DSV3_CUDA_EXPAND=-1
 # position 1024, which the golden sequences never reach)
 run_prog test_cuda_golden.attend_long test_cuda_golden env DSV3_CUDA_ATTEND=0 DSV3_CUDA_ATTEND_LONG=8
 run_prog bench_cuda_ops bench_cuda_ops
+# what one dependent step of a chain costs: a kernel boundary (plain, PDL) against a grid
+# barrier (optional: a copied build may leave it out)
+[ -n "$(find_prog bench_cuda_sync)" ] && run_prog bench_cuda_sync bench_cuda_sync
 if [ -n "$model_cfg" ]; then
   [ -n "$synth_pid" ] && wait "$synth_pid"
   echo "== synth"; cat "$logdir/synth.log"; du -sh "$ckpt"
