@@ -577,7 +577,8 @@ struct cu_variants {
                     * to 2^18) and their routing in one launch on the CUDA cores, float32
                     * (gate_tile_kernel); on unless 0 (then split + two cuBLAS products + route) */
     int combine4; /* DSV3_CUDA_COMBINE4 (session 26): a prefill's MoE combine four columns a
-                   * thread, every pair's row load in flight (moe_combine4_kernel); on unless 0 */
+                   * thread, every pair's row load in flight (moe_combine_kernel<float4>); on
+                   * unless 0 (then one column a thread) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

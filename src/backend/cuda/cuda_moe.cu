@@ -994,45 +994,33 @@ static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, 
     cu_free(ys);
 }
 
+/* acc += w v and acc += v, elementwise, for float and float4 */
+__device__ __forceinline__ void mc_axpy(float &acc, float w, float v) { acc += w * v; }
+__device__ __forceinline__ void mc_axpy(float4 &acc, float w, float4 v)
+{
+    acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+}
+__device__ __forceinline__ void mc_add(float &acc, float v) { acc += v; }
+__device__ __forceinline__ void mc_add(float4 &acc, float4 v) { acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w; }
+
 /* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order;
- * then, with np pseudo-experts of the shared experts (rows sh + (i n + t) * dim, i < np), plus their sum. */
-__global__ void moe_combine_kernel(float *__restrict__ y, const float *__restrict__ ys, const int *__restrict__ at,
-                                   const float *__restrict__ wt, int K, int dim, const float *__restrict__ sh, int n,
+ * then, with np pseudo-experts of the shared experts (rows sh + (i n + t) * dim, i < np), plus their sum.
+ * V: float, or float4 for four columns a thread (dim counted in V). Each round of MC_ROUND pairs
+ * loads all its rows before the sums (session 26: the one-column form with one load in flight a
+ * thread reached ~50% of HBM's rate at 4096 tokens; four columns with the round 3.1 TB/s). */
+#define MC_ROUND 8
+template <typename V>
+__global__ void moe_combine_kernel(V *__restrict__ y, const V *__restrict__ ys, const int *__restrict__ at,
+                                   const float *__restrict__ wt, int K, int dim, const V *__restrict__ sh, int n,
                                    int np)
 {
     cu_pdl_wait();
     cu_pdl_launch();
     int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= dim) return;
-    float acc = 0;
-    for (int k = 0; k < K; k++) {
-        int i = at[t * K + k];
-        if (i >= 0) acc += wt[t * K + k] * ys[(size_t)i * dim + j];
-    }
-    if (np) {
-        float z = sh[(size_t)t * dim + j];
-        for (int i = 1; i < np; i++) z += sh[((size_t)i * n + t) * dim + j];
-        acc += z;
-    }
-    y[(size_t)t * dim + j] = acc;
-}
-
-/* moe_combine_kernel four columns a thread (dim % 4 == 0, 16-byte aligned rows): every
- * expert row's 16-byte load of a round of MC_ROUND pairs is issued before the sums, which
- * take the same order (session 26: the scalar form had about one load in flight a thread,
- * ~50% of HBM's rate at 4096 tokens). */
-#define MC_ROUND 8
-__global__ void moe_combine4_kernel(float4 *__restrict__ y, const float4 *__restrict__ ys, const int *__restrict__ at,
-                                    const float *__restrict__ wt, int K, int dim4, const float4 *__restrict__ sh, int n,
-                                    int np)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    int t = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= dim4) return;
-    float4 acc = make_float4(0, 0, 0, 0);
+    V acc = {};
     for (int k0 = 0; k0 < K; k0 += MC_ROUND) {
-        float4 v[MC_ROUND];
+        V v[MC_ROUND];
         float w[MC_ROUND];
         bool on[MC_ROUND];
         #pragma unroll
@@ -1040,26 +1028,18 @@ __global__ void moe_combine4_kernel(float4 *__restrict__ y, const float4 *__rest
             int k = k0 + u, i = k < K ? at[t * K + k] : -1;
             on[u] = i >= 0;
             w[u] = on[u] ? wt[t * K + k] : 0.0f;
-            v[u] = on[u] ? ys[(size_t)i * dim4 + j] : make_float4(0, 0, 0, 0);
+            v[u] = on[u] ? ys[(size_t)i * dim + j] : V{};
         }
         #pragma unroll
-        for (int u = 0; u < MC_ROUND; u++) {
-            if (!on[u]) continue;
-            acc.x += w[u] * v[u].x;
-            acc.y += w[u] * v[u].y;
-            acc.z += w[u] * v[u].z;
-            acc.w += w[u] * v[u].w;
-        }
+        for (int u = 0; u < MC_ROUND; u++)
+            if (on[u]) mc_axpy(acc, w[u], v[u]);
     }
     if (np) {
-        float4 z = sh[(size_t)t * dim4 + j];
-        for (int i = 1; i < np; i++) {
-            float4 s = sh[((size_t)i * n + t) * dim4 + j];
-            z.x += s.x, z.y += s.y, z.z += s.z, z.w += s.w;
-        }
-        acc.x += z.x, acc.y += z.y, acc.z += z.z, acc.w += z.w;
+        V z = sh[(size_t)t * dim + j];
+        for (int i = 1; i < np; i++) mc_add(z, sh[((size_t)i * n + t) * dim + j]);
+        mc_add(acc, z);
     }
-    y[(size_t)t * dim4 + j] = acc;
+    y[(size_t)t * dim + j] = acc;
 }
 
 /* moe_combine_kernel's sum of n tokens, four columns a thread where the rows allow it. */
@@ -1068,11 +1048,11 @@ static void moe_combine(float *y, const float *ys, const int *at, const float *w
 {
     if (cu_v.combine4 && dim % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)ys % 16 == 0 &&
         (!sh || (uintptr_t)sh % 16 == 0))
-        cu_launch(moe_combine4_kernel, dim3(cu_blocks((size_t)dim / 4, 256), (unsigned)n), 256, 0, (float4 *)y,
+        cu_launch(moe_combine_kernel<float4>, dim3(cu_blocks((size_t)dim / 4, 256), (unsigned)n), 256, 0, (float4 *)y,
                   (const float4 *)ys, at, wt, K, dim / 4, (const float4 *)sh, n, np);
     else
-        cu_launch(moe_combine_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, ys, at, wt, K, dim, sh,
-                  n, np);
+        cu_launch(moe_combine_kernel<float>, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, ys, at, wt, K,
+                  dim, sh, n, np);
 }
 
 /* Prefill with BF16 experts: all local experts' products in three grouped
@@ -1366,8 +1346,7 @@ static void moe_experts_host(float *y, const float *x, int n, int K, const int *
         float *ys2 = tab ? (float *)cu_alloc(sizeof(float) * (size_t)cnt[ne] * dim) : NULL;
         bool ok = ys2 && cu_grouped_experts(ys2, x, dl, cnt, ne, tab, ew1[0].fmt, dim, inter);
         if (ok)
-            cu_launch(moe_combine_kernel, dim3(cu_blocks((size_t)dim, 256), (unsigned)n), 256, 0, y, (const float *)ys2,
-                      (const int *)dl + 2 * nk, wt, K, dim, (const float *)NULL, 0, 0);
+            moe_combine(y, ys2, (const int *)dl + 2 * nk, wt, K, dim, NULL, n, 0);
         cu_free(ys2);
         if (ok) {
             cu_check(cudaGetLastError(), "moe_experts: combine");
