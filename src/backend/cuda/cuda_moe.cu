@@ -1553,16 +1553,16 @@ static bool launch_gate_cluster(int *idx, float *wt, float *sc, const float *x, 
 }
 
 /* Past 8 tokens (a prefill) a small gate on the CUDA cores (stage 28,
- * DSV3_CUDA_GATE_TILE): block b takes tokens 4 b .. 4 b + 3 against every
- * expert, so it can route them itself, a warp a token. Their x rows are copied to
- * shared memory once, each 32 EL-column chunk permuted so that a warp's 16-byte
- * loads of one token are contiguous (a lane's EL columns c .. c + EL - 1 sit at
- * lane * 4 + (q * 128) for their q-th four). Each warp then walks four expert rows at
- * a time, the lanes across k with 16-byte weight loads (the next chunk's issued before
- * the current one's arithmetic), float32 sums. This replaces
- * four launches of about 20 us a layer at 512 tokens on the 16B model (the split of x
- * into bf16 parts, two cuBLAS products, the routing): the gate is 64 x 2048 there, a
- * few us of float32 work. V3's 256 x 7168 gate stays on the tensor cores. */
+ * DSV3_CUDA_GATE_TILE): block b takes tokens 4 b .. 4 b + 3 against every expert, so
+ * it can route them itself, a warp a token. Their x rows are copied to shared memory
+ * once, each 32 EL-column chunk permuted so that a warp's 16-byte loads of one token
+ * are contiguous (a lane's EL columns c .. c + EL - 1 sit at lane * 4 + q * 128 for
+ * their q-th four). Each warp then walks four expert rows at a time, the lanes across
+ * k with 16-byte weight loads (the next chunk's issued before the current one's
+ * arithmetic), float32 sums. This replaces four launches of about 20 us a layer at
+ * 512 tokens on the 16B model (the split of x into bf16 parts, two cuBLAS products,
+ * the routing): the gate is 64 x 2048 there, a few us of float32 work. V3's 256 x
+ * 7168 gate stays on the tensor cores. */
 #define GT_THREADS 512
 #define GT_MAXEK 262144 /* E x k at most */
 #define GT_MAXSMEM 200704 /* bytes of dynamic shared memory at most */
