@@ -1778,10 +1778,11 @@ static void test_attend_long(void)
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
 {
     char label[192];
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH");
-    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s",
+    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH"), *fq = getenv("DSV3_CUDA_FLASH_Q");
+    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s%s",
              fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "",
-             !fl ? "" : !strcmp(fl, "0") ? " flash off" : !strcmp(fl, "1") ? " flash mma.sync" : "");
+             !fl ? "" : !strcmp(fl, "0") ? " flash off" : !strcmp(fl, "1") ? " flash mma.sync" : "",
+             fq ? " flash queries " : "", fq ? fq : "");
     int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++) {
         seq[i] = 1;
@@ -1800,12 +1801,17 @@ static void test_expanded(void)
     /* the scores, softmax and values in one launch where the head sizes are compiled in
      * (192 + 128: the 16B model's, on warpgroup MMA by default, on mma.sync with
      * DSV3_CUDA_FLASH=1; 64 + 32: the golden model's, mma.sync), then by cuBLAS products and
-     * a softmax launch per chunk (DSV3_CUDA_FLASH=0) */
-    static const char *const flash[] = {NULL, "1", "0"};
-    for (int pass = 0; pass < 3; pass++) {
+     * a softmax launch per chunk (DSV3_CUDA_FLASH=0); pass 3: the warpgroup form's blocks of
+     * 128 queries (two warpgroups; by default from 1024 tokens) */
+    static const char *const flash[] = {NULL, "1", "0", NULL};
+    for (int pass = 0; pass < 4; pass++) {
         printf("-- session 21 prefill attention in the expanded form (mla_attend)%s\n",
-               pass == 1 ? ", flash_kernel on mma.sync" : pass ? ", flash_kernel off" : "");
+               pass == 1   ? ", flash_kernel on mma.sync"
+               : pass == 2 ? ", flash_kernel off"
+               : pass == 3 ? ", flash_kernel with 128 queries a block"
+                           : "");
         set_variant("FLASH", flash[pass]);
+        set_variant("FLASH_Q", pass == 3 ? "128" : NULL);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
             test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
@@ -1828,8 +1834,16 @@ static void test_expanded(void)
         set_variant("FLASH_KC", "2");
         test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
         set_variant("FLASH_KC", NULL);
+        if (pass == 3) { /* longer passes: every row of a 128-row tile in chunks, the first warpgroup idle in some */
+            test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
+            test_mla_expanded(DS_W_FP8, 3, 128, 128, 512, 64, 257, 33);
+            set_variant("FLASH_KC", "1");
+            test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
+            set_variant("FLASH_KC", NULL);
+        }
     }
     set_variant("FLASH", NULL);
+    set_variant("FLASH_Q", NULL);
     /* operands rounded to bf16 once (DSV3_CUDA_GEMM=bf16): flash_kernel's one-part form */
     const char *mode0 = getenv("DSV3_CUDA_GEMM");
     char *saved = mode0 ? strdup(mode0) : NULL;

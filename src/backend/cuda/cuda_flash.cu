@@ -16,9 +16,9 @@
  * hi, 1 lo. Without the split, one segment of each. */
 #include "cuda_internal.cuh"
 
-#define FL_BM 64 /* query rows a block: four warps of 16 */
+#define FL_BM 64 /* query rows a warpgroup: four warps of 16 */
 #define FL_BN 32 /* keys a tile */
-#define FL_THREADS 128
+#define FL_THREADS 128 /* a warpgroup */
 
 /* Shared memory: the query tile and one key and one value tile, hi (and lo) parts; rows
  * padded by 16 bytes so that ldmatrix's eight row addresses fall in distinct banks. */
@@ -35,7 +35,7 @@ template <int COLS, int ROWS, int LD>
 __device__ __forceinline__ void fl_load(__nv_bfloat16 (*dst)[LD], const __nv_bfloat16 *src, size_t stride, int valid)
 {
     constexpr int CH = COLS / 8; /* 16-byte chunks a row */
-    for (int i = threadIdx.x; i < ROWS * CH; i += FL_THREADS) {
+    for (int i = threadIdx.x; i < ROWS * CH; i += blockDim.x) {
         int r = i / CH, c = i % CH * 8;
         bool in = r < valid;
         cu_cp16(&dst[r][c], in ? src + r * stride + c : src, in);
@@ -50,7 +50,7 @@ template <int COLS, int ROWS>
 __device__ __forceinline__ void fl_load(uint16_t (*dst)[ROWS * 64], const __nv_bfloat16 *src, size_t stride, int valid)
 {
     constexpr int CH = COLS / 8;
-    for (int i = threadIdx.x; i < ROWS * CH; i += FL_THREADS) {
+    for (int i = threadIdx.x; i < ROWS * CH; i += blockDim.x) {
         int r = i / CH, c = i % CH * 8;
         bool in = r < valid;
         cu_cp16(&dst[c / 64][FW_SW(r, c % 64)], in ? src + r * stride + c : src, in);
@@ -79,23 +79,23 @@ __device__ __forceinline__ void fl_ldm4(uint32_t *r, const void *p)
                      : "r"(a));
 }
 
-/* Key tiles of query tile qt (those up to its last query's position). */
-__host__ __device__ static inline int fl_tiles(int qt, int n, int pos0)
+/* Key tiles of query tile qt of bm rows (those up to its last query's position). */
+__host__ __device__ static inline int fl_tiles(int qt, int n, int pos0, int bm)
 {
-    int last = min(n, (qt + 1) * FL_BM) - 1;
+    int last = min(n, (qt + 1) * bm) - 1;
     return (pos0 + last) / FL_BN + 1;
 }
 
-/* The block's query tile (rows t0 .. t0 + 63 of head h, zeros from row nq on), hi and lo
- * parts, into q by cp.async. */
-template <int D, bool SPLIT>
-__device__ __forceinline__ void fl_load_q(__nv_bfloat16 (*q)[FL_BM][D + 8], const __nv_bfloat16 *Q, int t0, int H,
-                                          int h, int nq)
+/* The block's query tile (rows t0 .. t0 + BM - 1 of head h, zeros from row nq on), hi and
+ * lo parts, into q by cp.async. */
+template <int D, bool SPLIT, int BM>
+__device__ __forceinline__ void fl_load_q(__nv_bfloat16 (*q)[BM][D + 8], const __nv_bfloat16 *Q, int t0, int H, int h,
+                                          int nq)
 {
     constexpr int KD = (SPLIT ? 3 : 1) * D;
     const __nv_bfloat16 *qb = Q + ((size_t)t0 * H + h) * KD;
-    fl_load<D, FL_BM>(q[0], qb, (size_t)H * KD, nq);
-    if (SPLIT) fl_load<D, FL_BM>(q[SPLIT ? 1 : 0], qb + 2 * D, (size_t)H * KD, nq);
+    fl_load<D, BM>(q[0], qb, (size_t)H * KD, nq);
+    if (SPLIT) fl_load<D, BM>(q[SPLIT ? 1 : 0], qb + 2 * D, (size_t)H * KD, nq);
 }
 
 /* Key (or value) tile kt of a head, rows `stride` apart from `base`, the lo part `lo`
@@ -132,13 +132,13 @@ struct fl_work {
     int nqt, qt, c, tiles, chunks, kt0, kt1, h, t0, nq;
 };
 
-__device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc)
+__device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc, int bm)
 {
     fl_work w;
-    w.nqt = (n + FL_BM - 1) / FL_BM, w.qt = w.nqt - 1 - (int)blockIdx.x / mc, w.c = (int)blockIdx.x % mc;
-    w.tiles = fl_tiles(w.qt, n, pos0), w.chunks = (w.tiles + kc - 1) / kc;
+    w.nqt = (n + bm - 1) / bm, w.qt = w.nqt - 1 - (int)blockIdx.x / mc, w.c = (int)blockIdx.x % mc;
+    w.tiles = fl_tiles(w.qt, n, pos0, bm), w.chunks = (w.tiles + kc - 1) / kc;
     w.kt0 = w.c * kc, w.kt1 = min(w.tiles, w.kt0 + kc);
-    w.h = blockIdx.y, w.t0 = w.qt * FL_BM, w.nq = min(FL_BM, n - w.t0);
+    w.h = blockIdx.y, w.t0 = w.qt * bm, w.nq = min(bm, n - w.t0);
     return w;
 }
 
@@ -195,7 +195,7 @@ __device__ __forceinline__ void fl_pfrag(const float (*s)[4], int ks, uint32_t *
 
 /* The block's end: a tile of one chunk writes its rows (< n) of out, each chunk of a
  * longer one its unscaled sums and each row's (max, sum) for flash_merge_kernel. */
-template <int DV>
+template <int DV, int BM>
 __device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const float *m, float *l, float *out,
                                          float *part, float2 *ml, int n, int H, int mc, int warp, int g, int q)
 {
@@ -206,7 +206,7 @@ __device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const 
     }
     const int ra = 16 * warp + g, rb = ra + 8, ta = w.t0 + ra, tb = w.t0 + rb;
     if (w.chunks > 1) {
-        const size_t at = (((size_t)w.h * w.nqt + w.qt) * mc + w.c) * FL_BM;
+        const size_t at = (((size_t)w.h * w.nqt + w.qt) * mc + w.c) * BM;
         if (q == 0) ml[at + ra] = make_float2(m[0], l[0]), ml[at + rb] = make_float2(m[1], l[1]);
         #pragma unroll
         for (int j = 0; j < DV / 8; j++) {
@@ -234,11 +234,11 @@ __device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const 
  * MN-major (imm-trans-b: the products' k runs down the keys), so both tiles land by the
  * same cp.async pattern. Every warp takes every tile (wgmma is warpgroup-wide), the
  * masked ones included. */
-template <int D, int DV, bool SPLIT>
+template <int D, int DV, bool SPLIT, int BM>
 struct fw_smem {
     uint16_t k[SPLIT ? 2 : 1][D / 64][FL_BN * 64];  /* key tile, sub-tiles of 64 columns (4 KB) */
     uint16_t v[SPLIT ? 2 : 1][DV / 64][FL_BN * 64]; /* value tile, the same */
-    __nv_bfloat16 q[SPLIT ? 2 : 1][FL_BM][D + 8];
+    __nv_bfloat16 q[SPLIT ? 2 : 1][BM][D + 8];
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -368,13 +368,13 @@ __device__ __forceinline__ void fw_values(float (*o)[4], const float (*s)[4], SM
 
 /* The tiles' shared memory of either form, aligned to 1024 bytes in the launch's (which
  * asks for 1 KB more). */
-template <int D, int DV, bool SPLIT, bool WG>
+template <int D, int DV, bool SPLIT, bool WG, int NW>
 struct fl_smem_of {
     typedef fl_smem<D, DV, SPLIT> type;
 };
-template <int D, int DV, bool SPLIT>
-struct fl_smem_of<D, DV, SPLIT, true> {
-    typedef fw_smem<D, DV, SPLIT> type;
+template <int D, int DV, bool SPLIT, int NW>
+struct fl_smem_of<D, DV, SPLIT, true, NW> {
+    typedef fw_smem<D, DV, SPLIT, FL_BM * NW> type;
 };
 
 /* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
@@ -385,21 +385,24 @@ struct fl_smem_of<D, DV, SPLIT, true> {
  * Warp w owns the tile's rows 16 w .. 16 w + 15; a thread the rows g and g + 8 of them
  * (g = lane / 4) and, of each 8-column tile of scores or outputs, columns 2 q and 2 q + 1
  * (q = lane % 4). scale2: the softmax scale times log2(e). WG: the products on warpgroup
- * MMA, else mma.sync (where a warp skips a tile that none of its rows sees). */
-template <int D, int DV, bool SPLIT, bool WG>
-__global__ void __launch_bounds__(FL_THREADS, 2)
+ * MMA, else mma.sync (where a warp skips a tile that none of its rows sees). NW (WG only):
+ * warpgroups a block, each 64 query rows against the same key and value tiles, so that
+ * two of them read each tile from L2 once (a warpgroup skips a tile past its last row). */
+template <int D, int DV, bool SPLIT, bool WG, int NW>
+__global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
              const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
              const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
 {
-    typedef typename fl_smem_of<D, DV, SPLIT, WG>::type SM;
-    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1;
+    static_assert(NW == 1 || (WG && NW == 2), "flash_kernel: two warpgroups on warpgroup MMA only");
+    typedef typename fl_smem_of<D, DV, SPLIT, WG, NW>::type SM;
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1, BM = FL_BM * NW;
     extern __shared__ __align__(1024) unsigned char fl_raw[];
     SM &sm = *(SM *)(fl_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fl_raw) & 1023)) & 1023));
-    const fl_work w = fl_where(n, pos0, kc, mc);
+    const fl_work w = fl_where(n, pos0, kc, mc, BM);
     if (w.c >= w.chunks) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    fl_load_q<D, SPLIT>(sm.q, Q, w.t0, H, w.h, w.nq);
+    fl_load_q<D, SPLIT, BM>(sm.q, Q, w.t0, H, w.h, w.nq);
     const __nv_bfloat16 *kb = Kp + (size_t)w.h * P * KD, *vb = V + (size_t)w.h * NSEG * P * DV;
     fl_load_kv<D, SPLIT>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
     fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
@@ -407,13 +410,15 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
     #pragma unroll
     for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     const int w0 = pos0 + w.t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8}; /* the warp's first row, the thread's rows */
+    const int wg_last = pos0 + w.t0 + FL_BM * (warp / 4) + FL_BM - 1; /* the warpgroup's last row's position */
     uint32_t qa[WG ? D / 16 : 1][NP][4]; /* WG: the warp's query fragments for every key tile */
     for (int kt = w.kt0; kt < w.kt1; kt++) {
         fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
         if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
         __syncthreads();
         const int j0 = kt * FL_BN;
-        const bool active = WG || j0 <= w0 + 15; /* a key of the tile that a row of the warp sees */
+        /* a key of the tile that a row of the warp (WG: of the warpgroup) sees */
+        const bool active = WG ? NW == 1 || j0 <= wg_last : j0 <= w0 + 15;
         float s[FL_BN / 8][4];
         if constexpr (WG) {
             if (kt == w.kt0)
@@ -422,7 +427,7 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
                     #pragma unroll
                     for (int pt = 0; pt < NP; pt++)
                         fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
-            fw_scores<D, SPLIT>(s, qa, sm);
+            if (active) fw_scores<D, SPLIT>(s, qa, sm);
         } else if (active) {
             fl_scores<D, SPLIT>(s, sm, warp, lane);
         }
@@ -434,37 +439,40 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
         else fl_wait<0>();
         if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
-        if constexpr (WG) fw_values<DV, SPLIT>(o, s, sm);
-        else if (active) fl_values<DV, SPLIT>(o, s, sm, lane);
+        if (active) {
+            if constexpr (WG) fw_values<DV, SPLIT>(o, s, sm);
+            else fl_values<DV, SPLIT>(o, s, sm, lane);
+        }
         __syncthreads(); /* every warp is done with the values */
         if (more) fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
     }
-    fl_store<DV>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
+    fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
 }
 
 /* Rows of the tiles that flash_kernel took in more than one chunk: out = sum over the
  * chunks of 2^(m_c - M) o_c / sum of 2^(m_c - M) l_c, M the rows' largest m_c. One
  * thread per row, head and four columns. */
 __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restrict__ part,
-                                   const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc)
+                                   const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc,
+                                   int bm)
 {
     cu_pdl_wait();
     cu_pdl_launch();
-    const int nqt = (n + FL_BM - 1) / FL_BM, q4 = DV / 4;
+    const int nqt = (n + bm - 1) / bm, q4 = DV / 4;
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * H * q4) return;
-    const int col = (int)(i % q4) * 4, h = (int)(i / q4 % H), t = (int)(i / q4 / H), qt = t / FL_BM, r = t % FL_BM;
-    const int chunks = (fl_tiles(qt, n, pos0) + kc - 1) / kc;
+    const int col = (int)(i % q4) * 4, h = (int)(i / q4 % H), t = (int)(i / q4 / H), qt = t / bm, r = t % bm;
+    const int chunks = (fl_tiles(qt, n, pos0, bm) + kc - 1) / kc;
     if (chunks < 2) return; /* written by flash_kernel */
-    const size_t at = ((size_t)h * nqt + qt) * mc * FL_BM + r;
+    const size_t at = ((size_t)h * nqt + qt) * mc * bm + r;
     float M = -INFINITY;
-    for (int c = 0; c < chunks; c++) M = fmaxf(M, ml[at + (size_t)c * FL_BM].x);
+    for (int c = 0; c < chunks; c++) M = fmaxf(M, ml[at + (size_t)c * bm].x);
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float L = 0.0f;
     for (int c = 0; c < chunks; c++) {
-        const float2 v = ml[at + (size_t)c * FL_BM];
+        const float2 v = ml[at + (size_t)c * bm];
         const float f = exp2f(v.x - M); /* 0 for a chunk the row saw nothing of */
-        const float4 o = *(const float4 *)(part + (at + (size_t)c * FL_BM) * DV + col);
+        const float4 o = *(const float4 *)(part + (at + (size_t)c * bm) * DV + col);
         L += f * v.y;
         acc.x += f * o.x, acc.y += f * o.y, acc.z += f * o.z, acc.w += f * o.w;
     }
@@ -472,78 +480,98 @@ __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restr
     *(float4 *)(out + ((size_t)t * H + h) * DV + col) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
 }
 
-/* The dynamic shared memory of flash_kernel<.., WG>: its tiles, and 1 KB to align them. */
-template <int D, int DV, bool SPLIT, bool WG>
+/* The dynamic shared memory of flash_kernel<.., WG, NW>: its tiles, and 1 KB to align them. */
+template <int D, int DV, bool SPLIT, bool WG, int NW>
 static size_t fl_bytes(void)
 {
-    return sizeof(typename fl_smem_of<D, DV, SPLIT, WG>::type) + 1024;
+    return sizeof(typename fl_smem_of<D, DV, SPLIT, WG, NW>::type) + 1024;
 }
 
-/* Whether flash_kernel<D, DV, SPLIT, WG> can run here, its shared memory granted (asked
- * for once): WG needs the device to run this build's sm_90a code. */
-template <int D, int DV, bool SPLIT, bool WG>
+/* Whether flash_kernel<D, DV, SPLIT, WG, NW> can run here, its shared memory granted
+ * (asked for once): WG needs the device to run this build's sm_90a code. */
+template <int D, int DV, bool SPLIT, bool WG, int NW>
 static bool flash_ready(void)
 {
     static int ready; /* 1: yes, -1: no */
     if (!ready) {
         cudaError_t e = cudaErrorNotSupported;
         if (!WG || cu_grouped_wgmma())
-            e = cudaFuncSetAttribute(flash_kernel<D, DV, SPLIT, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)fl_bytes<D, DV, SPLIT, WG>());
+            e = cudaFuncSetAttribute(flash_kernel<D, DV, SPLIT, WG, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)fl_bytes<D, DV, SPLIT, WG, NW>());
         ready = e == cudaSuccess ? 1 : -1;
         if (e != cudaSuccess) cudaGetLastError();
     }
     return ready > 0;
 }
 
-/* The chunk of key tiles a block takes (DSV3_CUDA_FLASH_KC at least, default 4): about
- * two rounds of blocks on the device's SMs in all, so that a pass of 512 tokens splits
- * its longer tiles and one of 4096 hardly any. *mc: chunks of the longest tile. */
-static int flash_chunk(int n, int H, int pos0, int *mc)
+/* The chunk of key tiles a block of bm query rows takes (DSV3_CUDA_FLASH_KC at least,
+ * default 4): about two rounds of blocks (per_sm on an SM) on the device's SMs in all, so
+ * that a pass of 512 tokens splits its longer tiles and one of 4096 hardly any. *mc:
+ * chunks of the longest tile. */
+static int flash_chunk(int n, int H, int pos0, int bm, int per_sm, int *mc)
 {
-    int nqt = (n + FL_BM - 1) / FL_BM;
+    int nqt = (n + bm - 1) / bm;
     long total = 0;
-    for (int qt = 0; qt < nqt; qt++) total += fl_tiles(qt, n, pos0);
-    long slots = 4L * cu_sm_count(); /* two blocks an SM, two rounds */
+    for (int qt = 0; qt < nqt; qt++) total += fl_tiles(qt, n, pos0, bm);
+    long slots = 2L * per_sm * cu_sm_count(); /* two rounds */
     int kc = (int)((total * H + slots - 1) / slots), least = cu_v.flash_kc > 0 ? cu_v.flash_kc : 4;
     if (kc < least) kc = least;
-    *mc = (fl_tiles(nqt - 1, n, pos0) + kc - 1) / kc;
+    *mc = (fl_tiles(nqt - 1, n, pos0, bm) + kc - 1) / kc;
     return kc;
+}
+
+/* Query rows a warpgroup-form block takes for a pass of n tokens (DSV3_CUDA_FLASH_Q: 64 or
+ * 128; else 128 from FLASH_Q_MIN tokens on). */
+#define FLASH_Q_MIN 1024
+static int flash_q(int n)
+{
+    if (cu_v.flash_q == 64 || cu_v.flash_q == 128) return cu_v.flash_q;
+    return n >= FLASH_Q_MIN ? 128 : 64;
+}
+
+template <int D, int DV, bool SPLIT, bool WG, int NW>
+static void flash_run(dim3 grid, float *out, float *part, float2 *ml, const __nv_bfloat16 *Q, const __nv_bfloat16 *Kp,
+                      const __nv_bfloat16 *V, int n, int H, int P, int pos0, float s2, int kc, int mc)
+{
+    flash_kernel<D, DV, SPLIT, WG, NW><<<grid, FL_THREADS * NW, fl_bytes<D, DV, SPLIT, WG, NW>(), cu_s>>>(
+        out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
 }
 
 template <int D, int DV, bool SPLIT>
 static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16 *Kp, const __nv_bfloat16 *V, int n,
                          int H, int P, int pos0, float scale)
 {
-    int mc, kc = flash_chunk(n, H, pos0, &mc), nqt = (n + FL_BM - 1) / FL_BM;
+    bool wg = false;
+    int nw = 1;
+    if constexpr (D % 64 == 0 && DV % 64 == 0) { /* the warpgroup form's tiles are 64 columns wide */
+        wg = cu_v.flash == 2 && flash_ready<D, DV, SPLIT, true, 1>();
+        if (wg && flash_q(n) == 128 && flash_ready<D, DV, SPLIT, true, 2>()) nw = 2;
+    }
+    const int bm = FL_BM * nw, nqt = (n + bm - 1) / bm;
+    int mc, kc = flash_chunk(n, H, pos0, bm, 2 / nw, &mc);
     float *part = NULL;
     float2 *ml = NULL;
     if (mc > 1) {
-        size_t rows = (size_t)H * nqt * mc * FL_BM;
+        size_t rows = (size_t)H * nqt * mc * bm;
         part = (float *)cu_alloc(sizeof(float) * rows * DV);
         ml = (float2 *)cu_alloc(sizeof(float2) * rows);
         if (!part || !ml) { /* no room for the chunks' sums: whole tiles */
             cu_free(part);
             cu_free(ml);
             part = NULL, ml = NULL;
-            kc = fl_tiles(nqt - 1, n, pos0), mc = 1;
+            kc = fl_tiles(nqt - 1, n, pos0, bm), mc = 1;
         }
     }
     dim3 grid((unsigned)(nqt * mc), (unsigned)H);
     const float s2 = scale * 1.4426950408889634f;
-    bool wg = false;
-    if constexpr (D % 64 == 0 && DV % 64 == 0) { /* the warpgroup form's tiles are 64 columns wide */
-        wg = cu_v.flash == 2 && flash_ready<D, DV, SPLIT, true>();
-        if (wg)
-            flash_kernel<D, DV, SPLIT, true><<<grid, FL_THREADS, fl_bytes<D, DV, SPLIT, true>(), cu_s>>>(
-                out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
+    if constexpr (D % 64 == 0 && DV % 64 == 0) {
+        if (wg && nw == 2) flash_run<D, DV, SPLIT, true, 2>(grid, out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
+        else if (wg) flash_run<D, DV, SPLIT, true, 1>(grid, out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
     }
-    if (!wg)
-        flash_kernel<D, DV, SPLIT, false><<<grid, FL_THREADS, fl_bytes<D, DV, SPLIT, false>(), cu_s>>>(
-            out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
+    if (!wg) flash_run<D, DV, SPLIT, false, 1>(grid, out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
     if (mc > 1)
         cu_launch(flash_merge_kernel, cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, out, (const float *)part,
-                  (const float2 *)ml, n, H, DV, pos0, kc, mc);
+                  (const float2 *)ml, n, H, DV, pos0, kc, mc, bm);
     cu_free(part);
     cu_free(ml);
     return cu_check(cudaGetLastError(), "flash attention: launch");
@@ -554,8 +582,9 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
 bool cu_flash_ok(int D, int DV, bool split)
 {
     if (!cu_v.flash) return false;
-    if (D == 192 && DV == 128) return split ? flash_ready<192, 128, true, false>() : flash_ready<192, 128, false, false>();
-    if (D == 64 && DV == 32) return split ? flash_ready<64, 32, true, false>() : flash_ready<64, 32, false, false>();
+    if (D == 192 && DV == 128)
+        return split ? flash_ready<192, 128, true, false, 1>() : flash_ready<192, 128, false, false, 1>();
+    if (D == 64 && DV == 32) return split ? flash_ready<64, 32, true, false, 1>() : flash_ready<64, 32, false, false, 1>();
     return false;
 }
 
