@@ -1801,17 +1801,17 @@ static void test_expanded(void)
     /* the scores, softmax and values in one launch where the head sizes are compiled in
      * (192 + 128: the 16B model's, on warpgroup MMA by default, on mma.sync with
      * DSV3_CUDA_FLASH=1; 64 + 32: the golden model's, mma.sync), then by cuBLAS products and
-     * a softmax launch per chunk (DSV3_CUDA_FLASH=0); pass 3: the warpgroup form's blocks of
-     * 128 queries (two warpgroups; by default from 1024 tokens) */
+     * a softmax launch per chunk (DSV3_CUDA_FLASH=0); the warpgroup form takes 128 queries
+     * a block by default (two warpgroups, 64-key tiles), 64 in pass 3 (DSV3_CUDA_FLASH_Q=64) */
     static const char *const flash[] = {NULL, "1", "0", NULL};
     for (int pass = 0; pass < 4; pass++) {
         printf("-- session 21 prefill attention in the expanded form (mla_attend)%s\n",
                pass == 1   ? ", flash_kernel on mma.sync"
                : pass == 2 ? ", flash_kernel off"
-               : pass == 3 ? ", flash_kernel with 128 queries a block"
+               : pass == 3 ? ", flash_kernel with 64 queries a block"
                            : "");
         set_variant("FLASH", flash[pass]);
-        set_variant("FLASH_Q", pass == 3 ? "128" : NULL);
+        set_variant("FLASH_Q", pass == 3 ? "64" : NULL);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
             test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
@@ -1834,7 +1834,7 @@ static void test_expanded(void)
         set_variant("FLASH_KC", "2");
         test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
         set_variant("FLASH_KC", NULL);
-        if (pass == 3) { /* longer passes: every row of a 128-row tile in chunks, the first warpgroup idle in some */
+        if (pass == 0 || pass == 3) { /* longer passes in chunks; a 128-row tile's first warpgroup idle in some */
             test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
             test_mla_expanded(DS_W_FP8, 3, 128, 128, 512, 64, 257, 33);
             set_variant("FLASH_KC", "1");

@@ -17,7 +17,8 @@
 #include "cuda_internal.cuh"
 
 #define FL_BM 64 /* query rows a warpgroup: four warps of 16 */
-#define FL_BN 32 /* keys a tile */
+#define FL_BN 32 /* keys a tile (64 in blocks of two warpgroups: FL_BN_OF) */
+#define FL_BN_OF(NW) ((NW) == 2 ? 64 : FL_BN)
 #define FL_THREADS 128 /* a warpgroup */
 
 /* Shared memory: the query tile and one key and one value tile, hi (and lo) parts; rows
@@ -79,11 +80,11 @@ __device__ __forceinline__ void fl_ldm4(uint32_t *r, const void *p)
                      : "r"(a));
 }
 
-/* Key tiles of query tile qt of bm rows (those up to its last query's position). */
-__host__ __device__ static inline int fl_tiles(int qt, int n, int pos0, int bm)
+/* Key tiles of bn keys of query tile qt of bm rows (those up to its last query's position). */
+__host__ __device__ static inline int fl_tiles(int qt, int n, int pos0, int bm, int bn)
 {
     int last = min(n, (qt + 1) * bm) - 1;
-    return (pos0 + last) / FL_BN + 1;
+    return (pos0 + last) / bn + 1;
 }
 
 /* The block's query tile (rows t0 .. t0 + BM - 1 of head h, zeros from row nq on), hi and
@@ -100,12 +101,12 @@ __device__ __forceinline__ void fl_load_q(__nv_bfloat16 (*q)[BM][D + 8], const _
 
 /* Key (or value) tile kt of a head, rows `stride` apart from `base`, the lo part `lo`
  * elements after the hi one, into t[0] (and t[1]) by cp.async, as one group. */
-template <int COLS, bool SPLIT, typename T>
+template <int COLS, bool SPLIT, int BN, typename T>
 __device__ __forceinline__ void fl_load_kv(T *t, const __nv_bfloat16 *base, size_t stride, size_t lo, int kt, int P)
 {
-    const int j0 = kt * FL_BN, valid = min(FL_BN, P - j0);
-    fl_load<COLS, FL_BN>(t[0], base + (size_t)j0 * stride, stride, valid);
-    if (SPLIT) fl_load<COLS, FL_BN>(t[SPLIT ? 1 : 0], base + (size_t)j0 * stride + lo, stride, valid);
+    const int j0 = kt * BN, valid = min(BN, P - j0);
+    fl_load<COLS, BN>(t[0], base + (size_t)j0 * stride, stride, valid);
+    if (SPLIT) fl_load<COLS, BN>(t[SPLIT ? 1 : 0], base + (size_t)j0 * stride + lo, stride, valid);
     fl_commit();
 }
 
@@ -132,11 +133,11 @@ struct fl_work {
     int nqt, qt, c, tiles, chunks, kt0, kt1, h, t0, nq;
 };
 
-__device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc, int bm)
+__device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc, int bm, int bn)
 {
     fl_work w;
     w.nqt = (n + bm - 1) / bm, w.qt = w.nqt - 1 - (int)blockIdx.x / mc, w.c = (int)blockIdx.x % mc;
-    w.tiles = fl_tiles(w.qt, n, pos0, bm), w.chunks = (w.tiles + kc - 1) / kc;
+    w.tiles = fl_tiles(w.qt, n, pos0, bm, bn), w.chunks = (w.tiles + kc - 1) / kc;
     w.kt0 = w.c * kc, w.kt1 = min(w.tiles, w.kt0 + kc);
     w.h = blockIdx.y, w.t0 = w.qt * bm, w.nq = min(bm, n - w.t0);
     return w;
@@ -147,14 +148,14 @@ __device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc, int
  * maximum m and the thread's share of the sum l carried, the sums o rescaled; s becomes
  * the tile's unnormalised probabilities. A row that has seen no key yet (a later chunk)
  * keeps -inf and zeros. */
-template <int DV>
+template <int DV, int BN>
 __device__ __forceinline__ void fl_softmax(float (*s)[4], float *m, float *l, float (*o)[4], int j0, int w0,
                                            const int *pr, int q, float scale2)
 {
-    const bool mask = j0 + FL_BN - 1 > w0;
+    const bool mask = j0 + BN - 1 > w0;
     float mx[2] = {m[0], m[1]};
     #pragma unroll
-    for (int j = 0; j < FL_BN / 8; j++)
+    for (int j = 0; j < BN / 8; j++)
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float v = s[j][e] * scale2;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void fl_softmax(float (*s)[4], float *m, float *l, fl
     float corr[2] = {exp2f(m[0] - ref[0]), exp2f(m[1] - ref[1])}, ls[2] = {0.0f, 0.0f};
     m[0] = mx[0], m[1] = mx[1];
     #pragma unroll
-    for (int j = 0; j < FL_BN / 8; j++)
+    for (int j = 0; j < BN / 8; j++)
         #pragma unroll
         for (int e = 0; e < 4; e++) {
             float p = exp2f(s[j][e] - ref[e / 2]);
@@ -234,10 +235,10 @@ __device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const 
  * MN-major (imm-trans-b: the products' k runs down the keys), so both tiles land by the
  * same cp.async pattern. Every warp takes every tile (wgmma is warpgroup-wide), the
  * masked ones included. */
-template <int D, int DV, bool SPLIT, int BM>
+template <int D, int DV, bool SPLIT, int BM, int BN>
 struct fw_smem {
-    uint16_t k[SPLIT ? 2 : 1][D / 64][FL_BN * 64];  /* key tile, sub-tiles of 64 columns (4 KB) */
-    uint16_t v[SPLIT ? 2 : 1][DV / 64][FL_BN * 64]; /* value tile, the same */
+    uint16_t k[SPLIT ? 2 : 1][D / 64][BN * 64];  /* key tile, sub-tiles of 64 columns (BN x 128 bytes) */
+    uint16_t v[SPLIT ? 2 : 1][DV / 64][BN * 64]; /* value tile, the same */
     __nv_bfloat16 q[SPLIT ? 2 : 1][BM][D + 8];
 };
 
@@ -258,6 +259,17 @@ __device__ __forceinline__ void fw_mma32(float *d, const uint32_t *a, uint64_t d
                  "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
                  "%10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
                  : FW_D8(0), FW_D8(8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+/* d (32 sums) (+)= A (registers) . B (K-major tile at db), m64n64k16 bf16; acc 0: from zero */
+__device__ __forceinline__ void fw_mma64(float *d, const uint32_t *a, uint64_t db, int acc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                 "%10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, "
+                 "%29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : FW_D8(0), FW_D8(8), FW_D8(16), FW_D8(24)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
@@ -320,7 +332,16 @@ __device__ __forceinline__ void fl_values(float (*o)[4], const float (*s)[4], SM
  * the key tile, m64n32k16 per 16 columns; the values per 64-column half, m64n64k16 per 16
  * keys. Each waits for its own products. (Empty where the build's code is not sm_90a:
  * flash_launch runs them only on a device that takes that code.) */
-template <int D, bool SPLIT, typename SM>
+template <int BN>
+__device__ __forceinline__ void fw_mma_s(float *d, const uint32_t *a, uint64_t db, int acc)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if constexpr (BN == 64) fw_mma64(d, a, db, acc);
+    else fw_mma32(d, a, db, acc);
+#endif
+}
+
+template <int D, bool SPLIT, int BN, typename SM>
 __device__ __forceinline__ void fw_scores(float (*s)[4], const uint32_t (*qa)[SPLIT ? 2 : 1][4], SM &sm)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -328,11 +349,11 @@ __device__ __forceinline__ void fw_scores(float (*s)[4], const uint32_t (*qa)[SP
     #pragma unroll
     for (int i = 0; i < D / 16; i++) {
         const uint64_t dh = fw_desc(&sm.k[0][i / 4][0]) + (uint64_t)(i % 4 * 32 >> 4);
-        fw_mma32(&s[0][0], qa[i][0], dh, i > 0);
+        fw_mma_s<BN>(&s[0][0], qa[i][0], dh, i > 0);
         if (SPLIT) {
             const uint64_t dl = fw_desc(&sm.k[SPLIT ? 1 : 0][i / 4][0]) + (uint64_t)(i % 4 * 32 >> 4);
-            fw_mma32(&s[0][0], qa[i][0], dl, 1);
-            fw_mma32(&s[0][0], qa[i][SPLIT ? 1 : 0], dh, 1);
+            fw_mma_s<BN>(&s[0][0], qa[i][0], dl, 1);
+            fw_mma_s<BN>(&s[0][0], qa[i][SPLIT ? 1 : 0], dh, 1);
         }
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
@@ -340,16 +361,16 @@ __device__ __forceinline__ void fw_scores(float (*s)[4], const uint32_t (*qa)[SP
 #endif
 }
 
-template <int DV, bool SPLIT, typename SM>
+template <int DV, bool SPLIT, int BN, typename SM>
 __device__ __forceinline__ void fw_values(float (*o)[4], const float (*s)[4], SM &sm)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    uint32_t ph[FL_BN / 16][4], pl[FL_BN / 16][4]; /* all of them before the first product reads them */
+    uint32_t ph[BN / 16][4], pl[BN / 16][4]; /* all of them before the first product reads them */
     #pragma unroll
-    for (int ks = 0; ks < FL_BN / 16; ks++) fl_pfrag(s, ks, ph[ks], pl[ks]);
+    for (int ks = 0; ks < BN / 16; ks++) fl_pfrag(s, ks, ph[ks], pl[ks]);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     #pragma unroll
-    for (int ks = 0; ks < FL_BN / 16; ks++)
+    for (int ks = 0; ks < BN / 16; ks++)
         #pragma unroll
         for (int half = 0; half < DV / 64; half++) {
             /* keys 16 ks .. : 16 rows of the tile, two of its 8-row groups */
@@ -374,7 +395,7 @@ struct fl_smem_of {
 };
 template <int D, int DV, bool SPLIT, int NW>
 struct fl_smem_of<D, DV, SPLIT, true, NW> {
-    typedef fw_smem<D, DV, SPLIT, FL_BM * NW> type;
+    typedef fw_smem<D, DV, SPLIT, FL_BM * NW, FL_BN_OF(NW)> type;
 };
 
 /* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
@@ -386,8 +407,13 @@ struct fl_smem_of<D, DV, SPLIT, true, NW> {
  * (g = lane / 4) and, of each 8-column tile of scores or outputs, columns 2 q and 2 q + 1
  * (q = lane % 4). scale2: the softmax scale times log2(e). WG: the products on warpgroup
  * MMA, else mma.sync (where a warp skips a tile that none of its rows sees). NW (WG only):
- * warpgroups a block, each 64 query rows against the same key and value tiles, so that
- * two of them read each tile from L2 once (a warpgroup skips a tile past its last row). */
+ * warpgroups a block, each 64 query rows against the same key and value tiles; with two,
+ * the tiles are 64 keys (the scores m64n64k16), each is read from L2 once for 128 queries,
+ * and a warpgroup skips a tile past its last row.
+ *   Session 27 (H200, FP8 16B, `dsv3 bench --device cuda -p 512,1024,2048,4096 -n 0 -r 3`,
+ * alternated): NW 2 with 32-key tiles pp4096 34.2k -> 34.95k tok/s, pp512 level; with
+ * 64-key tiles against NW 1: pp512 29.6k -> 30.0k, pp1024 35.2k -> 35.5k, pp2048 37.2k ->
+ * 37.8k, pp4096 34.96k -> 35.9-36.1k. */
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
@@ -396,16 +422,16 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
 {
     static_assert(NW == 1 || (WG && NW == 2), "flash_kernel: two warpgroups on warpgroup MMA only");
     typedef typename fl_smem_of<D, DV, SPLIT, WG, NW>::type SM;
-    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1, BM = FL_BM * NW;
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1, BM = FL_BM * NW, BN = FL_BN_OF(NW);
     extern __shared__ __align__(1024) unsigned char fl_raw[];
     SM &sm = *(SM *)(fl_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fl_raw) & 1023)) & 1023));
-    const fl_work w = fl_where(n, pos0, kc, mc, BM);
+    const fl_work w = fl_where(n, pos0, kc, mc, BM, BN);
     if (w.c >= w.chunks) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
     fl_load_q<D, SPLIT, BM>(sm.q, Q, w.t0, H, w.h, w.nq);
     const __nv_bfloat16 *kb = Kp + (size_t)w.h * P * KD, *vb = V + (size_t)w.h * NSEG * P * DV;
-    fl_load_kv<D, SPLIT>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
-    fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
+    fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
+    fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
     float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     #pragma unroll
     for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
@@ -416,10 +442,10 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
         fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
         if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
         __syncthreads();
-        const int j0 = kt * FL_BN;
+        const int j0 = kt * BN;
         /* a key of the tile that a row of the warp (WG: of the warpgroup) sees */
         const bool active = WG ? NW == 1 || j0 <= wg_last : j0 <= w0 + 15;
-        float s[FL_BN / 8][4];
+        float s[BN / 8][4];
         if constexpr (WG) {
             if (kt == w.kt0)
                 #pragma unroll
@@ -427,24 +453,24 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
                     #pragma unroll
                     for (int pt = 0; pt < NP; pt++)
                         fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
-            if (active) fw_scores<D, SPLIT>(s, qa, sm);
+            if (active) fw_scores<D, SPLIT, BN>(s, qa, sm);
         } else if (active) {
             fl_scores<D, SPLIT>(s, sm, warp, lane);
         }
         __syncthreads(); /* every warp is done with the keys */
         const bool more = kt + 1 < w.kt1;
-        if (more) fl_load_kv<D, SPLIT>(sm.k, kb, KD, D, kt + 1, P);
-        if (active) fl_softmax<DV>(s, m, l, o, j0, w0, pr, q, scale2);
+        if (more) fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, kt + 1, P);
+        if (active) fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
         if (more) fl_wait<1>(); /* this tile's values (the next keys may still be on their way) */
         else fl_wait<0>();
         if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         if (active) {
-            if constexpr (WG) fw_values<DV, SPLIT>(o, s, sm);
+            if constexpr (WG) fw_values<DV, SPLIT, BN>(o, s, sm);
             else fl_values<DV, SPLIT>(o, s, sm, lane);
         }
         __syncthreads(); /* every warp is done with the values */
-        if (more) fl_load_kv<DV, SPLIT>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
+        if (more) fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
     }
     fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
 }
@@ -454,7 +480,7 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
  * thread per row, head and four columns. */
 __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restrict__ part,
                                    const float2 *__restrict__ ml, int n, int H, int DV, int pos0, int kc, int mc,
-                                   int bm)
+                                   int bm, int bn)
 {
     cu_pdl_wait();
     cu_pdl_launch();
@@ -462,7 +488,7 @@ __global__ void flash_merge_kernel(float *__restrict__ out, const float *__restr
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * H * q4) return;
     const int col = (int)(i % q4) * 4, h = (int)(i / q4 % H), t = (int)(i / q4 / H), qt = t / bm, r = t % bm;
-    const int chunks = (fl_tiles(qt, n, pos0, bm) + kc - 1) / kc;
+    const int chunks = (fl_tiles(qt, n, pos0, bm, bn) + kc - 1) / kc;
     if (chunks < 2) return; /* written by flash_kernel */
     const size_t at = ((size_t)h * nqt + qt) * mc * bm + r;
     float M = -INFINITY;
@@ -508,26 +534,20 @@ static bool flash_ready(void)
  * default 4): about two rounds of blocks (per_sm on an SM) on the device's SMs in all, so
  * that a pass of 512 tokens splits its longer tiles and one of 4096 hardly any. *mc:
  * chunks of the longest tile. */
-static int flash_chunk(int n, int H, int pos0, int bm, int per_sm, int *mc)
+static int flash_chunk(int n, int H, int pos0, int bm, int bn, int per_sm, int *mc)
 {
     int nqt = (n + bm - 1) / bm;
     long total = 0;
-    for (int qt = 0; qt < nqt; qt++) total += fl_tiles(qt, n, pos0, bm);
+    for (int qt = 0; qt < nqt; qt++) total += fl_tiles(qt, n, pos0, bm, bn);
     long slots = 2L * per_sm * cu_sm_count(); /* two rounds */
     int kc = (int)((total * H + slots - 1) / slots), least = cu_v.flash_kc > 0 ? cu_v.flash_kc : 4;
     if (kc < least) kc = least;
-    *mc = (fl_tiles(nqt - 1, n, pos0, bm) + kc - 1) / kc;
+    *mc = (fl_tiles(nqt - 1, n, pos0, bm, bn) + kc - 1) / kc;
     return kc;
 }
 
-/* Query rows a warpgroup-form block takes for a pass of n tokens (DSV3_CUDA_FLASH_Q: 64 or
- * 128; else 128 from FLASH_Q_MIN tokens on). */
-#define FLASH_Q_MIN 1024
-static int flash_q(int n)
-{
-    if (cu_v.flash_q == 64 || cu_v.flash_q == 128) return cu_v.flash_q;
-    return n >= FLASH_Q_MIN ? 128 : 64;
-}
+/* Query rows a warpgroup-form block takes: 128 unless DSV3_CUDA_FLASH_Q=64. */
+static int flash_q(void) { return cu_v.flash_q == 64 ? 64 : 128; }
 
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 static void flash_run(dim3 grid, float *out, float *part, float2 *ml, const __nv_bfloat16 *Q, const __nv_bfloat16 *Kp,
@@ -545,10 +565,10 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
     int nw = 1;
     if constexpr (D % 64 == 0 && DV % 64 == 0) { /* the warpgroup form's tiles are 64 columns wide */
         wg = cu_v.flash == 2 && flash_ready<D, DV, SPLIT, true, 1>();
-        if (wg && flash_q(n) == 128 && flash_ready<D, DV, SPLIT, true, 2>()) nw = 2;
+        if (wg && flash_q() == 128 && flash_ready<D, DV, SPLIT, true, 2>()) nw = 2;
     }
-    const int bm = FL_BM * nw, nqt = (n + bm - 1) / bm;
-    int mc, kc = flash_chunk(n, H, pos0, bm, 2 / nw, &mc);
+    const int bm = FL_BM * nw, bn = FL_BN_OF(nw), nqt = (n + bm - 1) / bm;
+    int mc, kc = flash_chunk(n, H, pos0, bm, bn, 2 / nw, &mc);
     float *part = NULL;
     float2 *ml = NULL;
     if (mc > 1) {
@@ -559,7 +579,7 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
             cu_free(part);
             cu_free(ml);
             part = NULL, ml = NULL;
-            kc = fl_tiles(nqt - 1, n, pos0, bm), mc = 1;
+            kc = fl_tiles(nqt - 1, n, pos0, bm, bn), mc = 1;
         }
     }
     dim3 grid((unsigned)(nqt * mc), (unsigned)H);
@@ -571,7 +591,7 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
     if (!wg) flash_run<D, DV, SPLIT, false, 1>(grid, out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
     if (mc > 1)
         cu_launch(flash_merge_kernel, cu_blocks((size_t)n * H * (DV / 4), 256), 256, 0, out, (const float *)part,
-                  (const float2 *)ml, n, H, DV, pos0, kc, mc, bm);
+                  (const float2 *)ml, n, H, DV, pos0, kc, mc, bm, bn);
     cu_free(part);
     cu_free(ml);
     return cu_check(cudaGetLastError(), "flash attention: launch");

@@ -580,8 +580,8 @@ struct cu_variants {
                    * thread, every pair's row load in flight (moe_combine_kernel<float4>); on
                    * unless 0 (then one column a thread) */
     int flash_q; /* DSV3_CUDA_FLASH_Q (session 27): query rows a block of the warpgroup form
-                  * takes, 64 (one warpgroup) or 128 (two sharing each key and value tile);
-                  * else 128 from FLASH_Q_MIN tokens a pass on */
+                  * takes: 128 (two warpgroups sharing key and value tiles of 64; the default)
+                  * or 64 (one warpgroup, tiles of 32 keys) */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
