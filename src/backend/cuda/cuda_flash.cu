@@ -242,6 +242,23 @@ struct fw_smem {
     __nv_bfloat16 q[SPLIT ? 2 : 1][BM][D + 8];
 };
 
+/* Two warpgroups (NW 2): a key and a value tile in each of two stages, so that a tile's
+ * loads run under the tile before (one barrier a tile); the query tile is staged where
+ * the second stage goes, until the warps have their fragments. */
+template <int D, int DV, bool SPLIT, int BN>
+struct fw_stage {
+    uint16_t k[SPLIT ? 2 : 1][D / 64][BN * 64];
+    uint16_t v[SPLIT ? 2 : 1][DV / 64][BN * 64];
+};
+template <int D, int DV, bool SPLIT, int BM, int BN>
+struct fw_smem2 {
+    fw_stage<D, DV, SPLIT, BN> s0;
+    union {
+        fw_stage<D, DV, SPLIT, BN> s1;
+        __nv_bfloat16 q[SPLIT ? 2 : 1][BM][D + 8];
+    } u;
+};
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 /* wgmma's descriptor of a 128-byte-swizzled tile from p: 1024 bytes from one 8-row group to the next */
 __device__ __forceinline__ uint64_t fw_desc(const void *p)
@@ -393,9 +410,13 @@ template <int D, int DV, bool SPLIT, bool WG, int NW>
 struct fl_smem_of {
     typedef fl_smem<D, DV, SPLIT> type;
 };
-template <int D, int DV, bool SPLIT, int NW>
-struct fl_smem_of<D, DV, SPLIT, true, NW> {
-    typedef fw_smem<D, DV, SPLIT, FL_BM * NW, FL_BN_OF(NW)> type;
+template <int D, int DV, bool SPLIT>
+struct fl_smem_of<D, DV, SPLIT, true, 1> {
+    typedef fw_smem<D, DV, SPLIT, FL_BM, FL_BN> type;
+};
+template <int D, int DV, bool SPLIT>
+struct fl_smem_of<D, DV, SPLIT, true, 2> {
+    typedef fw_smem2<D, DV, SPLIT, 2 * FL_BM, FL_BN_OF(2)> type;
 };
 
 /* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
@@ -413,7 +434,8 @@ struct fl_smem_of<D, DV, SPLIT, true, NW> {
  *   Session 27 (H200, FP8 16B, `dsv3 bench --device cuda -p 512,1024,2048,4096 -n 0 -r 3`,
  * alternated): NW 2 with 32-key tiles pp4096 34.2k -> 34.95k tok/s, pp512 level; with
  * 64-key tiles against NW 1: pp512 29.6k -> 30.0k, pp1024 35.2k -> 35.5k, pp2048 37.2k ->
- * 37.8k, pp4096 34.96k -> 35.9-36.1k. */
+ * 37.8k, pp4096 34.96k -> 35.9-36.1k; then two stages (one barrier a tile, where there
+ * were four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k, pp512 level. */
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
@@ -428,23 +450,58 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
     const fl_work w = fl_where(n, pos0, kc, mc, BM, BN);
     if (w.c >= w.chunks) return;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    fl_load_q<D, SPLIT, BM>(sm.q, Q, w.t0, H, w.h, w.nq);
     const __nv_bfloat16 *kb = Kp + (size_t)w.h * P * KD, *vb = V + (size_t)w.h * NSEG * P * DV;
-    fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
-    fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
     float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     #pragma unroll
     for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     const int w0 = pos0 + w.t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8}; /* the warp's first row, the thread's rows */
-    const int wg_last = pos0 + w.t0 + FL_BM * (warp / 4) + FL_BM - 1; /* the warpgroup's last row's position */
     uint32_t qa[WG ? D / 16 : 1][NP][4]; /* WG: the warp's query fragments for every key tile */
+    if constexpr (NW == 2) {
+        /* two stages, one barrier a tile: each tile's wait and barrier also mean that every
+         * warp is done with the other stage, which the next tile's loads then refill */
+        const int wg_last = pos0 + w.t0 + FL_BM * (warp / 4) + FL_BM - 1; /* the warpgroup's last row's position */
+        fl_load_q<D, SPLIT, BM>(sm.u.q, Q, w.t0, H, w.h, w.nq);
+        fl_load_kv<D, SPLIT, BN>(sm.s0.k, kb, KD, D, w.kt0, P);
+        fl_load_kv<DV, SPLIT, BN>(sm.s0.v, vb, DV, (size_t)P * DV, w.kt0, P);
+        for (int kt = w.kt0; kt < w.kt1; kt++) {
+            const int it = kt - w.kt0;
+            auto &cur = it % 2 ? sm.u.s1 : sm.s0;
+            auto &nxt = it % 2 ? sm.s0 : sm.u.s1;
+            fl_wait<0>();
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
+            __syncthreads();
+            if (it == 0) {
+                #pragma unroll
+                for (int i = 0; i < D / 16; i++)
+                    #pragma unroll
+                    for (int pt = 0; pt < NP; pt++)
+                        fl_ldm4<false>(qa[i][pt], &sm.u.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
+                __syncthreads(); /* the query tile's room is the second stage's */
+            }
+            if (kt + 1 < w.kt1) {
+                fl_load_kv<D, SPLIT, BN>(nxt.k, kb, KD, D, kt + 1, P);
+                fl_load_kv<DV, SPLIT, BN>(nxt.v, vb, DV, (size_t)P * DV, kt + 1, P);
+            }
+            const int j0 = kt * BN;
+            if (j0 <= wg_last) { /* a key of the tile that a row of the warpgroup sees */
+                float s[BN / 8][4];
+                fw_scores<D, SPLIT, BN>(s, qa, cur);
+                fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
+                fw_values<DV, SPLIT, BN>(o, s, cur);
+            }
+        }
+        fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
+        return;
+    } else {
+    fl_load_q<D, SPLIT, BM>(sm.q, Q, w.t0, H, w.h, w.nq);
+    fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
+    fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
     for (int kt = w.kt0; kt < w.kt1; kt++) {
         fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
         if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
         __syncthreads();
         const int j0 = kt * BN;
-        /* a key of the tile that a row of the warp (WG: of the warpgroup) sees */
-        const bool active = WG ? NW == 1 || j0 <= wg_last : j0 <= w0 + 15;
+        const bool active = WG || j0 <= w0 + 15; /* mma.sync: a key of the tile that a row of the warp sees */
         float s[BN / 8][4];
         if constexpr (WG) {
             if (kt == w.kt0)
@@ -473,6 +530,7 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
         if (more) fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
     }
     fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
+    }
 }
 
 /* Rows of the tiles that flash_kernel took in more than one chunk: out = sum over the
