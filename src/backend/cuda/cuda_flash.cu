@@ -127,7 +127,7 @@ __device__ __forceinline__ void fl_mma2(float *d0, float *d1, const uint32_t *ah
     }
 }
 
-/* Where block (x, h) works: chunk c of query tile qt (the longest tiles first), key tiles
+/* Where block (h, y) works: chunk c of query tile qt (the longest tiles first), key tiles
  * kt0 .. kt1 - 1 of `tiles`; `chunks` of that tile in all (blocks past them return). */
 struct fl_work {
     int nqt, qt, c, tiles, chunks, kt0, kt1, h, t0, nq;
@@ -136,10 +136,10 @@ struct fl_work {
 __device__ __forceinline__ fl_work fl_where(int n, int pos0, int kc, int mc, int bm, int bn)
 {
     fl_work w;
-    w.nqt = (n + bm - 1) / bm, w.qt = w.nqt - 1 - (int)blockIdx.x / mc, w.c = (int)blockIdx.x % mc;
+    w.nqt = (n + bm - 1) / bm, w.qt = w.nqt - 1 - (int)blockIdx.y / mc, w.c = (int)blockIdx.y % mc;
     w.tiles = fl_tiles(w.qt, n, pos0, bm, bn), w.chunks = (w.tiles + kc - 1) / kc;
     w.kt0 = w.c * kc, w.kt1 = min(w.tiles, w.kt0 + kc);
-    w.h = blockIdx.y, w.t0 = w.qt * bm, w.nq = min(bm, n - w.t0);
+    w.h = blockIdx.x, w.t0 = w.qt * bm, w.nq = min(bm, n - w.t0);
     return w;
 }
 
@@ -419,7 +419,7 @@ struct fl_smem_of<D, DV, SPLIT, true, 2> {
     typedef fw_smem2<D, DV, SPLIT, 2 * FL_BM, FL_BN_OF(2)> type;
 };
 
-/* Block (x, h): chunk x % mc of query tile nqt - 1 - x / mc (the longest first) of head h,
+/* Block (h, y): chunk y % mc of query tile nqt - 1 - y / mc (the longest first) of head h,
  * key tiles kc x % mc .. (mc chunks at most; blocks past a tile's chunks return). A tile
  * of one chunk writes its rows of out; the chunks of a longer one write their unscaled
  * sums (part) and each row's maximum and sum (ml) for flash_merge_kernel, so that the
@@ -435,7 +435,9 @@ struct fl_smem_of<D, DV, SPLIT, true, 2> {
  * alternated): NW 2 with 32-key tiles pp4096 34.2k -> 34.95k tok/s, pp512 level; with
  * 64-key tiles against NW 1: pp512 29.6k -> 30.0k, pp1024 35.2k -> 35.5k, pp2048 37.2k ->
  * 37.8k, pp4096 34.96k -> 35.9-36.1k; then two stages (one barrier a tile, where there
- * were four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k, pp512 level. */
+ * were four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k, pp512 level. ncu then
+ * (pp4096): SMs active 77% of the launch; with the heads fastest in the grid (every
+ * head's longest tiles dispatched first) pp4096 35.7k -> 36.5k, pp8192 32.0k -> 32.7k. */
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
@@ -640,7 +642,7 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
             kc = fl_tiles(nqt - 1, n, pos0, bm, bn), mc = 1;
         }
     }
-    dim3 grid((unsigned)(nqt * mc), (unsigned)H);
+    dim3 grid((unsigned)H, (unsigned)(nqt * mc)); /* the heads fastest: every head's longest tiles first */
     const float s2 = scale * 1.4426950408889634f;
     if constexpr (D % 64 == 0 && DV % 64 == 0) {
         if (wg && nw == 2) flash_run<D, DV, SPLIT, true, 2>(grid, out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
