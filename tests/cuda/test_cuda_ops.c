@@ -1779,10 +1779,11 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
 {
     char label[192];
     const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH"), *fq = getenv("DSV3_CUDA_FLASH_Q");
-    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s%s",
+    const char *pp = getenv("DSV3_CUDA_FLASH_PP");
+    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s%s%s",
              fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "",
              !fl ? "" : !strcmp(fl, "0") ? " flash off" : !strcmp(fl, "1") ? " flash mma.sync" : "",
-             fq ? " flash queries " : "", fq ? fq : "");
+             fq ? " flash queries " : "", fq ? fq : "", pp ? " no ping-pong" : "");
     int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++) {
         seq[i] = 1;
@@ -1834,12 +1835,16 @@ static void test_expanded(void)
         set_variant("FLASH_KC", "2");
         test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
         set_variant("FLASH_KC", NULL);
-        if (pass == 0 || pass == 3) { /* longer passes in chunks; a 128-row tile's first warpgroup idle in some */
+        for (int pp = 0; pp < (pass == 0 ? 2 : pass == 3 ? 1 : 0); pp++) {
+            /* longer passes in chunks, a 128-row tile's first warpgroup idle in some; pass 0
+             * also without the two warpgroups' ping-pong (DSV3_CUDA_FLASH_PP=0) */
+            set_variant("FLASH_PP", pp ? "0" : NULL);
             test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
             test_mla_expanded(DS_W_FP8, 3, 128, 128, 512, 64, 257, 33);
             set_variant("FLASH_KC", "1");
             test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
             set_variant("FLASH_KC", NULL);
+            set_variant("FLASH_PP", NULL);
         }
     }
     set_variant("FLASH", NULL);

@@ -59,6 +59,11 @@ __device__ __forceinline__ void fl_load(uint16_t (*dst)[ROWS * 64], const __nv_b
 }
 
 __device__ __forceinline__ void fl_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+
+/* Named barrier `id` (not 0, __syncthreads's) of a two-warpgroup block: one warpgroup
+ * arrives, the other waits for it. */
+__device__ __forceinline__ void fl_bar_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void fl_bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 template <int N>
 __device__ __forceinline__ void fl_wait(void)
 {
@@ -437,12 +442,16 @@ struct fl_smem_of<D, DV, SPLIT, true, 2> {
  * 37.8k, pp4096 34.96k -> 35.9-36.1k; then two stages (one barrier a tile, where there
  * were four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k, pp512 level. ncu then
  * (pp4096): SMs active 77% of the launch; with the heads fastest in the grid (every
- * head's longest tiles dispatched first) pp4096 35.7k -> 36.5k, pp8192 32.0k -> 32.7k. */
+ * head's longest tiles dispatched first) pp4096 35.7k -> 36.5k, pp8192 32.0k -> 32.7k;
+ * pingpong (NW 2; DSV3_CUDA_FLASH_PP, on): warpgroup 1's scores wait for 0's, 0's values
+ * for 1's scores, so that each softmax runs under the other warpgroup's products: pp4096
+ * 36.5k -> 36.6k, pp8192 32.2-32.3k -> 32.55-32.6k. */
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
              const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
-             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
+             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc,
+             int pingpong)
 {
     static_assert(NW == 1 || (WG && NW == 2), "flash_kernel: two warpgroups on warpgroup MMA only");
     typedef typename fl_smem_of<D, DV, SPLIT, WG, NW>::type SM;
@@ -485,8 +494,18 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
                 fl_load_kv<DV, SPLIT, BN>(nxt.v, vb, DV, (size_t)P * DV, kt + 1, P);
             }
             const int j0 = kt * BN;
-            if (j0 <= wg_last) { /* a key of the tile that a row of the warpgroup sees */
-                float s[BN / 8][4];
+            const bool on = j0 <= wg_last; /* a key of the tile that a row of the warpgroup sees */
+            float s[BN / 8][4];
+            if (pingpong) {
+                /* ping-pong: warpgroup 1's scores after 0's, 0's values after 1's scores,
+                 * so that each one's softmax runs under the other's products */
+                if (warp >= 4) fl_bar_sync(1);
+                if (on) fw_scores<D, SPLIT, BN>(s, qa, cur);
+                fl_bar_arrive(warp < 4 ? 1 : 2);
+                if (on) fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
+                if (warp < 4) fl_bar_sync(2);
+                if (on) fw_values<DV, SPLIT, BN>(o, s, cur);
+            } else if (on) {
                 fw_scores<D, SPLIT, BN>(s, qa, cur);
                 fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
                 fw_values<DV, SPLIT, BN>(o, s, cur);
@@ -614,7 +633,7 @@ static void flash_run(dim3 grid, float *out, float *part, float2 *ml, const __nv
                       const __nv_bfloat16 *V, int n, int H, int P, int pos0, float s2, int kc, int mc)
 {
     flash_kernel<D, DV, SPLIT, WG, NW><<<grid, FL_THREADS * NW, fl_bytes<D, DV, SPLIT, WG, NW>(), cu_s>>>(
-        out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
+        out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc, cu_v.flash_pp);
 }
 
 template <int D, int DV, bool SPLIT>

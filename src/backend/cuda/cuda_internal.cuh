@@ -582,6 +582,9 @@ struct cu_variants {
     int flash_q; /* DSV3_CUDA_FLASH_Q (session 27): query rows a block of the warpgroup form
                   * takes: 128 (two warpgroups sharing key and value tiles of 64; the default)
                   * or 64 (one warpgroup, tiles of 32 keys) */
+    int flash_pp; /* DSV3_CUDA_FLASH_PP (session 27): two-warpgroup blocks order their products
+                   * by named barriers (ping-pong: each warpgroup's softmax under the other's
+                   * products); on unless 0 */
 };
 extern cu_variants cu_v;
 static inline bool cu_pdl(void) { return cu_v.pdl != 0; }

@@ -33,7 +33,7 @@ int cu_env_flag(const char *name, int def)
     return e && *e ? atoi(e) : def;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1, 1, 1, 0};
+cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1, 1, 1, 0, 1};
 
 extern "C" void cuda_reload_variants(void)
 {
@@ -82,6 +82,7 @@ extern "C" void cuda_reload_variants(void)
     cu_v.flash = cu_env_flag("DSV3_CUDA_FLASH", 2);
     cu_v.flash_kc = cu_env_flag("DSV3_CUDA_FLASH_KC", 4);
     cu_v.flash_q = cu_env_flag("DSV3_CUDA_FLASH_Q", 0);
+    cu_v.flash_pp = cu_env_flag("DSV3_CUDA_FLASH_PP", 1);
     cu_v.alloc_max = cu_env_flag("DSV3_CUDA_ALLOC_MAX", 0);
     cu_v.expand = cu_env_flag("DSV3_CUDA_EXPAND", 16);
     cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
