@@ -424,6 +424,117 @@ struct fl_smem_of<D, DV, SPLIT, true, 2> {
     typedef fw_smem2<D, DV, SPLIT, 2 * FL_BM, FL_BN_OF(2)> type;
 };
 
+/* A block's state through its key tiles: its work, its rows' sums (o), maxima and sums
+ * of the softmax (m, l), the warp's query fragments (WG) and where the thread sits. */
+template <int DV, int NQ>
+struct fl_rows {
+    fl_work w;
+    float o[DV / 8][4], m[2], l[2];
+    uint32_t qa[NQ][4];
+    int warp, lane, g, q, w0, pr[2];
+};
+
+/* flash_kernel's key tiles with one warpgroup (WG) or four warps on mma.sync: one key and
+ * one value tile in shared memory, the next keys loading under the softmax and values,
+ * the next values under the next scores. */
+template <int D, int DV, bool SPLIT, bool WG, typename SM, typename R>
+__device__ __forceinline__ void fl_tiles1(R &r, SM &sm, const __nv_bfloat16 *Q, const __nv_bfloat16 *kb,
+                                          const __nv_bfloat16 *vb, int H, int P, float scale2)
+{
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NP = SPLIT ? 2 : 1, BN = FL_BN;
+    const fl_work &w = r.w;
+    uint32_t (*qa)[NP][4] = (uint32_t (*)[NP][4])r.qa;
+    fl_load_q<D, SPLIT, FL_BM>(sm.q, Q, w.t0, H, w.h, w.nq);
+    fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
+    fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
+    for (int kt = w.kt0; kt < w.kt1; kt++) {
+        fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
+        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
+        __syncthreads();
+        const int j0 = kt * BN;
+        const bool active = WG || j0 <= r.w0 + 15; /* mma.sync: a key of the tile that a row of the warp sees */
+        float s[BN / 8][4];
+        if constexpr (WG) {
+            if (kt == w.kt0)
+                #pragma unroll
+                for (int i = 0; i < D / 16; i++)
+                    #pragma unroll
+                    for (int pt = 0; pt < NP; pt++)
+                        fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * r.warp + r.lane % 16][16 * i + r.lane / 16 * 8]);
+            fw_scores<D, SPLIT, BN>(s, qa, sm);
+        } else if (active) {
+            fl_scores<D, SPLIT>(s, sm, r.warp, r.lane);
+        }
+        __syncthreads(); /* every warp is done with the keys */
+        const bool more = kt + 1 < w.kt1;
+        if (more) fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, kt + 1, P);
+        if (active) fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
+        if (more) fl_wait<1>(); /* this tile's values (the next keys may still be on their way) */
+        else fl_wait<0>();
+        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        if (active) {
+            if constexpr (WG) fw_values<DV, SPLIT, BN>(r.o, s, sm);
+            else fl_values<DV, SPLIT>(r.o, s, sm, r.lane);
+        }
+        __syncthreads(); /* every warp is done with the values */
+        if (more) fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
+    }
+}
+
+/* flash_kernel's key tiles with two warpgroups (128 queries, 64-key tiles, fw_smem2): two
+ * stages, one barrier a tile (each tile's wait and barrier also mean that every warp is
+ * done with the other stage, which the next tile's loads then refill). pingpong: warpgroup
+ * 1's scores after 0's, 0's values after 1's scores (named barriers 1 and 2), so that
+ * each one's softmax runs under the other's products. */
+template <int D, int DV, bool SPLIT, typename SM, typename R>
+__device__ __forceinline__ void fl_tiles2(R &r, SM &sm, const __nv_bfloat16 *Q, const __nv_bfloat16 *kb,
+                                          const __nv_bfloat16 *vb, int H, int P, float scale2, int pos0, bool pingpong)
+{
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NP = SPLIT ? 2 : 1, BN = FL_BN_OF(2);
+    const fl_work &w = r.w;
+    uint32_t (*qa)[NP][4] = (uint32_t (*)[NP][4])r.qa;
+    const int wg_last = pos0 + w.t0 + FL_BM * (r.warp / 4) + FL_BM - 1; /* the warpgroup's last row's position */
+    fl_load_q<D, SPLIT, 2 * FL_BM>(sm.u.q, Q, w.t0, H, w.h, w.nq);
+    fl_load_kv<D, SPLIT, BN>(sm.s0.k, kb, KD, D, w.kt0, P);
+    fl_load_kv<DV, SPLIT, BN>(sm.s0.v, vb, DV, (size_t)P * DV, w.kt0, P);
+    for (int kt = w.kt0; kt < w.kt1; kt++) {
+        const int it = kt - w.kt0;
+        auto &cur = it % 2 ? sm.u.s1 : sm.s0;
+        auto &nxt = it % 2 ? sm.s0 : sm.u.s1;
+        fl_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
+        __syncthreads();
+        if (it == 0) {
+            #pragma unroll
+            for (int i = 0; i < D / 16; i++)
+                #pragma unroll
+                for (int pt = 0; pt < NP; pt++)
+                    fl_ldm4<false>(qa[i][pt], &sm.u.q[pt][16 * r.warp + r.lane % 16][16 * i + r.lane / 16 * 8]);
+            __syncthreads(); /* the query tile's room is the second stage's */
+        }
+        if (kt + 1 < w.kt1) {
+            fl_load_kv<D, SPLIT, BN>(nxt.k, kb, KD, D, kt + 1, P);
+            fl_load_kv<DV, SPLIT, BN>(nxt.v, vb, DV, (size_t)P * DV, kt + 1, P);
+        }
+        const int j0 = kt * BN;
+        const bool on = j0 <= wg_last; /* a key of the tile that a row of the warpgroup sees */
+        float s[BN / 8][4];
+        if (pingpong) {
+            if (r.warp >= 4) fl_bar_sync(1);
+            if (on) fw_scores<D, SPLIT, BN>(s, qa, cur);
+            fl_bar_arrive(r.warp < 4 ? 1 : 2);
+            if (on) fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
+            if (r.warp < 4) fl_bar_sync(2);
+            if (on) fw_values<DV, SPLIT, BN>(r.o, s, cur);
+        } else if (on) {
+            fw_scores<D, SPLIT, BN>(s, qa, cur);
+            fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
+            fw_values<DV, SPLIT, BN>(r.o, s, cur);
+        }
+    }
+}
+
 /* Block (h, y): chunk y % mc of query tile nqt - 1 - y / mc (the longest first) of head h,
  * key tiles kc x % mc .. (mc chunks at most; blocks past a tile's chunks return). A tile
  * of one chunk writes its rows of out; the chunks of a longer one write their unscaled
@@ -455,103 +566,21 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
 {
     static_assert(NW == 1 || (WG && NW == 2), "flash_kernel: two warpgroups on warpgroup MMA only");
     typedef typename fl_smem_of<D, DV, SPLIT, WG, NW>::type SM;
-    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1, BM = FL_BM * NW, BN = FL_BN_OF(NW);
+    constexpr int KD = (SPLIT ? 3 : 1) * D, NSEG = SPLIT ? 3 : 1, NP = SPLIT ? 2 : 1, BM = FL_BM * NW;
     extern __shared__ __align__(1024) unsigned char fl_raw[];
     SM &sm = *(SM *)(fl_raw + ((1024 - ((unsigned)__cvta_generic_to_shared(fl_raw) & 1023)) & 1023));
-    const fl_work w = fl_where(n, pos0, kc, mc, BM, BN);
-    if (w.c >= w.chunks) return;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-    const __nv_bfloat16 *kb = Kp + (size_t)w.h * P * KD, *vb = V + (size_t)w.h * NSEG * P * DV;
-    float o[DV / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    fl_rows<DV, WG ? D / 16 * NP : 1> r;
+    r.w = fl_where(n, pos0, kc, mc, BM, FL_BN_OF(NW));
+    if (r.w.c >= r.w.chunks) return;
+    r.warp = threadIdx.x / 32, r.lane = threadIdx.x % 32, r.g = r.lane / 4, r.q = r.lane % 4;
+    r.m[0] = r.m[1] = -INFINITY, r.l[0] = r.l[1] = 0.0f;
     #pragma unroll
-    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    const int w0 = pos0 + w.t0 + 16 * warp, pr[2] = {w0 + g, w0 + g + 8}; /* the warp's first row, the thread's rows */
-    uint32_t qa[WG ? D / 16 : 1][NP][4]; /* WG: the warp's query fragments for every key tile */
-    if constexpr (NW == 2) {
-        /* two stages, one barrier a tile: each tile's wait and barrier also mean that every
-         * warp is done with the other stage, which the next tile's loads then refill */
-        const int wg_last = pos0 + w.t0 + FL_BM * (warp / 4) + FL_BM - 1; /* the warpgroup's last row's position */
-        fl_load_q<D, SPLIT, BM>(sm.u.q, Q, w.t0, H, w.h, w.nq);
-        fl_load_kv<D, SPLIT, BN>(sm.s0.k, kb, KD, D, w.kt0, P);
-        fl_load_kv<DV, SPLIT, BN>(sm.s0.v, vb, DV, (size_t)P * DV, w.kt0, P);
-        for (int kt = w.kt0; kt < w.kt1; kt++) {
-            const int it = kt - w.kt0;
-            auto &cur = it % 2 ? sm.u.s1 : sm.s0;
-            auto &nxt = it % 2 ? sm.s0 : sm.u.s1;
-            fl_wait<0>();
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
-            __syncthreads();
-            if (it == 0) {
-                #pragma unroll
-                for (int i = 0; i < D / 16; i++)
-                    #pragma unroll
-                    for (int pt = 0; pt < NP; pt++)
-                        fl_ldm4<false>(qa[i][pt], &sm.u.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
-                __syncthreads(); /* the query tile's room is the second stage's */
-            }
-            if (kt + 1 < w.kt1) {
-                fl_load_kv<D, SPLIT, BN>(nxt.k, kb, KD, D, kt + 1, P);
-                fl_load_kv<DV, SPLIT, BN>(nxt.v, vb, DV, (size_t)P * DV, kt + 1, P);
-            }
-            const int j0 = kt * BN;
-            const bool on = j0 <= wg_last; /* a key of the tile that a row of the warpgroup sees */
-            float s[BN / 8][4];
-            if (pingpong) {
-                /* ping-pong: warpgroup 1's scores after 0's, 0's values after 1's scores,
-                 * so that each one's softmax runs under the other's products */
-                if (warp >= 4) fl_bar_sync(1);
-                if (on) fw_scores<D, SPLIT, BN>(s, qa, cur);
-                fl_bar_arrive(warp < 4 ? 1 : 2);
-                if (on) fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
-                if (warp < 4) fl_bar_sync(2);
-                if (on) fw_values<DV, SPLIT, BN>(o, s, cur);
-            } else if (on) {
-                fw_scores<D, SPLIT, BN>(s, qa, cur);
-                fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
-                fw_values<DV, SPLIT, BN>(o, s, cur);
-            }
-        }
-        fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
-        return;
-    } else {
-    fl_load_q<D, SPLIT, BM>(sm.q, Q, w.t0, H, w.h, w.nq);
-    fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, w.kt0, P); /* with the queries: group 0 */
-    fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, w.kt0, P);
-    for (int kt = w.kt0; kt < w.kt1; kt++) {
-        fl_wait<1>(); /* this tile's keys (the values may still be on their way) */
-        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); /* cp.async's bytes, seen by wgmma */
-        __syncthreads();
-        const int j0 = kt * BN;
-        const bool active = WG || j0 <= w0 + 15; /* mma.sync: a key of the tile that a row of the warp sees */
-        float s[BN / 8][4];
-        if constexpr (WG) {
-            if (kt == w.kt0)
-                #pragma unroll
-                for (int i = 0; i < (WG ? D / 16 : 0); i++)
-                    #pragma unroll
-                    for (int pt = 0; pt < NP; pt++)
-                        fl_ldm4<false>(qa[i][pt], &sm.q[pt][16 * warp + lane % 16][16 * i + lane / 16 * 8]);
-            if (active) fw_scores<D, SPLIT, BN>(s, qa, sm);
-        } else if (active) {
-            fl_scores<D, SPLIT>(s, sm, warp, lane);
-        }
-        __syncthreads(); /* every warp is done with the keys */
-        const bool more = kt + 1 < w.kt1;
-        if (more) fl_load_kv<D, SPLIT, BN>(sm.k, kb, KD, D, kt + 1, P);
-        if (active) fl_softmax<DV, BN>(s, m, l, o, j0, w0, pr, q, scale2);
-        if (more) fl_wait<1>(); /* this tile's values (the next keys may still be on their way) */
-        else fl_wait<0>();
-        if (WG) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        if (active) {
-            if constexpr (WG) fw_values<DV, SPLIT, BN>(o, s, sm);
-            else fl_values<DV, SPLIT>(o, s, sm, lane);
-        }
-        __syncthreads(); /* every warp is done with the values */
-        if (more) fl_load_kv<DV, SPLIT, BN>(sm.v, vb, DV, (size_t)P * DV, kt + 1, P);
-    }
-    fl_store<DV, BM>(w, o, m, l, out, part, ml, n, H, mc, warp, g, q);
-    }
+    for (int j = 0; j < DV / 8; j++) r.o[j][0] = r.o[j][1] = r.o[j][2] = r.o[j][3] = 0.0f;
+    r.w0 = pos0 + r.w.t0 + 16 * r.warp, r.pr[0] = r.w0 + r.g, r.pr[1] = r.w0 + r.g + 8; /* the warp's first row, the thread's rows */
+    const __nv_bfloat16 *kb = Kp + (size_t)r.w.h * P * KD, *vb = V + (size_t)r.w.h * NSEG * P * DV;
+    if constexpr (NW == 2) fl_tiles2<D, DV, SPLIT>(r, sm, Q, kb, vb, H, P, scale2, pos0, pingpong != 0);
+    else fl_tiles1<D, DV, SPLIT, WG>(r, sm, Q, kb, vb, H, P, scale2);
+    fl_store<DV, BM>(r.w, r.o, r.m, r.l, out, part, ml, n, H, mc, r.warp, r.g, r.q);
 }
 
 /* Rows of the tiles that flash_kernel took in more than one chunk: out = sum over the
