@@ -1878,15 +1878,21 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     /* multiply-adds of the two forms: per token, position and head nseg (R + rope + R)
      * against nseg (nope + rope + vd); per token and head absorb's q_c and output products
      * (2 R (nope + vd), x2 for split activations) against, per position, the expansion
-     * (H R W, x2), weighted 2.5: with its packing it costs about that much more a
+     * (H R W, x2), weighted 2: with its packing it costs about that much more a
      * multiply-add (H200, 16B FP8, tok/s expanded / absorb: passes of 16 / 64 / 256 / 1024
      * tokens onto 4096 cached 1038 / 3490 / 10120 / 8659 against 1525 / 4623 / 11053 /
      * 6715; from position 0, 16 .. 256 tokens 1-7% faster expanded). A pass onto a deep
      * cache expands every earlier position for its few tokens: there absorb wins.
+     *   Session 27, after flash_kernel's 128-query blocks (expanded / absorb, onto 4096
+     * cached): 32 tokens 2529 / 3322, 64 4752 / 5216, 128 8613 / 8948, 256 13888 / 12587,
+     * 512 20023 / 14913; onto 1024: 128 11471 / 11027, 256 18165 / 17090. The weight went
+     * 2.5 -> 2, which moves 256 onto 4096 to the expanded form: default / expanded / absorb
+     * onto 4096 cached 128 tokens 9068 / 8649 / 9048, 192 11064 / 11114 / 11150, 256 13895 /
+     * 13839 / 12791, 384 17236 / 17250 / 14227; onto 2048, 256 16500 / 16453 / 16026.
      * DSV3_CUDA_EXPAND < 0 (tests): the expanded form always. */
     double pairs = (double)n * P * H, split = g_split ? 2 : 1;
     double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
-    double expanded = pairs * nseg * (double)(D + vd) + 2.5 * P * H * R * W * split;
+    double expanded = pairs * nseg * (double)(D + vd) + 2.0 * P * H * R * W * split;
     if (cu_v.expand > 0 && expanded >= absorb) return false;
     bool flash = cu_flash_ok(D, vd, g_split); /* scores, softmax and values in one launch, none stored */
     int tc = flash ? 1 : attn_chunk_tokens(n, H, P, nseg);
