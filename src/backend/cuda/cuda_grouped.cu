@@ -102,6 +102,26 @@ __device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
     return *(uint32_t *)&h;
 }
 
+/* gr_kernel's FP8 form with e4m3 lo parts (LO8 below) loads a thread's weight codes of a
+ * step, bytes 16 q .. 16 q + 15 of its rows g and g + 8 (q = lane % 4, g = lane / 4), with
+ * one 16-byte load a row, and hands them to wgmma as they are: code 4 i + 2 h + e of the
+ * 16 (e < 2) becomes A's k 16 i + 2 q + 8 h + e of the f16 products, code 8 i + 4 h + e
+ * (e < 4) A's k 32 i + 16 h + 4 q + e of the e4m3 ones. Sums do not care about the order
+ * of k, so the activations that meet those codes are stored in the same order: within
+ * each 64-column chunk, column c of hi at gr_perm_hi(c) and of lo at gr_perm_lo(c).
+ * Needs every product's k a multiple of 64 (gr_lo8). Session 19's form loaded 2 bytes
+ * a fragment register, 24 shared-memory loads a step where this takes 2. */
+__device__ __forceinline__ size_t gr_perm_hi(size_t i)
+{
+    unsigned c = (unsigned)i & 63; /* 16 q + 4 s + 2 h + e -> 16 s + 2 q + 8 h + e */
+    return (i & ~(size_t)63) | (c >> 2 & 3) << 4 | (c >> 4) << 1 | (c >> 1 & 1) << 3 | (c & 1);
+}
+__device__ __forceinline__ size_t gr_perm_lo(size_t i)
+{
+    unsigned c = (unsigned)i & 63; /* 16 q + 8 s + 4 h + e -> 32 s + 16 h + 4 q + e */
+    return (i & ~(size_t)63) | (c >> 3 & 1) << 5 | (c >> 2 & 1) << 4 | (c >> 4) << 2 | (c & 3);
+}
+
 /* The parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
  * in xl (none when xl is NULL): f16 (bf16 when BF), or e4m3 bytes when LO8 (then hi is
  * f16 and |a| .. |d| < 2^15: the remainders are at most 8, and e4m3 keeps them to 2^-4
@@ -113,14 +133,19 @@ __device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__re
 {
     float2 f, g;
     uint32_t h0 = gs_pair<BF>(a, b, &f), h1 = FOUR ? gs_pair<BF>(c, d, &g) : 0;
-    if (FOUR) *(uint2 *)(xh + i) = make_uint2(h0, h1);
-    else *(uint32_t *)(xh + i) = h0;
-    if (LO8) {
+    if (LO8) { /* in gr_kernel's order (gr_perm_hi, gr_perm_lo): i is even, a multiple of 4 when FOUR */
+        size_t ih = gr_perm_hi(i), il = gr_perm_lo(i);
+        *(uint32_t *)(xh + ih) = h0;
+        if (FOUR) *(uint32_t *)(xh + ih + 8) = h1;
         uint32_t l0 = __nv_cvt_float2_to_fp8x2(make_float2(a - f.x, b - f.y), __NV_SATFINITE, __NV_E4M3);
         uint32_t l1 = FOUR ? __nv_cvt_float2_to_fp8x2(make_float2(c - g.x, d - g.y), __NV_SATFINITE, __NV_E4M3) : 0;
-        if (FOUR) *(uint32_t *)((uint8_t *)xl + i) = l0 | l1 << 16;
-        else *(uint16_t *)((uint8_t *)xl + i) = (uint16_t)l0;
-    } else if (xl) {
+        if (FOUR) *(uint32_t *)((uint8_t *)xl + il) = l0 | l1 << 16;
+        else *(uint16_t *)((uint8_t *)xl + il) = (uint16_t)l0;
+        return;
+    }
+    if (FOUR) *(uint2 *)(xh + i) = make_uint2(h0, h1);
+    else *(uint32_t *)(xh + i) = h0;
+    if (xl) {
         float2 u;
         uint32_t l0 = gs_pair<BF>(a - f.x, b - f.y, &u), l1 = FOUR ? gs_pair<BF>(c - g.x, d - g.y, &u) : 0;
         if (FOUR) *(uint2 *)(xl + i) = make_uint2(l0, l1);
@@ -130,7 +155,7 @@ __device__ __forceinline__ void gs_put(uint16_t *__restrict__ xh, uint16_t *__re
 
 /* x (n, k) float32 rows list[i] (row i without a list) -> xh (+ xl) f16 (bf16 when
  * BF) of x 2^s and xs (n, ceil(k / 64)) = 2^-s per 64-column chunk; one warp per chunk.
- * LO8: xl holds the remainders as e4m3 bytes (gr_kernel's LO_E4M3 form). */
+ * LO8: xl holds the remainders as e4m3 bytes, both parts in gr_kernel's order (LO_E4M3). */
 template <bool BF, bool LO8 = false>
 __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict__ xl, float *__restrict__ xs,
                                  const float *__restrict__ x, const int *__restrict__ list, int total, int k,
@@ -319,9 +344,13 @@ __device__ __forceinline__ void gf_out(const float (*c)[GF_CLD], float *__restri
                 __half x = __float2half_rn(hv);
                 hb = __half_as_ushort(x), hr = hv - __half2float(x);
             }
+            if (LO8) { /* gr_kernel's order: r0 starts a chunk, rows is whole chunks (gr_lo8) */
+                oh[gr_perm_hi(t * rows + r)] = hb;
+                ((__nv_fp8_storage_t *)ol)[gr_perm_lo(t * rows + r)] = __nv_cvt_float_to_fp8(hr, __NV_SATFINITE, __NV_E4M3);
+                continue;
+            }
             oh[t * rows + r] = hb;
-            if (LO8) ((__nv_fp8_storage_t *)ol)[t * rows + r] = __nv_cvt_float_to_fp8(hr, __NV_SATFINITE, __NV_E4M3);
-            else if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
+            if (SPLIT) ol[t * rows + r] = BF ? __bfloat16_as_ushort(__float2bfloat16_rn(hr)) : __half_as_ushort(__float2half_rn(hr));
         }
         if (lane == 0) os[t * hc + r0 / GF_BK] = inv;
     }
@@ -1102,35 +1131,50 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr
         uint32_t a[GF_BK / 16][4];
         const uint8_t *w0 = st.b + ra * GR_RAW(F), *w1 = w0 + 8 * GR_RAW(F);
         const int sw0 = GR_WX(F, ra) << 4; /* GR_WB: rows ra and ra + 8 alike */
-        #pragma unroll
-        for (int s = 0; s < GF_BK / 16; s++) {
-            int kk = 16 * s + 2 * q;
-            if (BF) {
-                a[s][0] = *(const uint32_t *)(w0 + (2 * kk ^ sw0));
-                a[s][1] = *(const uint32_t *)(w1 + (2 * kk ^ sw0));
-                a[s][2] = *(const uint32_t *)(w0 + ((2 * kk + 16) ^ sw0));
-                a[s][3] = *(const uint32_t *)(w1 + ((2 * kk + 16) ^ sw0));
-            } else {
-                a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + (kk ^ sw0)), 0);
-                a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + (kk ^ sw0)), 0);
-                a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + ((kk + 8) ^ sw0)), 0);
-                a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + ((kk + 8) ^ sw0)), 0);
+        /* LO_E4M3: x in gr_kernel's order (gr_perm_hi), so the thread's 16 codes of a row
+         * are one load; else the fragments by wgmma's own layout */
+        uint32_t a8[LO == GR_LO_E4M3 ? GF_BK / 32 : 1][4];
+        if constexpr (LO == GR_LO_E4M3) {
+            const uint4 u0 = *(const uint4 *)(w0 + ((16 * q) ^ sw0)), u1 = *(const uint4 *)(w1 + ((16 * q) ^ sw0));
+            const uint32_t r0[4] = {u0.x, u0.y, u0.z, u0.w}, r1[4] = {u1.x, u1.y, u1.z, u1.w};
+            #pragma unroll
+            for (int s = 0; s < GF_BK / 16; s++) {
+                a[s][0] = cu_e4m3x2(r0[s], 0);
+                a[s][1] = cu_e4m3x2(r1[s], 0);
+                a[s][2] = cu_e4m3x2(r0[s], 1);
+                a[s][3] = cu_e4m3x2(r1[s], 1);
+            }
+            /* gr_perm_lo: k32 slice s takes words 2 s (k 4q ..) and 2 s + 1 (k 16 + 4q ..) */
+            #pragma unroll
+            for (int s = 0; s < GF_BK / 32; s++) {
+                a8[s][0] = r0[2 * s], a8[s][1] = r1[2 * s], a8[s][2] = r0[2 * s + 1], a8[s][3] = r1[2 * s + 1];
             }
             #pragma unroll
-            for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
-        }
-        /* LO_E4M3: the codes themselves, k32's A layout: rows g, g + 8; k 4q .. 4q + 3
-         * and 16 + 4q .. of each 32 */
-        uint32_t a8[LO == GR_LO_E4M3 ? GF_BK / 32 : 1][4];
-        #pragma unroll
-        for (int s = 0; s < (LO == GR_LO_E4M3 ? GF_BK / 32 : 0); s++) {
-            int kk = 32 * s + 4 * q;
-            a8[s][0] = *(const uint32_t *)(w0 + (kk ^ sw0));
-            a8[s][1] = *(const uint32_t *)(w1 + (kk ^ sw0));
-            a8[s][2] = *(const uint32_t *)(w0 + ((kk + 16) ^ sw0));
-            a8[s][3] = *(const uint32_t *)(w1 + ((kk + 16) ^ sw0));
+            for (int s = 0; s < GF_BK / 16; s++)
+                #pragma unroll
+                for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
             #pragma unroll
-            for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
+            for (int s = 0; s < GF_BK / 32; s++)
+                #pragma unroll
+                for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
+        } else {
+            #pragma unroll
+            for (int s = 0; s < GF_BK / 16; s++) {
+                int kk = 16 * s + 2 * q;
+                if (BF) {
+                    a[s][0] = *(const uint32_t *)(w0 + (2 * kk ^ sw0));
+                    a[s][1] = *(const uint32_t *)(w1 + (2 * kk ^ sw0));
+                    a[s][2] = *(const uint32_t *)(w0 + ((2 * kk + 16) ^ sw0));
+                    a[s][3] = *(const uint32_t *)(w1 + ((2 * kk + 16) ^ sw0));
+                } else {
+                    a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + (kk ^ sw0)), 0);
+                    a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + (kk ^ sw0)), 0);
+                    a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + ((kk + 8) ^ sw0)), 0);
+                    a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + ((kk + 8) ^ sw0)), 0);
+                }
+                #pragma unroll
+                for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
+            }
         }
         const uint64_t d0 = gr_desc(st.a), d8 = LO == GR_LO_E4M3 ? gr_desc8(st.a + GG_BM * GF_BK) : 0;
         if (RS && BF) {
@@ -1262,7 +1306,10 @@ static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
 }
 
 /* whether gr_kernel takes e4m3 lo parts: FP8 weights, split activations, DSV3_CUDA_LO8 */
-static bool gr_lo8(int gw, ds_wfmt f, bool split) { return gw == 2 && f == DS_W_FP8 && split && cu_v.lo8; }
+static bool gr_lo8(int gw, ds_wfmt f, bool split, int k1, int k2)
+{
+    return gw == 2 && f == DS_W_FP8 && split && cu_v.lo8 && k1 % GF_BK == 0 && k2 % GF_BK == 0; /* gr_perm_hi */
+}
 
 /* xrow[r] = the token of row r: list[r] for the listed rows, then the tokens again for
  * each pseudo-expert (rows nk + j idn + t) */
@@ -1293,7 +1340,7 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     uint16_t *hb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nh * halves);
     float *sc = (float *)cu_alloc(sizeof(float) * (size_t)rows * (xc + hc));
     int *xrow = byrow ? (int *)cu_alloc(sizeof(int) * (size_t)rows) : NULL;
-    bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT);
+    bool lo8 = gr_lo8(gw, (ds_wfmt)F, SPLIT, dim, inter);
     size_t smem = 0;
     /* x gathered with one scale per row for gr_kernel (its RS form), per chunk for the others */
     gk_fn up = gw == 2 ? gk_pick<F, true, SPLIT, true>(gw, lo8, &smem) : gk_pick<F, true, SPLIT, false>(gw, lo8, &smem);
@@ -1464,7 +1511,7 @@ static bool gf_dense(float *y, const float *x, int n, const cu_weight *dw, int k
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * (SPLIT ? 2 : 1));
     float *xs = (float *)cu_alloc(sizeof(float) * (size_t)n * kc);
     float *part = ns > 1 ? (float *)cu_alloc(sizeof(float) * ny * ns) : y;
-    bool lo8 = gr_lo8(gw, DS_W_FP8, SPLIT);
+    bool lo8 = gr_lo8(gw, DS_W_FP8, SPLIT, k, k);
     size_t smem = 0;
     gk_fn fn = gw == 2 ? gk_pick<DS_W_FP8, false, SPLIT, true>(gw, lo8, &smem)
                        : gk_pick<DS_W_FP8, false, SPLIT, false>(gw, lo8, &smem);
