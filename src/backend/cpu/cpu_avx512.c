@@ -792,7 +792,9 @@ AVX512 static uint16_t block_max(ds_wfmt f, const void *row, int k, int K)
  *   Session 27 (Zen 4, 2 threads, BF16 8-layer pp512, perf): block_max's
  * first load had 12.5% of gemm_panel's samples; 3.7% with the lines and the
  * next vector and chunk, 1.9% with the next panel too. pp512 (alternated
- * binaries, 4 pairs, the machine noisy) 137.0 -> 143.9 tok/s on average. */
+ * binaries, 4 pairs, the machine noisy) 137.0 -> 143.9 tok/s on average.
+ * Session 28: 512 and 768 columns ahead instead of 256, three alternated rounds of
+ * BF16 pp512: 146.3 and 144.5 tok/s on average against 150.9. */
 typedef struct { /* a panel's rows: [r, r + nr) of w */
     const ds_weight *w;
     int r, nr;
@@ -1560,7 +1562,12 @@ AVX512 INLINE void att_values(int HN, int NV, int R, int ld, const float *kv, in
  * each head group prefetching a quarter of the next block's rows (T1 or T0) so that
  * the memory traffic runs under the arithmetic, 0.61-0.65 ms; the positions outer
  * and the head groups inner (each row read from memory once and used four times from
- * L1 at once, q from L2), 0.63-0.65 ms. */
+ * L1 at once, q from L2), 0.63-0.65 ms. Session 28 (bench/attention.sh 4096, 200 calls,
+ * alternated): score tiles of 8 heads x 2 positions (each row read twice from L2
+ * instead of four times, but 10 loads per 16 FMAs instead of 8) 0.96-1.08 ms against
+ * 0.85-0.92 with 4 x 4; blocks of 128 positions level with 64. A bf16 cache (the
+ * reference's own format, which bf16 dot products could read at twice the rate) moved
+ * the golden logits by up to 0.72 of the largest (s200; bar 1e-3), so it stays float32. */
 AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
     /* ld: a cache row; R: the output's columns (ld - val_off), from val_off on */
