@@ -305,6 +305,9 @@ static void check_attention(const char *label, attn_fn attn)
         {10, 48, 16, 2, 33}, /* R % 32 != 0: four heads at a time */
         {3, 40, 8, 2, 5}, /* not multiples of 16: the reference path (AVX-512), 8 columns past the last 16 (AVX2) */
         {6, 24, 8, 1, 2000}, /* AVX2: an odd position count per thread, 8-column tail */
+        /* AVX-512, heads in multiples of 16: scores a head a lane on 16-position tiles, the
+         * positions past the last tile of a block by the 4 x 4 tiles */
+        {32, 96, 32, 2, 150}, {16, 64, 16, 1, 1000}, {48, 32, 16, 3, 17},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
         int H = cases[ci][0], R = cases[ci][1], P = cases[ci][2], n = cases[ci][3], p0 = cases[ci][4];

@@ -42,7 +42,9 @@ void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
         cpu_fail_oom("attention state", sizeof(float *) * (size_t)nth * 3);
         return;
     }
-    size_t scratch = sizeof(float) * ((size_t)H * (2 + (size_t)jb + R));
+    /* mx, l, o, the scores of jb positions, and room for the kernel's queries
+     * transposed (H x (kv_rank + rope)) */
+    size_t scratch = sizeof(float) * ((size_t)H * (2 + (size_t)jb + R + (size_t)a->kv_rank + a->rope));
     int failed = 0;
     #pragma omp parallel num_threads(nth)
     {

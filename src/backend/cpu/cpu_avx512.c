@@ -1525,6 +1525,81 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
             sc[(size_t)(h + u) * ATT_JB + j + v - jb] = _mm512_reduce_add_ps(acc[u][v]) * a->softmax_scale;
 }
 
+/* Session 29: with heads in multiples of 16 the scores take a head a lane, which
+ * needs no sums across lanes and reads each cache row once for 16 heads from a
+ * copy in L1. qt[d][h] (d over the Rk key columns, then the P rope columns) holds
+ * the token's queries transposed, made once a call. */
+AVX512 static void att_qt(int H, int R, int Rk, int P, const float *qc, const float *qp, float *qt)
+{
+    for (int h = 0; h < H; h += 16)
+        for (int d = 0; d < Rk + P; d += 16) {
+            __m512i r[16];
+            #pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                r[i] = _mm512_loadu_si512(d < Rk ? qc + (size_t)(h + i) * R + d : qp + (size_t)(h + i) * P + d - Rk);
+            transpose16(r);
+            #pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) _mm512_storeu_si512(qt + (size_t)(d + i) * H + h, r[i]);
+        }
+}
+
+/* Scores of heads [g, g+16) at positions [j, j+16) into sc[h][j - jb]: for each key
+ * column, the 16 heads' queries (a row of qt) times each position's value, broadcast
+ * from a copy of the 16 rows' current 16 columns (made one chunk ahead, so that the
+ * broadcasts read settled lines). pf: prefetch the rows ATT_PF_ROWS positions on. */
+AVX512 INLINE void att_scores16(const ds_attn_args *a, const float *qt, const float *kv, const float *pe, int g, int j,
+                                int jb, float *sc, bool pf)
+{
+    int H = a->n_heads, R = a->kv_rank, Rk = a->key_dims ? a->key_dims : R, P = a->rope, D = Rk + P;
+    float tile[2][16][16] __attribute__((aligned(64)));
+    __m512 acc[16];
+    #pragma GCC unroll 16
+    for (int v = 0; v < 16; v++) acc[v] = _mm512_setzero_ps();
+    /* the 16 rows' columns [d, d + 16) into tile[b] */
+    #define ATT_COPY(b, d)                                                                                          \
+        do {                                                                                                        \
+            int d_ = (d);                                                                                           \
+            const float *src_ = d_ < Rk ? kv + (size_t)j * R + d_ : pe + (size_t)j * P + d_ - Rk;                   \
+            size_t ld_ = d_ < Rk ? (size_t)R : (size_t)P;                                                           \
+            _Pragma("GCC unroll 16") for (int v = 0; v < 16; v++)                                                   \
+            {                                                                                                       \
+                if (pf) _mm_prefetch((const char *)(src_ + (v + ATT_PF_ROWS) * ld_), _MM_HINT_T2);                  \
+                _mm512_store_ps(tile[b][v], _mm512_loadu_ps(src_ + v * ld_));                                       \
+            }                                                                                                       \
+        } while (0)
+    ATT_COPY(0, 0);
+    /* the sums run in blocks of ATT_DB columns added into tot, so that a chain of
+     * roundings is ATT_DB long, not D (576 at 16B: 1.3e-5 off the reference's
+     * eight-lane sums on bench-like inputs; test_kernels' bar is 1e-5) */
+    enum { ATT_DB = 64 };
+    __m512 tot[16];
+    #pragma GCC unroll 16
+    for (int v = 0; v < 16; v++) tot[v] = _mm512_setzero_ps();
+    for (int d0 = 0; d0 < D; d0 += ATT_DB) {
+        for (int d = d0; d < MIN(D, d0 + ATT_DB); d += 16) {
+            int b = (d >> 4) & 1;
+            if (d + 16 < D) ATT_COPY(b ^ 1, d + 16);
+            const float *q = qt + (size_t)d * H + g;
+            #pragma GCC unroll 16
+            for (int e = 0; e < 16; e++) {
+                __m512 qv = _mm512_loadu_ps(q + (size_t)e * H);
+                #pragma GCC unroll 16
+                for (int v = 0; v < 16; v++) acc[v] = _mm512_fmadd_ps(qv, _mm512_set1_ps(tile[b][v][e]), acc[v]);
+            }
+        }
+        #pragma GCC unroll 16
+        for (int v = 0; v < 16; v++) {
+            tot[v] = _mm512_add_ps(tot[v], acc[v]);
+            acc[v] = _mm512_setzero_ps();
+        }
+    }
+    #undef ATT_COPY
+    transpose16((__m512i *)tot); /* tot[h]: head g + h at the 16 positions */
+    __m512 sv = _mm512_set1_ps(a->softmax_scale);
+    #pragma GCC unroll 16
+    for (int h = 0; h < 16; h++) _mm512_storeu_ps(sc + (size_t)(g + h) * ATT_JB + j - jb, _mm512_mul_ps(tot[h], sv));
+}
+
 /* o[h][c..c+16 NV) += sum_j p[h][j] kv[j][c..c+16 NV) for heads [h, h+HN), HN * NV <= 16
  * accumulators. Eight heads x 2 vectors (each cache row chunk loaded from L2 once for
  * eight heads) ran the values pass ~9% faster at 16 heads than 4 x 4; 4 x 4 and 1 x 4
@@ -1567,7 +1642,12 @@ AVX512 INLINE void att_values(int HN, int NV, int R, int ld, const float *kv, in
  * instead of four times, but 10 loads per 16 FMAs instead of 8) 0.96-1.08 ms against
  * 0.85-0.92 with 4 x 4; blocks of 128 positions level with 64. A bf16 cache (the
  * reference's own format, which bf16 dot products could read at twice the rate) moved
- * the golden logits by up to 0.72 of the largest (s200; bar 1e-3), so it stays float32. */
+ * the golden logits by up to 0.72 of the largest (s200; bar 1e-3), so it stays float32.
+ * Session 29: heads in multiples of 16 take their scores a head a lane
+ * (att_scores16): bench/attention.sh 4096, 1000 calls, three alternated rounds,
+ * median 0.83-0.88 -> 0.78-0.81 ms (69-73% -> 75-78% of the FMA peak); perf then
+ * puts 53% of att_part in the scores and 41% in the values pass, both near the same
+ * rate. */
 AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
     /* ld: a cache row; R: the output's columns (ld - val_off), from val_off on */
@@ -1576,20 +1656,26 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
     const float *kv = a->kv_cache + (size_t)s * a->ctx * ld, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
     const float *kvo = kv + a->val_off; /* the values' columns */
     int H8 = R % 32 ? 0 : H / 8 * 8; /* heads the values pass takes eight at a time */
+    bool t16 = H % 16 == 0;          /* the scores a head a lane (att_scores16) */
+    float *qt = sc + (size_t)H * ATT_JB; /* cpu_attention_run's scratch has room for it */
+    if (t16) att_qt(H, ld, a->key_dims ? a->key_dims : ld, a->rope, qc, qp, qt);
     for (int h = 0; h < H; h++) {
         mx[h] = -INFINITY;
         l[h] = 0;
     }
     memset(o, 0, sizeof(float) * (size_t)H * R);
     for (int jb = j0; jb < j1; jb += ATT_JB) {
-        int nj = MIN(ATT_JB, j1 - jb), h = 0;
+        int nj = MIN(ATT_JB, j1 - jb), h = 0, j16 = jb; /* j16: where the 16-position tiles end */
+        if (t16)
+            for (; j16 + 16 <= jb + nj; j16 += 16)
+                for (int g = 0; g < H; g += 16) att_scores16(a, qt, kv, pe, g, j16, jb, sc, g == 0);
         for (; h + 4 <= H; h += 4) {
-            int j = jb;
+            int j = j16;
             for (; j + 4 <= jb + nj; j += 4) att_scores(4, 4, a, qc, qp, kv, pe, h, j, jb, sc, h == 0);
             for (; j < jb + nj; j++) att_scores(4, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         }
         for (; h < H; h++)
-            for (int j = jb; j < jb + nj; j++) att_scores(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
+            for (int j = j16; j < jb + nj; j++) att_scores(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
