@@ -609,6 +609,59 @@ AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float 
         for (int v = 0; v < JN; v++) sc[(size_t)(h + u) * ATT_JB + j + v - jb] = hsum8(acc[u][v]) * a->softmax_scale;
 }
 
+/* Session 29, as cpu_avx512.c's att_scores16: with heads in multiples of 16 the
+ * scores take a head a lane, two groups of 8 heads at 4 positions (8 sums, 2 query
+ * vectors, a broadcast: 11 of the 16 registers), with no sums across lanes.
+ * qt[d][h]: the token's queries transposed (the R key columns, then the P rope
+ * columns). */
+AVX2 static void att_qt8(int H, int R, int P, const float *qc, const float *qp, float *qt)
+{
+    for (int h = 0; h < H; h++) {
+        for (int d = 0; d < R; d++) qt[(size_t)d * H + h] = qc[(size_t)h * R + d];
+        for (int d = 0; d < P; d++) qt[(size_t)(R + d) * H + h] = qp[(size_t)h * P + d];
+    }
+}
+
+/* Scores of heads [g, g+16) at positions [j, j+4) into sc[h][j - jb]; the sums run
+ * in blocks of 64 columns added into tot (a chain of roundings 64 long, not R + P);
+ * pf: prefetch the rows ATT_PF_ROWS ahead into L2. */
+AVX2 INLINE void att_scores16x4(const ds_attn_args *a, const float *qt, const float *kv, const float *pe, int g, int j,
+                                int jb, float *sc, bool pf)
+{
+    int H = a->n_heads, R = a->kv_rank, P = a->rope, D = R + P;
+    float tot[4][16] __attribute__((aligned(32))) = {{0}};
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        __m256 acc[2][4];
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) acc[0][v] = acc[1][v] = _mm256_setzero_ps();
+        for (int d = d0; d < MIN(D, d0 + 64); d += 8) {
+            const float *rows = d < R ? kv + (size_t)j * R + d : pe + (size_t)j * P + d - R;
+            size_t ld = d < R ? (size_t)R : (size_t)P;
+            if (pf && d % 16 == 0)
+                #pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) _mm_prefetch((const char *)(rows + (v + ATT_PF_ROWS) * ld), _MM_HINT_T2);
+            const float *q = qt + (size_t)d * H + g;
+            #pragma GCC unroll 8
+            for (int e = 0; e < 8; e++) {
+                __m256 q0 = _mm256_loadu_ps(q + (size_t)e * H), q1 = _mm256_loadu_ps(q + (size_t)e * H + 8);
+                #pragma GCC unroll 4
+                for (int v = 0; v < 4; v++) {
+                    __m256 b = _mm256_broadcast_ss(rows + v * ld + e);
+                    acc[0][v] = _mm256_fmadd_ps(q0, b, acc[0][v]);
+                    acc[1][v] = _mm256_fmadd_ps(q1, b, acc[1][v]);
+                }
+            }
+        }
+        #pragma GCC unroll 4
+        for (int v = 0; v < 4; v++) {
+            _mm256_store_ps(tot[v], _mm256_add_ps(_mm256_load_ps(tot[v]), acc[0][v]));
+            _mm256_store_ps(tot[v] + 8, _mm256_add_ps(_mm256_load_ps(tot[v] + 8), acc[1][v]));
+        }
+    }
+    for (int h = 0; h < 16; h++)
+        for (int v = 0; v < 4; v++) sc[(size_t)(g + h) * ATT_JB + j + v - jb] = tot[v][h] * a->softmax_scale;
+}
+
 /* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN). */
 AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
 {
@@ -647,15 +700,21 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
         l[h] = 0;
     }
     memset(o, 0, sizeof(float) * (size_t)H * R);
+    bool t16 = H % 16 == 0;              /* the scores a head a lane (att_scores16x4) */
+    float *qt = sc + (size_t)H * ATT_JB; /* cpu_attention_run's scratch has room for it */
+    if (t16) att_qt8(H, R, a->rope, qc, qp, qt);
     for (int jb = j0; jb < j1; jb += ATT_JB) {
-        int nj = MIN(ATT_JB, j1 - jb), h = 0;
+        int nj = MIN(ATT_JB, j1 - jb), h = 0, j4 = jb; /* j4: where the 4-position tiles end */
+        if (t16)
+            for (; j4 + 4 <= jb + nj; j4 += 4)
+                for (int g = 0; g < H; g += 16) att_scores16x4(a, qt, kv, pe, g, j4, jb, sc, g == 0);
         for (; h + 4 <= H; h += 4) {
-            int j = jb;
+            int j = j4;
             for (; j + 2 <= jb + nj; j += 2) att_scores8(4, 2, a, qc, qp, kv, pe, h, j, jb, sc, h == 0);
             for (; j < jb + nj; j++) att_scores8(4, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         }
         for (; h < H; h++)
-            for (int j = jb; j < jb + nj; j++) att_scores8(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
+            for (int j = j4; j < jb + nj; j++) att_scores8(1, 1, a, qc, qp, kv, pe, h, j, jb, sc, false);
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
