@@ -1496,6 +1496,30 @@ __global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p
     y[i] = v;
 }
 
+/* The same four outputs a thread (16-byte loads; the sums in the same order) */
+__global__ void gf_sum4_kernel(float4 *__restrict__ y, const float4 *__restrict__ p, size_t n4, int s)
+{
+    cu_pdl_wait();
+    cu_pdl_launch();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = p[i];
+    for (int j = 1; j < s; j++) {
+        float4 u = p[i + j * n4];
+        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
+    }
+    y[i] = v;
+}
+
+/* y = the sum of the s partials of ny floats each in p (part buffers from cu_alloc) */
+static void gf_sum(float *y, const float *p, size_t ny, int s)
+{
+    if (ny % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)p % 16 == 0)
+        cu_launch(gf_sum4_kernel, cu_blocks(ny / 4, 256), 256, 0, (float4 *)y, (const float4 *)p, ny / 4, s);
+    else
+        cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, p, ny, s);
+}
+
 /* k splits of a dense product of `blocks` tiles, kc k steps each, on gf_kernel or
  * gq_kernel (two blocks per SM). Each split writes its partial y (ny floats) for
  * gf_sum_kernel. DSV3_CUDA_KSPLIT=0, the stage-13 rule: enough splits for two blocks
@@ -1554,7 +1578,7 @@ static bool gf_dense(float *y, const float *x, int n, const cu_weight *dw, int k
         cu_launch(fn, grid, GG_THREADS, smem, part, (uint16_t *)NULL, (uint16_t *)NULL, (float *)NULL, xb, xl, xs,
                   (const int4 *)NULL, (const cu_weight *)NULL, (const cu_weight *)NULL, k, rows, row0, per, ny,
                   (const int *)NULL, n, *dw);
-        if (ns > 1) cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, part, ny, ns);
+        if (ns > 1) gf_sum(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
     cu_free(xb);
@@ -1912,7 +1936,7 @@ bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu
         else
             gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
                                                                          ny);
-        if (ns > 1) cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, part, ny, ns);
+        if (ns > 1) gf_sum(y, part, ny, ns);
         ok = cu_check(cudaGetLastError(), "fp8 product: launch");
     }
     if (part != y) cu_free(part);
