@@ -662,10 +662,10 @@ AVX2 INLINE void att_scores16x4(const ds_attn_args *a, const float *qt, const fl
         for (int v = 0; v < 4; v++) sc[(size_t)(g + h) * ATT_JB + j + v - jb] = tot[v][h] * a->softmax_scale;
 }
 
-/* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN). */
+/* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN), HN <= 6. */
 AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
 {
-    __m256 acc[4][2];
+    __m256 acc[6][2];
     #pragma GCC unroll 8
     for (int u = 0; u < HN; u++) {
         acc[u][0] = _mm256_loadu_ps(o + (size_t)(h + u) * R + c);
@@ -743,7 +743,8 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
                     }
                 break;
             }
-            for (h = 0; h + 4 <= H; h += 4) att_values8(4, R, kv, jb, nj, sc, h, c, o);
+            for (h = 0; h + 6 <= H; h += 6) att_values8(6, R, kv, jb, nj, sc, h, c, o);
+            for (; h + 4 <= H; h += 4) att_values8(4, R, kv, jb, nj, sc, h, c, o);
             for (; h < H; h++) att_values8(1, R, kv, jb, nj, sc, h, c, o);
         }
     }
