@@ -105,10 +105,10 @@ __device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
 /* gr_kernel's FP8 form with e4m3 lo parts (LO8 below) loads a thread's weight codes of a
  * step, bytes 16 q .. 16 q + 15 of its rows g and g + 8 (q = lane % 4, g = lane / 4), with
  * one 16-byte load a row, and hands them to wgmma as they are: code 4 i + 2 h + e of the
- * 16 (e < 2) becomes A's k 16 i + 2 q + 8 h + e of the f16 products, code 8 i + 4 h + e
- * (e < 4) A's k 32 i + 16 h + 4 q + e of the e4m3 ones. Sums do not care about the order
- * of k, so the activations that meet those codes are stored in the same order: within
- * each 64-column chunk, column c of hi at gr_perm_hi(c) and of lo at gr_perm_lo(c).
+ * 16 (e < 2) becomes A's k 16 i + 2 q + 8 h + e of the f16 products. Sums do not care
+ * about the order of k, so the activations that meet those codes are stored in the same
+ * order: within each 64-column chunk, column c of hi at gr_perm_hi(c) (and of lo at
+ * gr_perm_lo(c), now the natural order).
  * Needs every product's k a multiple of 64 (gr_lo8). Session 19's form loaded 2 bytes
  * a fragment register, 24 shared-memory loads a step where this takes 2. */
 __device__ __forceinline__ size_t gr_perm_hi(size_t i)
@@ -116,11 +116,10 @@ __device__ __forceinline__ size_t gr_perm_hi(size_t i)
     unsigned c = (unsigned)i & 63; /* 16 q + 4 s + 2 h + e -> 16 s + 2 q + 8 h + e */
     return (i & ~(size_t)63) | (c >> 2 & 3) << 4 | (c >> 4) << 1 | (c >> 1 & 1) << 3 | (c & 1);
 }
-__device__ __forceinline__ size_t gr_perm_lo(size_t i)
-{
-    unsigned c = (unsigned)i & 63; /* 16 q + 8 s + 4 h + e -> 32 s + 16 h + 4 q + e */
-    return (i & ~(size_t)63) | (c >> 3 & 1) << 5 | (c >> 2 & 1) << 4 | (c >> 4) << 2 | (c & 3);
-}
+/* lo in the natural order: the e4m3 products take their weights (A) from the stage's raw
+ * rows by descriptor (session 29; session 28's form took them from the same registers as
+ * the f16 products, in this order: 16 q + 8 s + 4 h + e -> 32 s + 16 h + 4 q + e) */
+__device__ __forceinline__ size_t gr_perm_lo(size_t i) { return i; }
 
 /* The parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
  * in xl (none when xl is NULL): f16 (bf16 when BF), or e4m3 bytes when LO8 (then hi is
@@ -1045,19 +1044,38 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
         else GR_MMA("f16", 4, 64);
     }
 }
-#define GR_MMA8(NB, N)                                                                                       \
-    asm volatile(GR_P##NB "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " GR_ARGS##NB ";\n}\n"     \
+/* wgmma m64nNk32 on e4m3 codes, A (the weight codes) and B both by descriptor */
+#define GR_TAILD(a, b) "}, %" #a ", %" #b ", p, 1, 1"
+#define GR_ARGSD1 "{" GR_Q0 GR_TAILD(8, 9)
+#define GR_ARGSD2 "{" GR_Q0 GR_Q1 GR_TAILD(16, 17)
+#define GR_ARGSD3 "{" GR_Q0 GR_Q1 GR_Q2 GR_TAILD(24, 25)
+#define GR_ARGSD4 "{" GR_Q0 GR_Q1 GR_Q2 GR_Q3 GR_TAILD(32, 33)
+#define GR_PD1 GR_PRED(10)
+#define GR_PD2 GR_PRED(18)
+#define GR_PD3 GR_PRED(26)
+#define GR_PD4 GR_PRED(34)
+#define GR_MMA8D(NB, N)                                                                                      \
+    asm volatile(GR_PD##NB "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " GR_ARGSD##NB ";\n}\n"  \
                  : GR_OUT##NB                                                                                \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc))
-/* the same with e4m3 operands, k32: a holds 4 codes a register */
+                 : "l"(da), "l"(db), "r"(acc))
 template <int NB>
-__device__ __forceinline__ void gr_mma8(float *d, const uint32_t *a, uint64_t db, int acc)
+__device__ __forceinline__ void gr_mma8d(float *d, uint64_t da, uint64_t db, int acc)
 {
-    if (NB == 1) GR_MMA8(1, 16);
-    else if (NB == 2) GR_MMA8(2, 32);
-    else if (NB == 3) GR_MMA8(3, 48);
-    else GR_MMA8(4, 64);
+    if (NB == 1) GR_MMA8D(1, 16);
+    else if (NB == 2) GR_MMA8D(2, 32);
+    else if (NB == 3) GR_MMA8D(3, 48);
+    else GR_MMA8D(4, 64);
 }
+#undef GR_MMA8D
+#undef GR_TAILD
+#undef GR_ARGSD1
+#undef GR_ARGSD2
+#undef GR_ARGSD3
+#undef GR_ARGSD4
+#undef GR_PD1
+#undef GR_PD2
+#undef GR_PD3
+#undef GR_PD4
 /* wgmma.wait_group 0 taking the NB fragments' sums as operands, so that no arithmetic on
  * them moves above it */
 #define GR_WAIT(NB) asm volatile("wgmma.wait_group.sync.aligned 0;\n" : GR_OUT##NB::"memory")
@@ -1070,7 +1088,6 @@ __device__ __forceinline__ void gr_wait(float *d)
     else GR_WAIT(4);
 }
 #undef GR_WAIT
-#undef GR_MMA8
 #undef GR_MMA
 #undef GR_OUT1
 #undef GR_OUT2
@@ -1094,11 +1111,11 @@ __device__ __forceinline__ void gr_wait(float *d)
 
 
 /* A step's products into part: 4 slices of 16 k, hi and lo each (LO_E4M3: lo as 2
- * slices of 32 k from a8 and the tile at d8), on NB 16-token fragments; the slices by
+ * slices of 32 k, the weights' raw rows at da8 and the tile at d8), on NB 16-token fragments; the slices by
  * their offsets from d0 (in 16 bytes, within the descriptor's 14 address bits: shared
- * memory is under 256 KB). mid() runs while they do (it must not touch part, a or a8). */
+ * memory is under 256 KB). mid() runs while they do (it must not touch part or a). */
 template <bool BF, int LO, int NB, class Mid>
-__device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], const uint32_t (*a8)[4], uint64_t d0,
+__device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], uint64_t da8, uint64_t d0,
                                         uint64_t d8, bool keep, Mid mid)
 {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -1107,7 +1124,8 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], con
      * whose sums keep float32's bits, go on top */
     if (LO == GR_LO_E4M3)
         #pragma unroll
-        for (int s = 0; s < GF_BK / 32; s++) gr_mma8<NB>(part, a8[s], d8 + (uint64_t)(s * 32 >> 4), keep || s);
+        for (int s = 0; s < GF_BK / 32; s++)
+            gr_mma8d<NB>(part, da8 + (uint64_t)(s * 32 >> 4), d8 + (uint64_t)(s * 32 >> 4), keep || s);
     #pragma unroll
     for (int s = 0; s < GF_BK / 16; s++)
         #pragma unroll
@@ -1162,7 +1180,6 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr
         const int sw0 = GR_WX(F, ra) << 4; /* GR_WB: rows ra and ra + 8 alike */
         /* LO_E4M3: x in gr_kernel's order (gr_perm_hi), so the thread's 16 codes of a row
          * are one load; else the fragments by wgmma's own layout */
-        uint32_t a8[LO == GR_LO_E4M3 ? GF_BK / 32 : 1][4];
         if constexpr (LO == GR_LO_E4M3) {
             const uint4 u0 = *(const uint4 *)(w0 + ((16 * q) ^ sw0)), u1 = *(const uint4 *)(w1 + ((16 * q) ^ sw0));
             const uint32_t r0[4] = {u0.x, u0.y, u0.z, u0.w}, r1[4] = {u1.x, u1.y, u1.z, u1.w};
@@ -1173,19 +1190,10 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr
                 a[s][2] = cu_e4m3x2(r0[s], 1);
                 a[s][3] = cu_e4m3x2(r1[s], 1);
             }
-            /* gr_perm_lo: k32 slice s takes words 2 s (k 4q ..) and 2 s + 1 (k 16 + 4q ..) */
-            #pragma unroll
-            for (int s = 0; s < GF_BK / 32; s++) {
-                a8[s][0] = r0[2 * s], a8[s][1] = r1[2 * s], a8[s][2] = r0[2 * s + 1], a8[s][3] = r1[2 * s + 1];
-            }
             #pragma unroll
             for (int s = 0; s < GF_BK / 16; s++)
                 #pragma unroll
                 for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
-            #pragma unroll
-            for (int s = 0; s < GF_BK / 32; s++)
-                #pragma unroll
-                for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a8[s][i])::"memory");
         } else {
             #pragma unroll
             for (int s = 0; s < GF_BK / 16; s++) {
@@ -1206,18 +1214,21 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr
             }
         }
         const uint64_t d0 = gr_desc(st.a), d8 = LO == GR_LO_E4M3 ? gr_desc8(st.a + GG_BM * GF_BK) : 0;
+        /* LO_E4M3: the warpgroup's 64 raw weight rows (64-byte rows in GR_WB's swizzle, which is
+         * wgmma's 64-byte one) as the e4m3 products' A */
+        const uint64_t da8 = LO == GR_LO_E4M3 ? gr_desc8(st.b + (ra - ra % 64) * GR_RAW(F)) : 0;
         if (RS && BF) {
-            gr_step<BF, LO, NB>(acc, a, a8, d0, d8, it > 0, refill);
+            gr_step<BF, LO, NB>(acc, a, da8, d0, d8, it > 0, refill);
         } else if (RS) {
             /* FP8: the second step of a weight block adds to the first's sums, but not
              * with e4m3 lo parts, whose products start from zero (gr_step) */
             const bool pair = LO != GR_LO_E4M3;
-            gr_step<BF, LO, NB>(part, a, a8, d0, d8, pair && ks % 2 == 1 && it > 0, refill);
+            gr_step<BF, LO, NB>(part, a, da8, d0, d8, pair && ks % 2 == 1 && it > 0, refill);
             if (!pair || ks % 2 == 1 || it == nks - 1)
                 #pragma unroll
                 for (int i = 0; i < 8 * NB; i++) acc[i] += sw * part[i];
         } else {
-            gr_step<BF, LO, NB>(part, a, a8, d0, d8, false, refill);
+            gr_step<BF, LO, NB>(part, a, da8, d0, d8, false, refill);
             /* part[4 j + c]: row g (c < 2) or g + 8, token 8 j + 2 q + c % 2 */
             #pragma unroll
             for (int j = 0; j < 2 * NB; j++) {
