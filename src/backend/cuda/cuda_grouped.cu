@@ -1044,6 +1044,38 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
         else GR_MMA("f16", 4, 64);
     }
 }
+/* wgmma m64nNk16 on bf16, A (the weights) and B both by descriptor (K-major) */
+#define GR_TAILS(a, b) "}, %" #a ", %" #b ", p, 1, 1, 0, 0"
+#define GR_ARGSS1 "{" GR_Q0 GR_TAILS(8, 9)
+#define GR_ARGSS2 "{" GR_Q0 GR_Q1 GR_TAILS(16, 17)
+#define GR_ARGSS3 "{" GR_Q0 GR_Q1 GR_Q2 GR_TAILS(24, 25)
+#define GR_ARGSS4 "{" GR_Q0 GR_Q1 GR_Q2 GR_Q3 GR_TAILS(32, 33)
+#define GR_PS1 GR_PRED(10)
+#define GR_PS2 GR_PRED(18)
+#define GR_PS3 GR_PRED(26)
+#define GR_PS4 GR_PRED(34)
+#define GR_MMAS(NB, N)                                                                                       \
+    asm volatile(GR_PS##NB "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 " GR_ARGSS##NB ";\n}\n"  \
+                 : GR_OUT##NB                                                                                \
+                 : "l"(da), "l"(db), "r"(acc))
+template <int NB>
+__device__ __forceinline__ void gr_mmas(float *d, uint64_t da, uint64_t db, int acc)
+{
+    if (NB == 1) GR_MMAS(1, 16);
+    else if (NB == 2) GR_MMAS(2, 32);
+    else if (NB == 3) GR_MMAS(3, 48);
+    else GR_MMAS(4, 64);
+}
+#undef GR_MMAS
+#undef GR_TAILS
+#undef GR_ARGSS1
+#undef GR_ARGSS2
+#undef GR_ARGSS3
+#undef GR_ARGSS4
+#undef GR_PS1
+#undef GR_PS2
+#undef GR_PS3
+#undef GR_PS4
 /* wgmma m64nNk32 on e4m3 codes, A (the weight codes) and B both by descriptor */
 #define GR_TAILD(a, b) "}, %" #a ", %" #b ", p, 1, 1"
 #define GR_ARGSD1 "{" GR_Q0 GR_TAILD(8, 9)
@@ -1111,7 +1143,8 @@ __device__ __forceinline__ void gr_wait(float *d)
 
 
 /* A step's products into part: 4 slices of 16 k, hi and lo each (LO_E4M3: lo as 2
- * slices of 32 k, the weights' raw rows at da8 and the tile at d8), on NB 16-token fragments; the slices by
+ * slices of 32 k, the weights' raw rows at da8 and the tile at d8; BF16: the weights at
+ * da8, no registers), on NB 16-token fragments; the slices by
  * their offsets from d0 (in 16 bytes, within the descriptor's 14 address bits: shared
  * memory is under 256 KB). mid() runs while they do (it must not touch part or a). */
 template <bool BF, int LO, int NB, class Mid>
@@ -1129,9 +1162,12 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], uin
     #pragma unroll
     for (int s = 0; s < GF_BK / 16; s++)
         #pragma unroll
-        for (int hl = 0; hl < (LO == GR_LO_F16 ? 2 : 1); hl++)
-            gr_mma<BF, NB>(part, a[s], d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4),
-                           keep || LO == GR_LO_E4M3 || s || hl);
+        for (int hl = 0; hl < (LO == GR_LO_F16 ? 2 : 1); hl++) {
+            const uint64_t db = d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4);
+            const int acc = keep || LO == GR_LO_E4M3 || s || hl;
+            if (BF) gr_mmas<NB>(part, da8 + (uint64_t)(s * 32 >> 4), db, acc);
+            else gr_mma<BF, NB>(part, a[s], db, acc);
+        }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     mid();
     gr_wait<NB>(part);
@@ -1195,28 +1231,25 @@ __device__ __forceinline__ void gr_loop(float *acc, gr_smem<F, LO> &sm, const gr
                 #pragma unroll
                 for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
         } else {
-            #pragma unroll
-            for (int s = 0; s < GF_BK / 16; s++) {
-                int kk = 16 * s + 2 * q;
-                if (BF) {
-                    a[s][0] = *(const uint32_t *)(w0 + (2 * kk ^ sw0));
-                    a[s][1] = *(const uint32_t *)(w1 + (2 * kk ^ sw0));
-                    a[s][2] = *(const uint32_t *)(w0 + ((2 * kk + 16) ^ sw0));
-                    a[s][3] = *(const uint32_t *)(w1 + ((2 * kk + 16) ^ sw0));
-                } else {
+            /* BF16: none, the weights go to wgmma by descriptor (gr_step) */
+            if constexpr (!BF)
+                #pragma unroll
+                for (int s = 0; s < GF_BK / 16; s++) {
+                    int kk = 16 * s + 2 * q;
                     a[s][0] = cu_e4m3x2(*(const uint16_t *)(w0 + (kk ^ sw0)), 0);
                     a[s][1] = cu_e4m3x2(*(const uint16_t *)(w1 + (kk ^ sw0)), 0);
                     a[s][2] = cu_e4m3x2(*(const uint16_t *)(w0 + ((kk + 8) ^ sw0)), 0);
                     a[s][3] = cu_e4m3x2(*(const uint16_t *)(w1 + ((kk + 8) ^ sw0)), 0);
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
                 }
-                #pragma unroll
-                for (int i = 0; i < 4; i++) asm volatile("" : "+r"(a[s][i])::"memory"); /* written before the fence */
-            }
         }
         const uint64_t d0 = gr_desc(st.a), d8 = LO == GR_LO_E4M3 ? gr_desc8(st.a + GG_BM * GF_BK) : 0;
         /* LO_E4M3: the warpgroup's 64 raw weight rows (64-byte rows in GR_WB's swizzle, which is
          * wgmma's 64-byte one) as the e4m3 products' A */
-        const uint64_t da8 = LO == GR_LO_E4M3 ? gr_desc8(st.b + (ra - ra % 64) * GR_RAW(F)) : 0;
+        const uint64_t da8 = LO == GR_LO_E4M3 ? gr_desc8(st.b + (ra - ra % 64) * GR_RAW(F))
+                             : BF           ? gr_desc(st.b + (ra - ra % 64) * GR_RAW(F)) /* 128-byte rows in GR_SW's swizzle */
+                                            : 0;
         if (RS && BF) {
             gr_step<BF, LO, NB>(acc, a, da8, d0, d8, it > 0, refill);
         } else if (RS) {
