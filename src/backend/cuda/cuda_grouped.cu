@@ -808,10 +808,12 @@ static bool gw_ready(void)
 }
 
 /* ---- gr_kernel (session 19, DSV3_CUDA_WGMMA=2): gw_kernel with the operands the
- * other way round. The weights are wgmma's A operand, from registers: each thread
- * reads its fragment's codes (or bf16 pairs) from the raw rows that cp.async
- * landed and converts them in registers (e4m3 pairs to f16 pairs, exact), so the
- * step needs no conversion pass through shared memory and one barrier. The
+ * other way round. The weights are wgmma's A operand. For the f16 products of FP8
+ * weights it comes from registers: each thread reads its fragment's codes from the
+ * raw rows that cp.async landed and converts them in registers (e4m3 pairs to f16
+ * pairs, exact), so the step needs no conversion pass through shared memory and one
+ * barrier. The e4m3 lo products and BF16 weights take the raw rows by descriptor
+ * (session 29): their layout in the stage is wgmma's own swizzle. The
  * activations are the B operand (N = the tile's 64 tokens), hi and lo in
  * 128-byte swizzled tiles (GR_SW), read by descriptor. Two warpgroups of 64 weight
  * rows each (UP: warpgroup 0 the w1 rows, 1 the w3 rows); a step is 4 x 16 k,
