@@ -1046,8 +1046,9 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
         else GR_MMA("f16", 4, 64);
     }
 }
-/* wgmma m64nNk16 on bf16, A (the weights) and B both by descriptor (K-major) */
-#define GR_TAILS(a, b) "}, %" #a ", %" #b ", p, 1, 1, 0, 0"
+/* wgmma with A (the weights) and B both by descriptor (K-major): m64nNk16 on bf16
+ * (gr_mmas; its two transpose flags 0) and m64nNk32 on e4m3 codes (gr_mma8d) */
+#define GR_TAILS(a, b) "}, %" #a ", %" #b ", p, 1, 1"
 #define GR_ARGSS1 "{" GR_Q0 GR_TAILS(8, 9)
 #define GR_ARGSS2 "{" GR_Q0 GR_Q1 GR_TAILS(16, 17)
 #define GR_ARGSS3 "{" GR_Q0 GR_Q1 GR_Q2 GR_TAILS(24, 25)
@@ -1056,19 +1057,31 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
 #define GR_PS2 GR_PRED(18)
 #define GR_PS3 GR_PRED(26)
 #define GR_PS4 GR_PRED(34)
-#define GR_MMAS(NB, N)                                                                                       \
-    asm volatile(GR_PS##NB "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32.bf16.bf16 " GR_ARGSS##NB ";\n}\n"  \
-                 : GR_OUT##NB                                                                                \
+#define GR_MMASS(NB, N, KT, TRANS)                                                                         \
+    asm volatile(GR_PS##NB "wgmma.mma_async.sync.aligned.m64n" #N KT " " GR_ARGSS##NB TRANS ";\n}\n"        \
+                 : GR_OUT##NB                                                                              \
                  : "l"(da), "l"(db), "r"(acc))
+#define GR_BF "k16.f32.bf16.bf16"
+#define GR_E4 "k32.f32.e4m3.e4m3"
 template <int NB>
 __device__ __forceinline__ void gr_mmas(float *d, uint64_t da, uint64_t db, int acc)
 {
-    if (NB == 1) GR_MMAS(1, 16);
-    else if (NB == 2) GR_MMAS(2, 32);
-    else if (NB == 3) GR_MMAS(3, 48);
-    else GR_MMAS(4, 64);
+    if (NB == 1) GR_MMASS(1, 16, GR_BF, ", 0, 0");
+    else if (NB == 2) GR_MMASS(2, 32, GR_BF, ", 0, 0");
+    else if (NB == 3) GR_MMASS(3, 48, GR_BF, ", 0, 0");
+    else GR_MMASS(4, 64, GR_BF, ", 0, 0");
 }
-#undef GR_MMAS
+template <int NB>
+__device__ __forceinline__ void gr_mma8d(float *d, uint64_t da, uint64_t db, int acc)
+{
+    if (NB == 1) GR_MMASS(1, 16, GR_E4, "");
+    else if (NB == 2) GR_MMASS(2, 32, GR_E4, "");
+    else if (NB == 3) GR_MMASS(3, 48, GR_E4, "");
+    else GR_MMASS(4, 64, GR_E4, "");
+}
+#undef GR_MMASS
+#undef GR_BF
+#undef GR_E4
 #undef GR_TAILS
 #undef GR_ARGSS1
 #undef GR_ARGSS2
@@ -1078,38 +1091,6 @@ __device__ __forceinline__ void gr_mmas(float *d, uint64_t da, uint64_t db, int 
 #undef GR_PS2
 #undef GR_PS3
 #undef GR_PS4
-/* wgmma m64nNk32 on e4m3 codes, A (the weight codes) and B both by descriptor */
-#define GR_TAILD(a, b) "}, %" #a ", %" #b ", p, 1, 1"
-#define GR_ARGSD1 "{" GR_Q0 GR_TAILD(8, 9)
-#define GR_ARGSD2 "{" GR_Q0 GR_Q1 GR_TAILD(16, 17)
-#define GR_ARGSD3 "{" GR_Q0 GR_Q1 GR_Q2 GR_TAILD(24, 25)
-#define GR_ARGSD4 "{" GR_Q0 GR_Q1 GR_Q2 GR_Q3 GR_TAILD(32, 33)
-#define GR_PD1 GR_PRED(10)
-#define GR_PD2 GR_PRED(18)
-#define GR_PD3 GR_PRED(26)
-#define GR_PD4 GR_PRED(34)
-#define GR_MMA8D(NB, N)                                                                                      \
-    asm volatile(GR_PD##NB "wgmma.mma_async.sync.aligned.m64n" #N "k32.f32.e4m3.e4m3 " GR_ARGSD##NB ";\n}\n"  \
-                 : GR_OUT##NB                                                                                \
-                 : "l"(da), "l"(db), "r"(acc))
-template <int NB>
-__device__ __forceinline__ void gr_mma8d(float *d, uint64_t da, uint64_t db, int acc)
-{
-    if (NB == 1) GR_MMA8D(1, 16);
-    else if (NB == 2) GR_MMA8D(2, 32);
-    else if (NB == 3) GR_MMA8D(3, 48);
-    else GR_MMA8D(4, 64);
-}
-#undef GR_MMA8D
-#undef GR_TAILD
-#undef GR_ARGSD1
-#undef GR_ARGSD2
-#undef GR_ARGSD3
-#undef GR_ARGSD4
-#undef GR_PD1
-#undef GR_PD2
-#undef GR_PD3
-#undef GR_PD4
 /* wgmma.wait_group 0 taking the NB fragments' sums as operands, so that no arithmetic on
  * them moves above it */
 #define GR_WAIT(NB) asm volatile("wgmma.wait_group.sync.aligned 0;\n" : GR_OUT##NB::"memory")
