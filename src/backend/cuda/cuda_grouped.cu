@@ -1047,7 +1047,7 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
     }
 }
 /* wgmma with A (the weights) and B both by descriptor (K-major): m64nNk16 on bf16
- * (gr_mmas; its two transpose flags 0) and m64nNk32 on e4m3 codes (gr_mma8d) */
+ * (its two transpose flags 0) and m64nNk32 on e4m3 codes */
 #define GR_TAILS(a, b) "}, %" #a ", %" #b ", p, 1, 1"
 #define GR_ARGSS1 "{" GR_Q0 GR_TAILS(8, 9)
 #define GR_ARGSS2 "{" GR_Q0 GR_Q1 GR_TAILS(16, 17)
@@ -1063,22 +1063,21 @@ __device__ __forceinline__ void gr_mma(float *d, const uint32_t *a, uint64_t db,
                  : "l"(da), "l"(db), "r"(acc))
 #define GR_BF "k16.f32.bf16.bf16"
 #define GR_E4 "k32.f32.e4m3.e4m3"
-template <int NB>
-__device__ __forceinline__ void gr_mmas(float *d, uint64_t da, uint64_t db, int acc)
+/* E4: e4m3 codes, else bf16 */
+#define GR_MMAD(NB, N)                          \
+    do {                                        \
+        if (E4) GR_MMASS(NB, N, GR_E4, "");     \
+        else GR_MMASS(NB, N, GR_BF, ", 0, 0");  \
+    } while (0)
+template <bool E4, int NB>
+__device__ __forceinline__ void gr_mmad(float *d, uint64_t da, uint64_t db, int acc)
 {
-    if (NB == 1) GR_MMASS(1, 16, GR_BF, ", 0, 0");
-    else if (NB == 2) GR_MMASS(2, 32, GR_BF, ", 0, 0");
-    else if (NB == 3) GR_MMASS(3, 48, GR_BF, ", 0, 0");
-    else GR_MMASS(4, 64, GR_BF, ", 0, 0");
+    if (NB == 1) GR_MMAD(1, 16);
+    else if (NB == 2) GR_MMAD(2, 32);
+    else if (NB == 3) GR_MMAD(3, 48);
+    else GR_MMAD(4, 64);
 }
-template <int NB>
-__device__ __forceinline__ void gr_mma8d(float *d, uint64_t da, uint64_t db, int acc)
-{
-    if (NB == 1) GR_MMASS(1, 16, GR_E4, "");
-    else if (NB == 2) GR_MMASS(2, 32, GR_E4, "");
-    else if (NB == 3) GR_MMASS(3, 48, GR_E4, "");
-    else GR_MMASS(4, 64, GR_E4, "");
-}
+#undef GR_MMAD
 #undef GR_MMASS
 #undef GR_BF
 #undef GR_E4
@@ -1141,14 +1140,14 @@ __device__ __forceinline__ void gr_step(float *part, const uint32_t (*a)[4], uin
     if (LO == GR_LO_E4M3)
         #pragma unroll
         for (int s = 0; s < GF_BK / 32; s++)
-            gr_mma8d<NB>(part, da8 + (uint64_t)(s * 32 >> 4), d8 + (uint64_t)(s * 32 >> 4), keep || s);
+            gr_mmad<true, NB>(part, da8 + (uint64_t)(s * 32 >> 4), d8 + (uint64_t)(s * 32 >> 4), keep || s);
     #pragma unroll
     for (int s = 0; s < GF_BK / 16; s++)
         #pragma unroll
         for (int hl = 0; hl < (LO == GR_LO_F16 ? 2 : 1); hl++) {
             const uint64_t db = d0 + (uint64_t)((hl * GG_BM * GF_BK * 2 + s * 32) >> 4);
             const int acc = keep || LO == GR_LO_E4M3 || s || hl;
-            if (BF) gr_mmas<NB>(part, da8 + (uint64_t)(s * 32 >> 4), db, acc);
+            if (BF) gr_mmad<false, NB>(part, da8 + (uint64_t)(s * 32 >> 4), db, acc);
             else gr_mma<BF, NB>(part, a[s], db, acc);
         }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
