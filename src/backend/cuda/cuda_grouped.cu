@@ -1510,30 +1510,20 @@ bool cu_grouped_mlp(float *ys, const float *x, int n, const cu_weight *w1, const
  * tensor cores: gf_kernel's down form with one "expert" and every token (exact
  * e4m3, activations as f16 parts of x 2^s, block scales on the partial sums of
  * each chunk). Needs k % 16 == 0 and row0 % 32 == 0. */
-/* y[i] = sum of the s partial products at p + j * n, j = 0 .. s - 1, in that order */
-__global__ void gf_sum_kernel(float *__restrict__ y, const float *__restrict__ p, size_t n, int s)
+__device__ __forceinline__ float gf_add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 gf_add(float4 a, float4 b) { return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w); }
+
+/* y[i] = sum of the s partial products at p + j * n, j = 0 .. s - 1, in that order;
+ * T float, or float4 for four outputs a thread (16-byte loads, the same sums) */
+template <typename T>
+__global__ void gf_sum_kernel(T *__restrict__ y, const T *__restrict__ p, size_t n, int s)
 {
     cu_pdl_wait();
     cu_pdl_launch();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float v = p[i];
-    for (int j = 1; j < s; j++) v += p[i + j * n];
-    y[i] = v;
-}
-
-/* The same four outputs a thread (16-byte loads; the sums in the same order) */
-__global__ void gf_sum4_kernel(float4 *__restrict__ y, const float4 *__restrict__ p, size_t n4, int s)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n4) return;
-    float4 v = p[i];
-    for (int j = 1; j < s; j++) {
-        float4 u = p[i + j * n4];
-        v.x += u.x, v.y += u.y, v.z += u.z, v.w += u.w;
-    }
+    T v = p[i];
+    for (int j = 1; j < s; j++) v = gf_add(v, p[i + j * n]);
     y[i] = v;
 }
 
@@ -1541,9 +1531,9 @@ __global__ void gf_sum4_kernel(float4 *__restrict__ y, const float4 *__restrict_
 static void gf_sum(float *y, const float *p, size_t ny, int s)
 {
     if (ny % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)p % 16 == 0)
-        cu_launch(gf_sum4_kernel, cu_blocks(ny / 4, 256), 256, 0, (float4 *)y, (const float4 *)p, ny / 4, s);
+        cu_launch(gf_sum_kernel<float4>, cu_blocks(ny / 4, 256), 256, 0, (float4 *)y, (const float4 *)p, ny / 4, s);
     else
-        cu_launch(gf_sum_kernel, cu_blocks(ny, 256), 256, 0, y, p, ny, s);
+        cu_launch(gf_sum_kernel<float>, cu_blocks(ny, 256), 256, 0, y, p, ny, s);
 }
 
 /* k splits of a dense product of `blocks` tiles, kc k steps each, on gf_kernel or
