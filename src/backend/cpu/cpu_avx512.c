@@ -1606,7 +1606,10 @@ AVX512 INLINE void att_scores16(const ds_attn_args *a, const float *qt, const fl
 /* o[h][c..c+16 NV) += sum_j p[h][j] kv[j][c..c+16 NV) for heads [h, h+HN), HN * NV <= 16
  * accumulators. Eight heads x 2 vectors (each cache row chunk loaded from L2 once for
  * eight heads) ran the values pass ~9% faster at 16 heads than 4 x 4; 4 x 4 and 1 x 4
- * take the heads past the last multiple of eight. */
+ * take the heads past the last multiple of eight. Session 29: p broadcast inside each
+ * FMA (a {1to16} operand, 16 loads a position where there were 8 vbroadcastss) measured
+ * slower, bench/attention.sh 4096, six alternated rounds: medians 0.785-0.933 ms against
+ * 0.769-0.894. */
 AVX512 INLINE void att_values(int HN, int NV, int R, int ld, const float *kv, int jb, int nj, const float *p, int h,
                               int c, float *o)
 {
