@@ -395,19 +395,7 @@ __global__ void __launch_bounds__(AM_THREADS) attend_merge_kernel(at_p p, cu_att
 
     /* the splits' factors e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z (each
      * block computes the same, in the same order) */
-    const float *pm = q.pm + th * S, *pl = q.pl + th * S;
-    if (warp == 0) {
-        float mx = -INFINITY, sum = 0;
-        for (int z = lane; z < S; z += 32) mx = fmaxf(mx, pm[z]);
-        mx = cu_warp_max(mx);
-        for (int z = lane; z < S; z += 32)
-            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
-        sum = cu_warp_sum(sum);
-        if (lane == 0) red[0] = mx, red[1] = sum;
-    }
-    __syncthreads();
-    for (int z = tid; z < S; z += AM_THREADS) am_fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
-    __syncthreads();
+    cu_split_factors(am_fz, red, q.pm + th * S, q.pl + th * S, S);
 
     float acc = 0;
     #pragma unroll

@@ -295,6 +295,34 @@ __device__ __forceinline__ float cu_warp_max(float v)
     return v;
 }
 
+/* The merge factors of S split partials of a softmax (each split's max pm_z and sum
+ * pl_z): fz[z] = e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z, and 0 where
+ * pm_z = -inf (a split past the position: its partial is never read). Warp 0 sums into
+ * red[2], every thread of the block fills fz; a block barrier after each. L2: pm and pl
+ * read with __ldcg (written by other blocks of the same launch). */
+template <bool L2 = false>
+__device__ __forceinline__ void cu_split_factors(float *fz, float *red, const float *pm, const float *pl, int S)
+{
+    auto ld = [](const float *a) { return L2 ? __ldcg(a) : *a; };
+    if (threadIdx.x < 32) {
+        float mx = -INFINITY, sum = 0;
+        for (int z = threadIdx.x; z < S; z += 32) mx = fmaxf(mx, ld(pm + z));
+        mx = cu_warp_max(mx);
+        for (int z = threadIdx.x; z < S; z += 32) {
+            float m = ld(pm + z);
+            if (m != -INFINITY) sum += ld(pl + z) * expf(m - mx);
+        }
+        sum = cu_warp_sum(sum);
+        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
+    }
+    __syncthreads();
+    for (int z = threadIdx.x; z < S; z += blockDim.x) {
+        float m = ld(pm + z);
+        fz[z] = m == -INFINITY ? 0.0f : expf(m - red[0]) / red[1];
+    }
+    __syncthreads();
+}
+
 /* ---- programmatic dependent launch (PDL): decode kernels are launched with
  * cu_launch, which lets the next kernel of the stream (or of the captured graph)
  * start while this one drains. Every kernel launched so calls cu_pdl_wait()

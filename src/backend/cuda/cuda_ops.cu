@@ -469,24 +469,7 @@ __device__ __forceinline__ void attn_merge_last(const attn_p &p, int th, size_t 
     __syncthreads();
     if (!last) return;
     __threadfence(); /* acquire: the other splits' partials */
-    const float *pm = p.pm + slice * p.splits, *pl = p.pl + slice * p.splits;
-    if (threadIdx.x < 32) {
-        float mx = -INFINITY, sum = 0;
-        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, __ldcg(pm + z));
-        mx = cu_warp_max(mx);
-        for (int z = threadIdx.x; z < p.splits; z += 32) {
-            float m = __ldcg(pm + z);
-            if (m != -INFINITY) sum += __ldcg(pl + z) * expf(m - mx);
-        }
-        sum = cu_warp_sum(sum);
-        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
-    }
-    __syncthreads();
-    for (int z = threadIdx.x; z < p.splits; z += blockDim.x) {
-        float m = __ldcg(pm + z);
-        fz[z] = m == -INFINITY ? 0.0f : expf(m - red[0]) / red[1];
-    }
-    __syncthreads();
+    cu_split_factors<true>(fz, red, p.pm + slice * p.splits, p.pl + slice * p.splits, p.splits);
     const float *po = p.po + (size_t)th * p.splits * p.dv;
     int end = min(c0 + 32 * PER, p.dv);
     for (int c = c0 + (int)threadIdx.x; c < end; c += blockDim.x) {
@@ -648,20 +631,7 @@ __global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
     extern __shared__ float fz[];
     __shared__ float red[2];
     int th = blockIdx.x;
-    const float *pm = p.pm + (size_t)th * p.splits, *pl = p.pl + (size_t)th * p.splits;
-    if (threadIdx.x < 32) {
-        float mx = -INFINITY, sum = 0;
-        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, pm[z]);
-        mx = cu_warp_max(mx);
-        for (int z = threadIdx.x; z < p.splits; z += 32)
-            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
-        sum = cu_warp_sum(sum);
-        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
-    }
-    __syncthreads();
-    for (int z = threadIdx.x; z < p.splits; z += blockDim.x)
-        fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
-    __syncthreads();
+    cu_split_factors(fz, red, p.pm + (size_t)th * p.splits, p.pl + (size_t)th * p.splits, p.splits);
     int c = blockIdx.y * COMBINE_COLS + threadIdx.x;
     if (c >= p.dv) return;
     const float *po = p.po + (size_t)th * p.splits * p.dv + c;
@@ -685,20 +655,7 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
     __shared__ float red[2];
     __shared__ float part[COMBINE_ZG][COMBINE_COLS];
     int th = blockIdx.x;
-    const float *pm = p.pm + (size_t)th * p.splits, *pl = p.pl + (size_t)th * p.splits;
-    if (threadIdx.x < 32) {
-        float mx = -INFINITY, sum = 0;
-        for (int z = threadIdx.x; z < p.splits; z += 32) mx = fmaxf(mx, pm[z]);
-        mx = cu_warp_max(mx);
-        for (int z = threadIdx.x; z < p.splits; z += 32)
-            if (pm[z] != -INFINITY) sum += pl[z] * expf(pm[z] - mx);
-        sum = cu_warp_sum(sum);
-        if (threadIdx.x == 0) red[0] = mx, red[1] = sum;
-    }
-    __syncthreads();
-    for (int z = threadIdx.x; z < p.splits; z += blockDim.x)
-        fz[z] = pm[z] == -INFINITY ? 0.0f : expf(pm[z] - red[0]) / red[1];
-    __syncthreads();
+    cu_split_factors(fz, red, p.pm + (size_t)th * p.splits, p.pl + (size_t)th * p.splits, p.splits);
     int cl = threadIdx.x % COMBINE_COLS, zg = threadIdx.x / COMBINE_COLS, c = blockIdx.y * COMBINE_COLS + cl;
     float acc = 0;
     if (c < p.dv) {
