@@ -4,7 +4,8 @@
 # scripts/gpu_check.sh runs them from a carried build directory.
 if(DSV3_CUDA)
   dsv3_unit_test(test_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/test_cuda_ops.c)
-  dsv3_unit_test(test_cuda_golden ${CMAKE_CURRENT_LIST_DIR}/test_cuda_golden.c ${DSV3_TESTS}/model/pick_check.c)
+  dsv3_unit_test(test_cuda_golden ${CMAKE_CURRENT_LIST_DIR}/test_cuda_golden.c ${DSV3_TESTS}/model/golden_run.c
+                 ${DSV3_TESTS}/model/pick_check.c)
   # figures, not a test: scripts/gpu_check.sh runs it
   add_executable(bench_cuda_ops ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_ops.c)
   target_link_libraries(bench_cuda_ops PRIVATE dsv3lib)

@@ -1,5 +1,6 @@
 dsv3_unit_test(model_fp8_kernels ${CMAKE_CURRENT_LIST_DIR}/test_fp8_kernels.c)
-dsv3_unit_test(model_golden ${CMAKE_CURRENT_LIST_DIR}/test_golden.c ${CMAKE_CURRENT_LIST_DIR}/pick_check.c)
+dsv3_unit_test(model_golden ${CMAKE_CURRENT_LIST_DIR}/test_golden.c ${CMAKE_CURRENT_LIST_DIR}/golden_run.c
+               ${CMAKE_CURRENT_LIST_DIR}/pick_check.c)
 dsv3_unit_test(model_variants ${CMAKE_CURRENT_LIST_DIR}/test_variants.c)
 # the same passes with every scratch buffer filled with NaN bytes: no reader relies on
 # what it did not write (the fast backend hands scratch out unfilled)
