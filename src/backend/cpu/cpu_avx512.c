@@ -377,7 +377,8 @@ AVX512 INLINE void fp8_sub(__m512 *sub, int T, __m512i v, const uint16_t *q, siz
 /* Measured and not kept (session 11, model decode on the 8-layer bench):
  * two rows per tile at one token, sharing each activation load and the row
  * end, was 15% faster from L2 but ~15% slower from memory (two streams per
- * thread), whatever the prefetch distance; BF16 weights through this tile
+ * thread), whatever the prefetch distance (session 31's gemv_dp_tile2 below
+ * is kept: see there); BF16 weights through this tile
  * (no widening at all) were 20-30% faster from L2, level from 1 GiB of
  * memory, and ~10% slower in the model than gemv_tile's float32 FMAs.
  * Where the arithmetic stands (this machine's Zen 5 cores at ~3.4 GHz): vdpbf16ps and
@@ -470,6 +471,97 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
 }
 #undef DP32
 
+/* ---- decode, FP8 weights, one token: two rows at a time ------------------
+ * Each activation vector (bf16 hi or lo) is loaded once for two rows (row and
+ * row + ldr), where gemv_dp_tile loads it once a row: at one token that was 8
+ * of the 10 512-bit loads per 128 codes, and Zen 4 takes one such load a
+ * cycle. Each row keeps gemv_dp_tile's 8 chains, fed in the same order, so a
+ * row's sum is the one gemv_dp_tile gives. K: a multiple of 64.
+ *   Session 31 (Zen 4, one thread, 128 rows x 2048 held in L2, /tmp harness
+ * around avx512_matmul_decode): 16.1-16.5 -> 13.9 cycles per 128 codes;
+ * bench/matvec.sh fp8's L2 ceiling 54-58 -> 65-71 GB/s (2 threads). The loop
+ * is then near Zen 4's pipe limit: 8 vdpbf16ps and 6 shifts per 64 codes of
+ * two rows, both of which want the same one of its 512-bit halves' pipes.
+ * Session 11 had measured a two-row tile slower from memory; this one
+ * prefetches both rows as gemv_dp_tile prefetches one, and read the same. */
+#define DP2(X, Y, H, L, c)                                                               \
+    do {                                                                                 \
+        acc0[(c)] = _mm512_dpbf16_ps(acc0[(c)], (__m512bh)(X), (__m512bh)(H));           \
+        acc0[(c) + 1] = _mm512_dpbf16_ps(acc0[(c) + 1], (__m512bh)(X), (__m512bh)(L));   \
+        acc1[(c)] = _mm512_dpbf16_ps(acc1[(c)], (__m512bh)(Y), (__m512bh)(H));           \
+        acc1[(c) + 1] = _mm512_dpbf16_ps(acc1[(c) + 1], (__m512bh)(Y), (__m512bh)(L));   \
+    } while (0)
+
+/* Codes [k, k + 64) of both rows into chains c .. c + 3 of each. */
+#define DP2_64(k, c)                                                                                   \
+    do {                                                                                               \
+        __m512i V0 = _mm512_loadu_si512(row + (k)), V1 = _mm512_loadu_si512(row1 + (k));               \
+        const uint16_t *q = xq + 2 * (k);                                                              \
+        __mmask64 z0 = _mm512_testn_epi8_mask(V0, e8), z1 = _mm512_testn_epi8_mask(V1, e8);         \
+        if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) {                                       \
+            dp2_sub(sub, V0, V1, q);                                                                   \
+            subbed = true;                                                                             \
+        }                                                                                              \
+        __m512i A, B, D, E;                                                                            \
+        fp8x64_to_bf16(V0, &A, &B);                                                                    \
+        fp8x64_to_bf16(V1, &D, &E);                                                                    \
+        __m512i h = _mm512_loadu_si512(q), l = _mm512_loadu_si512(q + 32);                             \
+        DP2(A, D, h, l, (c));                                                                          \
+        h = _mm512_loadu_si512(q + 64);                                                                \
+        l = _mm512_loadu_si512(q + 96);                                                                \
+        DP2(B, E, h, l, (c) + 2);                                                                      \
+    } while (0)
+
+/* The subnormal codes of both rows' 64 (V0, V1) into sub[0], sub[1] in memory: out of
+ * line, so that the loop keeps no registers for them. */
+AVX512 static __attribute__((noinline)) void dp2_sub(float sub[2][16], __m512i V0, __m512i V1, const uint16_t *q)
+{
+    __m512 s0 = _mm512_loadu_ps(sub[0]), s1 = _mm512_loadu_ps(sub[1]);
+    fp8_sub(&s0, 1, V0, q, 0);
+    fp8_sub(&s1, 1, V1, q, 0);
+    _mm512_storeu_ps(sub[0], s0);
+    _mm512_storeu_ps(sub[1], s1);
+}
+
+AVX512 INLINE void gemv_dp_tile2(const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq, float *y,
+                                 bool add)
+{
+    const uint8_t *row1 = row + ldr;
+    const __m512i e8 = _mm512_set1_epi8(0x78);
+    __m512 acc0[8], acc1[8];
+    float sub[2][16] = {{0}};
+    bool subbed = false;
+    #pragma GCC unroll 8
+    for (int c = 0; c < 8; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 128 <= K; k += 128) {
+        _mm_prefetch((const char *)row + k + pf, PREFETCH_HINT);
+        _mm_prefetch((const char *)row + k + pf + 64, PREFETCH_HINT);
+        _mm_prefetch((const char *)row1 + k + pf, PREFETCH_HINT);
+        _mm_prefetch((const char *)row1 + k + pf + 64, PREFETCH_HINT);
+        /* gemv_dp_tile's chains: the first 64 codes in 0..3, the next in 4..7 */
+        DP2_64(k, 0);
+        DP2_64(k + 64, 4);
+    }
+    if (k < K) DP2_64(k, 0);
+    __m512 s0 = acc0[0], s1 = acc1[0];
+    #pragma GCC unroll 8
+    for (int c = 1; c < 8; c++) {
+        s0 = _mm512_add_ps(s0, acc0[c]);
+        s1 = _mm512_add_ps(s1, acc1[c]);
+    }
+    float v0 = _mm512_reduce_add_ps(s0) * 18446744073709551616.0f; /* 2^64 */
+    float v1 = _mm512_reduce_add_ps(s1) * 18446744073709551616.0f;
+    if (subbed) {
+        v0 += _mm512_reduce_add_ps(_mm512_loadu_ps(sub[0])) * 2.7105054312137611e-20f;
+        v1 += _mm512_reduce_add_ps(_mm512_loadu_ps(sub[1])) * 2.7105054312137611e-20f;
+    }
+    y[0] = add ? y[0] + v0 : v0;
+    y[1] = add ? y[1] + v1 : v1;
+}
+#undef DP2_64
+#undef DP2
+
 /* Columns [k0, k0 + K) of row r (k0 a multiple of 128); pf: how far ahead of
  * what it reads the tile prefetches; add: onto y. */
 AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, int k0, int K, size_t pf, const float *xs, size_t ldx,
@@ -517,8 +609,14 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
     size_t fp8_pf = row_pf ? row_pf : PREFETCH_BYTES; /* BF16 whole rows: the hardware prefetches */
 
     for (int k0 = 0; k0 < K; k0 += kc) {
-        int len = MIN(kc, K - k0);
-        for (int r = a; r < b; r++)
+        int len = MIN(kc, K - k0), r = a;
+        if (fp8 && n == 1 && len % 64 == 0) { /* one token: rows in pairs (gemv_dp_tile2) */
+            size_t ldr = (size_t)((const uint8_t *)w_row(w, row0 + 1) - (const uint8_t *)w_row(w, row0));
+            for (; r + 2 <= b; r += 2)
+                gemv_dp_tile2((const uint8_t *)w_row(w, row0 + r) + k0, ldr, len, fp8_pf, xq + 2 * (size_t)k0, y + r,
+                              k0 > 0);
+        }
+        for (; r < b; r++)
             for (int t0 = 0; t0 < n; t0 += 4) {
                 int T = MIN(4, n - t0);
                 float *yo = y + (size_t)t0 * rows + r;
