@@ -152,6 +152,28 @@ AVX2 INLINE void fp8x16_to_f32_bf(const uint8_t *p, __m256 *lo, __m256 *hi)
     *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
 }
 
+/* 32 e4m3 codes as four vectors of 8 floats, values times 2^-120 as above,
+ * without a shuffle: each code's bf16 made in its 16-bit lane (the
+ * even-numbered code first moved up a byte, as cpu_avx512.c's fp8x64_to_bf16),
+ * then widened in its 32-bit lane by a shift or a mask. w[0] holds codes 0, 4,
+ * .., 28, w[1] 2, 6, .., 30, w[2] 1, 5, .., 29 and w[3] 3, 7, .., 31
+ * (prep_fp8_acts8 orders the activations to match). Nine operations for 32
+ * codes, five of them shifts and none a shuffle, where fp8x16_to_f32_bf takes
+ * ten, eight of them shifts, widenings and unpacks: the operations that only
+ * some of a core's vector pipes run (one on Intel's big cores, where the FMAs
+ * take two others; two on Zen 4, one of which the FMAs share). */
+AVX2 INLINE void fp8x32_to_f32_bf(const uint8_t *p, __m256 w[4])
+{
+    const __m256i m = _mm256_set1_epi16((short)0x87F0), hm = _mm256_set1_epi32((int)0xFFFF0000);
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    __m256i e = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4), m);
+    __m256i o = _mm256_and_si256(_mm256_srai_epi16(v, 4), m);
+    w[0] = _mm256_castsi256_ps(_mm256_slli_epi32(e, 16));
+    w[1] = _mm256_castsi256_ps(_mm256_and_si256(e, hm));
+    w[2] = _mm256_castsi256_ps(_mm256_slli_epi32(o, 16));
+    w[3] = _mm256_castsi256_ps(_mm256_and_si256(o, hm));
+}
+
 /* 16 bf16 weights as floats: those of even number (shifted), then the odd
  * ones (masked); prep_bf16_acts8 orders the activations to match. */
 AVX2 INLINE void bf16x16_to_f32(const uint16_t *p, __m256 *even, __m256 *odd)
@@ -236,6 +258,70 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     }
 }
 
+/* dec_tile for FP8 rows, 32 codes a chunk (fp8x32_to_f32_bf), U chunks a
+ * step; NA sums a token (eight in all, FMA latency x throughput). A last chunk
+ * of 16 goes through fp8x16_to_f32_bf, the columns past it through float32. */
+AVX2 INLINE void dec_tile_fp8(int T, int U, const uint8_t *row, int K, size_t pf, const float *xs, size_t ldx,
+                              float *y, size_t ldy, bool add)
+{
+    const int NA = T == 1 ? 8 : T == 2 ? 4 : 2;
+    int K32 = K / 32 * 32, K16 = K / 16 * 16;
+    __m256 acc[8][4];
+    #pragma GCC unroll 16
+    for (int c = 0; c < NA; c++)
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[c][t] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 32 * U <= K32; k += 32 * U) {
+        if (pf && (32 * U >= 64 || k % 64 == 0))
+            for (int o = 0; o < 32 * U; o += 64) _mm_prefetch((const char *)row + k + pf + o, _MM_HINT_T2);
+        #pragma GCC unroll 16
+        for (int u = 0; u < U; u++) {
+            __m256 w[4];
+            fp8x32_to_f32_bf(row + k + 32 * u, w);
+            #pragma GCC unroll 16
+            for (int i = 0; i < 4; i++)
+                #pragma GCC unroll 16
+                for (int t = 0; t < T; t++)
+                    acc[(4 * u + i) % NA][t] =
+                        _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xs + t * ldx + k + 32 * u + 8 * i), acc[(4 * u + i) % NA][t]);
+        }
+    }
+    for (; k < K32; k += 32) {
+        __m256 w[4];
+        fp8x32_to_f32_bf(row + k, w);
+        #pragma GCC unroll 16
+        for (int i = 0; i < 4; i++)
+            #pragma GCC unroll 16
+            for (int t = 0; t < T; t++)
+                acc[i % NA][t] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xs + t * ldx + k + 8 * i), acc[i % NA][t]);
+    }
+    if (k < K16) {
+        __m256 a, b;
+        fp8x16_to_f32_bf(row + k, &a, &b);
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) {
+            acc[0][t] = _mm256_fmadd_ps(a, _mm256_loadu_ps(xs + t * ldx + k), acc[0][t]);
+            acc[1][t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(xs + t * ldx + k + 8), acc[1][t]);
+        }
+        k += 16;
+    }
+    for (; k < K; k += 8) { /* the tail, in column order */
+        int m = MIN(8, K - k);
+        __m256 wv = _mm256_mul_ps(load_w8(DS_W_FP8, row, k, m), _mm256_set1_ps(0x1p-112f)); /* value * 2^-120 */
+        #pragma GCC unroll 16
+        for (int t = 0; t < T; t++) acc[0][t] = _mm256_fmadd_ps(wv, load_x8(xs + t * ldx, k, m), acc[0][t]);
+    }
+    #pragma GCC unroll 16
+    for (int t = 0; t < T; t++) {
+        __m256 sum = acc[0][t];
+        #pragma GCC unroll 16
+        for (int c = 1; c < NA; c++) sum = _mm256_add_ps(sum, acc[c][t]);
+        float v = hsum8(sum) * 0x1p56f;
+        y[t * ldy] = add ? y[t * ldy] + v : v;
+    }
+}
+
 #define DEC_CASES(F)                                                                 \
     switch (T) {                                                                     \
     case 4: dec_tile(F, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;              \
@@ -247,11 +333,18 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
 AVX2 static void dec_row(bool fp8, int T, const void *row, int K, size_t pf, const float *xs, size_t ldx, float *y,
                          size_t ldy, bool add)
 {
-    if (fp8) DEC_CASES(true)
-    else DEC_CASES(false)
+    if (fp8) {
+        const uint8_t *r = row;
+        switch (T) {
+        case 4: dec_tile_fp8(4, 1, r, K, pf, xs, ldx, y, ldy, add); break;
+        case 3: dec_tile_fp8(3, 1, r, K, pf, xs, ldx, y, ldy, add); break;
+        case 2: dec_tile_fp8(2, 1, r, K, pf, xs, ldx, y, ldy, add); break;
+        default: dec_tile_fp8(1, 2, r, K, pf, xs, ldx, y, ldy, add); break;
+        }
+    } else DEC_CASES(false)
 }
 
-static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
+AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
 
 /* Rows [a, b) of job j (a cpu_decode_rows_fn): FP8 activations scaled per
  * scale block, BF16 permuted once per job, float32 weights through gemv8. */
@@ -297,19 +390,37 @@ AVX2 static void decode_rows8(const ds_matmul_job *j, int a, int b, float *xs, c
 
 /* xs[t][k] = x[t][k] * s[rb][k/128] * 2^64 (FP8 weights, row block rb: the
  * products with codes times 2^-120 come out times 2^-56, in float's normal
- * range), per 16 columns in fp8x16_to_f32_bf's order: 0-3, 8-11, 4-7, 12-15;
- * the columns past the last multiple of 16 as they are. */
-static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb)
+ * range), per 32 columns in fp8x32_to_f32_bf's order (0, 4, .., 28, then 2,
+ * 6, .., 30, 1, 5, .., 29 and 3, 7, .., 31); a last 16 in fp8x16_to_f32_bf's
+ * (0-3, 8-11, 4-7, 12-15); the columns past those as they are. */
+AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb)
 {
-    static const int ord[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K16 = K / 16 * 16;
+    static const int ord16[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    const __m256i il = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK, K32 = K / 32 * 32, K16 = K / 16 * 16;
     const float *sr = w->scale + (size_t)rb * kb;
     for (int t = 0; t < n; t++) {
         const float *xi = x + (size_t)t * K;
         float *o = xs + (size_t)t * K;
-        for (int k = 0; k < K16; k += 16) {
+        for (int k = 0; k < K32; k += 32) {
+            /* a 4x4 transpose in each 128-bit lane makes r[m] = columns m + {0, 8, 16,
+             * 24} (low lane) and m + {4, 12, 20, 28} (high lane); il puts them in order */
+            __m256 sv = _mm256_set1_ps(sr[k / DS_BLOCK] * 0x1p64f);
+            __m256 a0 = _mm256_loadu_ps(xi + k), a1 = _mm256_loadu_ps(xi + k + 8);
+            __m256 a2 = _mm256_loadu_ps(xi + k + 16), a3 = _mm256_loadu_ps(xi + k + 24);
+            __m256d t0 = _mm256_castps_pd(_mm256_unpacklo_ps(a0, a1)), t1 = _mm256_castps_pd(_mm256_unpackhi_ps(a0, a1));
+            __m256d t2 = _mm256_castps_pd(_mm256_unpacklo_ps(a2, a3)), t3 = _mm256_castps_pd(_mm256_unpackhi_ps(a2, a3));
+            /* fp8x32_to_f32_bf's w[0..3]: columns 0, 2, 1 and 3 mod 4 */
+            __m256 r0 = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t2)), r1 = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t2));
+            __m256 r2 = _mm256_castpd_ps(_mm256_unpacklo_pd(t1, t3)), r3 = _mm256_castpd_ps(_mm256_unpackhi_pd(t1, t3));
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_permutevar8x32_ps(r0, il), sv));
+            _mm256_storeu_ps(o + k + 8, _mm256_mul_ps(_mm256_permutevar8x32_ps(r2, il), sv));
+            _mm256_storeu_ps(o + k + 16, _mm256_mul_ps(_mm256_permutevar8x32_ps(r1, il), sv));
+            _mm256_storeu_ps(o + k + 24, _mm256_mul_ps(_mm256_permutevar8x32_ps(r3, il), sv));
+        }
+        for (int k = K32; k < K16; k += 16) {
             float sv = sr[k / DS_BLOCK] * 0x1p64f;
-            for (int i = 0; i < 16; i++) o[k + i] = xi[k + ord[i]] * sv;
+            for (int i = 0; i < 16; i++) o[k + i] = xi[k + ord16[i]] * sv;
         }
         for (int k = K16; k < K; k++) o[k] = xi[k] * (sr[k / DS_BLOCK] * 0x1p64f);
     }
