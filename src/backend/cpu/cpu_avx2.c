@@ -200,15 +200,14 @@ static void prep_bf16_acts8(float *xp, const float *x, int n, int K)
     }
 }
 
-/* Columns [0, K) of one row (FP8 or BF16; row and xs already at the piece's
- * first column) against T <= 4 tokens; U chunks of 16 a step, two chains each
- * per token (FMA latency x throughput: 8 at one token). pf: prefetch distance,
- * 0 for none; add: onto y. */
-AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t pf, const float *xs, size_t ldx,
-                          float *y, size_t ldy, bool add)
+/* Columns [0, K) of one BF16 row (row and xs already at the piece's first
+ * column) against T <= 4 tokens; U chunks of 16 a step, two chains each per
+ * token (FMA latency x throughput: 8 at one token). pf: prefetch distance, 0
+ * for none; add: onto y. */
+AVX2 INLINE void dec_tile(int T, int U, const uint16_t *row, int K, size_t pf, const float *xs, size_t ldx, float *y,
+                          size_t ldy, bool add)
 {
-    int esz = fp8 ? 1 : 2, K16 = K / 16 * 16;
-    const uint8_t *rb = row;
+    int K16 = K / 16 * 16;
     __m256 acc[4][2][4];
     #pragma GCC unroll 16
     for (int u = 0; u < U; u++)
@@ -217,12 +216,11 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     int k = 0;
     for (; k + 16 * U <= K16; k += 16 * U) {
         if (pf)
-            for (int o = 0; o < 16 * U * esz; o += 64) _mm_prefetch((const char *)rb + (size_t)k * esz + pf + o, _MM_HINT_T2);
+            for (int o = 0; o < 32 * U; o += 64) _mm_prefetch((const char *)(row + k) + pf + o, _MM_HINT_T2);
         #pragma GCC unroll 16
         for (int u = 0; u < U; u++) {
             __m256 a, b;
-            if (fp8) fp8x16_to_f32_bf(rb + k + 16 * u, &a, &b);
-            else bf16x16_to_f32((const uint16_t *)row + k + 16 * u, &a, &b);
+            bf16x16_to_f32(row + k + 16 * u, &a, &b);
             #pragma GCC unroll 16
             for (int t = 0; t < T; t++) {
                 const float *xt = xs + t * ldx + k + 16 * u;
@@ -233,8 +231,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     }
     for (; k < K16; k += 16) {
         __m256 a, b;
-        if (fp8) fp8x16_to_f32_bf(rb + k, &a, &b);
-        else bf16x16_to_f32((const uint16_t *)row + k, &a, &b);
+        bf16x16_to_f32(row + k, &a, &b);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) {
             acc[0][0][t] = _mm256_fmadd_ps(a, _mm256_loadu_ps(xs + t * ldx + k), acc[0][0][t]);
@@ -243,8 +240,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
     }
     for (; k < K; k += 8) { /* the tail, in column order */
         int m = MIN(8, K - k);
-        __m256 wv = load_w8(fp8 ? DS_W_FP8 : DS_W_BF16, row, k, m);
-        if (fp8) wv = _mm256_mul_ps(wv, _mm256_set1_ps(0x1p-112f)); /* value * 2^-120, as above: exact */
+        __m256 wv = load_w8(DS_W_BF16, row, k, m);
         #pragma GCC unroll 16
         for (int t = 0; t < T; t++) acc[0][0][t] = _mm256_fmadd_ps(wv, load_x8(xs + t * ldx, k, m), acc[0][0][t]);
     }
@@ -253,7 +249,7 @@ AVX2 INLINE void dec_tile(bool fp8, int T, int U, const void *row, int K, size_t
         __m256 sum = _mm256_add_ps(acc[0][0][t], acc[0][1][t]);
         #pragma GCC unroll 16
         for (int u = 1; u < U; u++) sum = _mm256_add_ps(sum, _mm256_add_ps(acc[u][0][t], acc[u][1][t]));
-        float v = hsum8(sum) * (fp8 ? 0x1p56f : 1.0f);
+        float v = hsum8(sum);
         y[t * ldy] = add ? y[t * ldy] + v : v;
     }
 }
@@ -322,26 +318,30 @@ AVX2 INLINE void dec_tile_fp8(int T, int U, const uint8_t *row, int K, size_t pf
     }
 }
 
-#define DEC_CASES(F)                                                                 \
-    switch (T) {                                                                     \
-    case 4: dec_tile(F, 4, 1, row, K, pf, xs, ldx, y, ldy, add); break;              \
-    case 3: dec_tile(F, 3, 1, row, K, pf, xs, ldx, y, ldy, add); break;              \
-    case 2: dec_tile(F, 2, 2, row, K, pf, xs, ldx, y, ldy, add); break;              \
-    default: dec_tile(F, 1, 4, row, K, pf, xs, ldx, y, ldy, add); break;             \
-    }
-
+/* One row (FP8: dec_tile_fp8, BF16: dec_tile) against T <= 4 tokens. */
 AVX2 static void dec_row(bool fp8, int T, const void *row, int K, size_t pf, const float *xs, size_t ldx, float *y,
                          size_t ldy, bool add)
 {
-    if (fp8) {
-        const uint8_t *r = row;
-        switch (T) {
-        case 4: dec_tile_fp8(4, 1, r, K, pf, xs, ldx, y, ldy, add); break;
-        case 3: dec_tile_fp8(3, 1, r, K, pf, xs, ldx, y, ldy, add); break;
-        case 2: dec_tile_fp8(2, 1, r, K, pf, xs, ldx, y, ldy, add); break;
-        default: dec_tile_fp8(1, 2, r, K, pf, xs, ldx, y, ldy, add); break;
-        }
-    } else DEC_CASES(false)
+    const uint8_t *r8 = row;
+    const uint16_t *r16 = row;
+    switch (T) {
+    case 4:
+        if (fp8) dec_tile_fp8(4, 1, r8, K, pf, xs, ldx, y, ldy, add);
+        else dec_tile(4, 1, r16, K, pf, xs, ldx, y, ldy, add);
+        break;
+    case 3:
+        if (fp8) dec_tile_fp8(3, 1, r8, K, pf, xs, ldx, y, ldy, add);
+        else dec_tile(3, 1, r16, K, pf, xs, ldx, y, ldy, add);
+        break;
+    case 2:
+        if (fp8) dec_tile_fp8(2, 1, r8, K, pf, xs, ldx, y, ldy, add);
+        else dec_tile(2, 2, r16, K, pf, xs, ldx, y, ldy, add);
+        break;
+    default:
+        if (fp8) dec_tile_fp8(1, 2, r8, K, pf, xs, ldx, y, ldy, add);
+        else dec_tile(1, 4, r16, K, pf, xs, ldx, y, ldy, add);
+        break;
+    }
 }
 
 AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weight *w, int rb);
