@@ -29,18 +29,60 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Best GB/s of reps passes of the decode kernel over all of w. */
-static double time_matvec(const ds_weight *w, const float *x, float *y, int reps)
+/* Best GB/s of weights over reps passes of a decode kernel over all of w at n
+ * tokens (x: n rows; y: room for n rows of w->rows). */
+static double time_decode(void (*f)(float *, const float *, int, const ds_weight *, int, int), const ds_weight *w,
+                          const float *x, int n, float *y, int reps)
 {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
         double t = now();
-        avx512_matmul_decode(y, x, 1, w, 0, w->rows);
+        f(y, x, n, w, 0, w->rows);
         t = now() - t;
         if (t < best) best = t;
     }
     size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
     return (double)w->rows * w->cols * esz / best / 1e9;
+}
+
+static double time_matvec(const ds_weight *w, const float *x, float *y, int reps)
+{
+    return time_decode(avx512_matmul_decode, w, x, 1, y, reps);
+}
+
+static void avx2_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    avx2_matmul(y, x, n, w, row0, rows, DS_GEMM_BF16, false);
+}
+
+/* The kernels' arithmetic on one thread: 128 rows held in L2, at 1, 2 and 4
+ * tokens, as cycles per 128 weights of a row for all the tokens, at the clock
+ * that the one-thread FMA peak gives if one 512-bit FMA issues a cycle (Zen 4;
+ * a core that issues two, as Zen 5, shows half its cycles). */
+static void time_kernels(const ds_weight *big, int K)
+{
+    ds_weight w = *big;
+    w.rows = 128;
+    float *x = malloc(sizeof(float) * 4 * (size_t)K), *y = malloc(sizeof(float) * 4 * 128);
+    if (!x || !y) exit(1);
+    for (int i = 0; i < 4 * K; i++) x[i] = (float)(i % 7) - 3.0f;
+    int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+    double ghz = cpu_fma_peak() / 32, esz = w.fmt == DS_W_FP8 ? 1.0 : 2.0;
+    printf("one thread, %d x %d held in L2, cycles per 128 weights of a row for all tokens (at %.2f GHz from the "
+           "FMA peak):\n", w.rows, K, ghz);
+    static const int ns[] = {1, 2, 4};
+    for (int isa = 0; isa < 2; isa++) {
+        printf("  %-8s", isa ? "avx2" : "avx512");
+        for (int i = 0; i < 3; i++) {
+            double g = time_decode(isa ? avx2_decode : avx512_matmul_decode, &w, x, ns[i], y, 4000);
+            printf("  %d token%s %6.1f", ns[i], ns[i] > 1 ? "s" : " ", 128 * esz / g * ghz);
+        }
+        printf("\n");
+    }
+    omp_set_num_threads(nt);
+    free(x);
+    free(y);
 }
 
 /* The MoE decode pattern on the weights at base: 6 of up to 64 experts (w1,
@@ -130,6 +172,7 @@ int main(int argc, char **argv)
     hot.rows = (int)(((size_t)omp_get_max_threads() << 19) / ((size_t)K * esz));
     printf("matvec on a weight held in L2 (%d rows): %.1f GB/s, the kernel's arithmetic ceiling\n", hot.rows,
            time_matvec(&hot, x, y, 2000));
+    time_kernels(&w, K);
     time_moe("anonymous memory", fmt, anon, bytes, x, scale, bw);
     if (fmt == DS_W_FP8) {
         size_t n = bytes / 128, marked = 0;
