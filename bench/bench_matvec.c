@@ -55,7 +55,7 @@ static void avx2_decode(float *y, const float *x, int n, const ds_weight *w, int
     avx2_matmul(y, x, n, w, row0, rows, DS_GEMM_BF16, false);
 }
 
-/* The kernels' arithmetic on one thread: 128 rows held in L2, at 1, 2 and 4
+/* The kernels' arithmetic on one thread: 128 rows held in L2, at 1, 2, 4 and 8
  * tokens, as cycles per 128 weights of a row for all the tokens, at the clock
  * that the one-thread FMA peak gives if one 512-bit FMA issues a cycle (Zen 4;
  * a core that issues two, as Zen 5, shows half its cycles). */
@@ -63,18 +63,18 @@ static void time_kernels(const ds_weight *big, int K)
 {
     ds_weight w = *big;
     w.rows = 128;
-    float *x = malloc(sizeof(float) * 4 * (size_t)K), *y = malloc(sizeof(float) * 4 * 128);
+    float *x = malloc(sizeof(float) * 8 * (size_t)K), *y = malloc(sizeof(float) * 8 * 128);
     if (!x || !y) exit(1);
-    for (int i = 0; i < 4 * K; i++) x[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 8 * K; i++) x[i] = (float)(i % 7) - 3.0f;
     int nt = omp_get_max_threads();
     omp_set_num_threads(1);
     double ghz = cpu_fma_peak() / 32, esz = w.fmt == DS_W_FP8 ? 1.0 : 2.0;
     printf("one thread, %d x %d held in L2, cycles per 128 weights of a row for all tokens (at %.2f GHz from the "
            "FMA peak):\n", w.rows, K, ghz);
-    static const int ns[] = {1, 2, 4};
+    static const int ns[] = {1, 2, 4, 8};
     for (int isa = 0; isa < 2; isa++) {
         printf("  %-8s", isa ? "avx2" : "avx512");
-        for (int i = 0; i < 3; i++) {
+        for (int i = 0; i < 4; i++) {
             double g = time_decode(isa ? avx2_decode : avx512_matmul_decode, &w, x, ns[i], y, 4000);
             printf("  %d token%s %6.1f", ns[i], ns[i] > 1 ? "s" : " ", 128 * esz / g * ghz);
         }

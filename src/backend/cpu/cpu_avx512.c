@@ -563,7 +563,7 @@ AVX512 INLINE void gemv_dp_tile2(const uint8_t *row, size_t ldr, int K, size_t p
 #undef DP2
 
 /* dp2_sub for T tokens: sub[t] row 0's, sub[T + t] row 1's. */
-AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[8][16], __m512i V0, __m512i V1,
+AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], __m512i V0, __m512i V1,
                                                       const uint16_t *q, size_t ldq)
 {
     for (int t = 0; t < T; t++) {
@@ -575,25 +575,26 @@ AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[8][16], _
     }
 }
 
-/* gemv_dp_tile2 for T = 2..4 tokens (token t's activations at xq + t ldq, its
+/* gemv_dp_tile2 for T = 2..8 tokens (token t's activations at xq + t ldq, its
  * outputs at y + t ldy): NC chains a row and token, 16 sums in all. At several
  * tokens the one-row tile loads 8 T activation vectors per 128 codes for 8 T
- * vdpbf16ps; here two rows share them. Session 31 (one Zen 4 thread, 128 rows x
- * 2048 held in L2, cycles per 128 codes of a row for all tokens, against
- * gemv_dp_tile): 2 tokens 24.8 -> 21.4, 3 35.7 -> 31.7, 4 45.6 -> 40.7, 8 (two
- * tiles of 4) 102 -> 83. */
+ * vdpbf16ps; here two rows share them, and past 4 tokens each row's codes are
+ * widened once for all 8 (gemv_dp_tile takes 4 tokens a tile). Session 31
+ * (bench/matvec.sh fp8's one-thread lines, cycles per 128 codes of a row for all
+ * tokens, against gemv_dp_tile): 2 tokens 24.2-24.5 -> 21.2-21.7, 4 45.3-46.5 ->
+ * 40.1-40.7, 8 102.6 -> 79.8 (two tiles of 4 pairs: ~83). */
 AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy, bool add)
 {
-    const int NC = T == 2 ? 4 : 2;
+    const int NC = T == 2 ? 4 : T <= 4 ? 2 : 1;
     const uint8_t *row1 = row + ldr;
     const __m512i e8 = _mm512_set1_epi8(0x78);
-    __m512 acc[2][4][4];
-    float sub[8][16]; /* zeroed when first used */
+    __m512 acc[2][4][8];
+    float sub[16][16]; /* zeroed when first used */
     bool subbed = false;
     #pragma GCC unroll 4
     for (int c = 0; c < NC; c++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int t = 0; t < T; t++) acc[0][c][t] = acc[1][c][t] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 64) {
         if (k % 128 == 0) {
@@ -612,14 +613,14 @@ AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, si
         __m512i A, B, D, E;
         fp8x64_to_bf16(V0, &A, &B);
         fp8x64_to_bf16(V1, &D, &E);
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             const uint16_t *q = xq + t * ldq + 2 * k;
             __m512bh h = (__m512bh)_mm512_loadu_si512(q), l = (__m512bh)_mm512_loadu_si512(q + 32);
             acc[0][0][t] = _mm512_dpbf16_ps(acc[0][0][t], (__m512bh)A, h);
-            acc[0][1][t] = _mm512_dpbf16_ps(acc[0][1][t], (__m512bh)A, l);
+            acc[0][1 % NC][t] = _mm512_dpbf16_ps(acc[0][1 % NC][t], (__m512bh)A, l);
             acc[1][0][t] = _mm512_dpbf16_ps(acc[1][0][t], (__m512bh)D, h);
-            acc[1][1][t] = _mm512_dpbf16_ps(acc[1][1][t], (__m512bh)D, l);
+            acc[1][1 % NC][t] = _mm512_dpbf16_ps(acc[1][1 % NC][t], (__m512bh)D, l);
             h = (__m512bh)_mm512_loadu_si512(q + 64);
             l = (__m512bh)_mm512_loadu_si512(q + 96);
             acc[0][2 % NC][t] = _mm512_dpbf16_ps(acc[0][2 % NC][t], (__m512bh)B, h);
@@ -630,7 +631,7 @@ AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, si
     }
     #pragma GCC unroll 2
     for (int r = 0; r < 2; r++)
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512 s = acc[r][0][t];
             #pragma GCC unroll 4
@@ -646,6 +647,10 @@ AVX512 static void gemv_dp_pairs(int T, const uint8_t *row, size_t ldr, int K, s
                                  size_t ldq, float *y, size_t ldy, bool add)
 {
     switch (T) {
+    case 8: gemv_dp_pair(8, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
+    case 7: gemv_dp_pair(7, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
+    case 6: gemv_dp_pair(6, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
+    case 5: gemv_dp_pair(5, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
     case 4: gemv_dp_pair(4, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
     case 3: gemv_dp_pair(3, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
     case 2: gemv_dp_pair(2, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
@@ -710,8 +715,8 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
         if (fp8 && n > 1 && len % 64 == 0) { /* several tokens: rows in pairs too (gemv_dp_pair) */
             size_t ldr = (size_t)((const uint8_t *)w_row(w, row0 + 1) - (const uint8_t *)w_row(w, row0));
             for (; r + 2 <= b; r += 2)
-                for (int t0 = 0; t0 < n; t0 += 4)
-                    gemv_dp_pairs(MIN(4, n - t0), (const uint8_t *)w_row(w, row0 + r) + k0, ldr, len, fp8_pf,
+                for (int t0 = 0; t0 < n; t0 += 8)
+                    gemv_dp_pairs(MIN(8, n - t0), (const uint8_t *)w_row(w, row0 + r) + k0, ldr, len, fp8_pf,
                                   xq + (size_t)t0 * ldq + 2 * (size_t)k0, ldq, y + (size_t)t0 * rows + r, (size_t)rows,
                                   k0 > 0);
         }
