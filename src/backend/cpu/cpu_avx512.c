@@ -576,7 +576,7 @@ AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], 
 }
 
 /* gemv_dp_tile2 for T = 2..8 tokens (token t's activations at xq + t ldq, its
- * outputs at y + t ldy): NC chains a row and token, 16 sums in all. At several
+ * outputs at y + t ldy): NC chains a row and token, at most 16 sums. At several
  * tokens the one-row tile loads 8 T activation vectors per 128 codes for 8 T
  * vdpbf16ps; here two rows share them, and past 4 tokens each row's codes are
  * widened once for all 8 (gemv_dp_tile takes 4 tokens a tile). Session 31
