@@ -706,13 +706,7 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
 
     for (int k0 = 0; k0 < K; k0 += kc) {
         int len = MIN(kc, K - k0), r = a;
-        if (fp8 && n == 1 && len % 64 == 0) { /* one token: rows in pairs (gemv_dp_tile2) */
-            size_t ldr = (size_t)((const uint8_t *)w_row(w, row0 + 1) - (const uint8_t *)w_row(w, row0));
-            for (; r + 2 <= b; r += 2)
-                gemv_dp_tile2((const uint8_t *)w_row(w, row0 + r) + k0, ldr, len, fp8_pf, xq + 2 * (size_t)k0, y + r,
-                              k0 > 0);
-        }
-        if (fp8 && n > 1 && len % 64 == 0) { /* several tokens: rows in pairs too (gemv_dp_pair) */
+        if (fp8 && len % 64 == 0) { /* rows in pairs (gemv_dp_tile2, gemv_dp_pair) */
             size_t ldr = (size_t)((const uint8_t *)w_row(w, row0 + 1) - (const uint8_t *)w_row(w, row0));
             for (; r + 2 <= b; r += 2)
                 for (int t0 = 0; t0 < n; t0 += 8)
