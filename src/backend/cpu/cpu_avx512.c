@@ -477,11 +477,12 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
  * of the 10 512-bit loads per 128 codes, and Zen 4 takes one such load a
  * cycle. Each row keeps gemv_dp_tile's 8 chains, fed in the same order, so a
  * row's sum is the one gemv_dp_tile gives. K: a multiple of 64.
- *   Session 31 (Zen 4, one thread, 128 rows x 2048 held in L2, /tmp harness
- * around avx512_matmul_decode): 16.1-16.5 -> 13.9 cycles per 128 codes;
- * bench/matvec.sh fp8's L2 ceiling 54-58 -> 65-71 GB/s (2 threads). The loop
- * is then near Zen 4's pipe limit: 8 vdpbf16ps and 6 shifts per 64 codes of
- * two rows, both of which want the same one of its 512-bit halves' pipes.
+ *   Session 31 (Zen 4; bench/matvec.sh fp8, built against the library before
+ * and after): one thread, 128 rows x 2048 held in L2, 15.7-15.8 -> 13.8 cycles
+ * per 128 codes of a row; its 2-thread L2 ceiling 54-58 -> 65-71 GB/s. The
+ * loop is then near Zen 4's issue limit: per 64 codes of two rows, 8 vdpbf16ps
+ * and 12 other vector operations (6 of them shifts, which one pipe runs), a
+ * mix standalone loops put at ~10.2 cycles (the 8 vdpbf16ps alone: 8.1).
  * Session 11 had measured a two-row tile slower from memory; this one
  * prefetches both rows as gemv_dp_tile prefetches one, and read the same. */
 #define DP2(X, Y, H, L, c)                                                               \
