@@ -45,20 +45,32 @@ static double time_decode(void (*f)(float *, const float *, int, const ds_weight
     return (double)w->rows * w->cols * esz / best / 1e9;
 }
 
-static double time_matvec(const ds_weight *w, const float *x, float *y, int reps)
-{
-    return time_decode(avx512_matmul_decode, w, x, 1, y, reps);
-}
-
 static void avx2_decode(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
 {
     avx2_matmul(y, x, n, w, row0, rows, DS_GEMM_BF16, false);
 }
 
+/* The widest kernels the CPU has: AVX-512 where present, else AVX2. */
+static bool has512;
+
+static double time_matvec(const ds_weight *w, const float *x, float *y, int reps)
+{
+    return time_decode(has512 ? avx512_matmul_decode : avx2_decode, w, x, 1, y, reps);
+}
+
+static void matmul_many(const ds_matmul_job *jobs, int n)
+{
+    if (has512)
+        avx512_matmul_many(jobs, n, DS_GEMM_BF16, false);
+    else
+        avx2_matmul_many(jobs, n, DS_GEMM_BF16, false);
+}
+
 /* The kernels' arithmetic on one thread: 128 rows held in L2, at 1, 2, 4 and 8
  * tokens, as cycles per 128 weights of a row for all the tokens, at the clock
  * that the one-thread FMA peak gives if one 512-bit FMA issues a cycle (Zen 4;
- * a core that issues two, as Zen 5, shows half its cycles). */
+ * a core that issues two, as Zen 5, shows half its cycles), or two 256-bit ones
+ * where there is no AVX-512 (Zen 3). */
 static void time_kernels(const ds_weight *big, int K)
 {
     ds_weight w = *big;
@@ -72,7 +84,7 @@ static void time_kernels(const ds_weight *big, int K)
     printf("one thread, %d x %d held in L2, cycles per 128 weights of a row for all tokens (at %.2f GHz from the "
            "FMA peak):\n", w.rows, K, ghz);
     static const int ns[] = {1, 2, 4, 8};
-    for (int isa = 0; isa < 2; isa++) {
+    for (int isa = has512 ? 0 : 1; isa < 2; isa++) {
         printf("  %-8s", isa ? "avx2" : "avx512");
         for (int i = 0; i < 4; i++) {
             double g = time_decode(isa ? avx2_decode : avx512_matmul_decode, &w, x, ns[i], y, 4000);
@@ -118,10 +130,10 @@ static void time_moe(const char *what, ds_wfmt fmt, const uint8_t *base, size_t 
             jobs[2 * k] = (ds_matmul_job){yo + (size_t)k * 2 * I, x, 1, &ew[chosen[k]][0], 0, I};
             jobs[2 * k + 1] = (ds_matmul_job){yo + (size_t)k * 2 * I + I, x, 1, &ew[chosen[k]][2], 0, I};
         }
-        avx512_matmul_many(jobs, 2 * KE, DS_GEMM_BF16, false);
+        matmul_many(jobs, 2 * KE);
         for (int k = 0; k < KE; k++)
             jobs[k] = (ds_matmul_job){yo + (size_t)k * D, xi + (size_t)k * I, 1, &ew[chosen[k]][1], 0, D};
-        avx512_matmul_many(jobs, KE, DS_GEMM_BF16, false);
+        matmul_many(jobs, KE);
         moved += 3.0 * KE * mat;
     }
     t = now() - t;
@@ -136,8 +148,9 @@ int main(int argc, char **argv)
 {
     const char *file = argc > 1 && strcmp(argv[1], "-") && argv[1][0] ? argv[1] : NULL; /* "-": none */
     ds_wfmt fmt = argc > 2 && !strcmp(argv[2], "bf16") ? DS_W_BF16 : DS_W_FP8;
-    if (!cpu_has_avx512()) {
-        printf("no AVX-512: nothing to measure\n");
+    has512 = cpu_has_avx512();
+    if (!has512 && !cpu_has_avx2()) {
+        printf("neither AVX-512 nor AVX2: nothing to measure\n");
         return 0;
     }
     const int K = argc > 3 ? atoi(argv[3]) : 2048, reps = 10;
@@ -164,8 +177,8 @@ int main(int argc, char **argv)
     ds_weight w = {fmt, rows, K, anon, scale, NULL};
     double bw = cpu_read_bandwidth(bytes, 10);
     double ga = time_matvec(&w, x, y, reps);
-    printf("%d threads, %s %d x %d (%.2f GB): read bandwidth %.1f GB/s; matvec on anonymous memory %.1f GB/s "
-           "(%.1f%%)\n", omp_get_max_threads(), fmt == DS_W_FP8 ? "fp8" : "bf16", rows, K, bytes / 1e9, bw, ga,
+    printf("%s kernels, %d threads, %s %d x %d (%.2f GB): read bandwidth %.1f GB/s; matvec on anonymous memory %.1f GB/s "
+           "(%.1f%%)\n", has512 ? "avx512" : "avx2", omp_get_max_threads(), fmt == DS_W_FP8 ? "fp8" : "bf16", rows, K, bytes / 1e9, bw, ga,
            100 * ga / bw);
     /* the kernel's arithmetic ceiling: a weight that stays in L2 (512 KiB per thread) */
     ds_weight hot = w;

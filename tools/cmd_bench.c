@@ -215,9 +215,10 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
         if (beside_bw > 0) printf("; %5.1f%% of %5.1f beside", 100 * beside_frac, beside_bw);
         printf("\n");
     } else {
-        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f bf16 peak", np, d, s.med, s.min,
-               s.max, gflops, 100 * gflops / lim, lim);
-        if (r->fma > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's limit is its tensor cores' */
+        /* the widest dot product the device has: bf16 (AVX512_BF16, tensor cores), else f32 FMA (AVX2) */
+        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f %s peak", np, d, s.med, s.min,
+               s.max, gflops, 100 * gflops / lim, lim, r->bf16 > 0 ? "bf16" : "f32 FMA");
+        if (r->fma > 0 && r->bf16 > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's is its tensor cores' */
         printf("\n");
     }
     fflush(stdout);
@@ -358,12 +359,15 @@ int cmd_bench(int argc, char **argv)
                comm ? " per rank; weights, bytes and GB/s are rank 0's shard" : "");
         if (comm)
             printf("ranks: %d (tensor parallel); checkpoint figure is rank 0's shard\n", comm->world_size);
-        if (cuda)
+        if (cuda) {
             printf("device: copy bandwidth %.1f GB/s (read + written, 1 GiB, best of 10); bf16 tensor-core peak %.1f "
                    "GFLOP/s\n", r.bw, r.bf16);
-        else
+        } else {
             printf("machine: read bandwidth %.1f GB/s (1 GiB of fresh memory or of the mapped weights, the better, "
-                   "best of 10); f32 FMA peak %.1f GFLOP/s; bf16 dot peak %.1f GFLOP/s\n", r.bw, r.fma, r.bf16);
+                   "best of 10); f32 FMA peak %.1f GFLOP/s", r.bw, r.fma);
+            if (r.bf16 > 0) printf("; bf16 dot peak %.1f GFLOP/s\n", r.bf16);
+            else printf("; no bf16 dot product (AVX512_BF16) on this CPU\n");
+        }
         printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
     }
     int E = cfg.n_routed_experts, K = cfg.n_activated_experts;

@@ -122,10 +122,14 @@ AVX2 static void gemv8_f32(int R, int T, const ds_weight *w, int r0, const float
 }
 
 /* ---- decode ---------------------------------------------------------------
- * The AVX-512 kernels' findings (session 16, Zen 4) carried over: FP8 rows
- * prefetched PREFETCH_BYTES ahead into L2, BF16 rows left to the hardware
- * prefetchers; rows whose activations pass GEMV_X_BYTES go in column pieces,
- * each prefetching the same piece of a later row. */
+ * Rows prefetched PREFETCH_BYTES ahead into L2 (the AVX-512 kernels' finding on
+ * Zen 4, session 16, for FP8); rows whose activations pass GEMV_X_BYTES go in
+ * column pieces, each prefetching the same piece of a later row. BF16 rows too,
+ * where the AVX-512 kernel leaves them to the hardware prefetchers: on Zen 3
+ * (no AVX-512; session 32, BF16 8-layer model, `dsv3 bench -p 0 -n 32`, three
+ * settings rotated five rounds) decode read 70.3% of the bandwidth beside it
+ * with none, 72.2% with 4 KiB ahead and 78.1% with 12 KiB (75-80% in each
+ * round). */
 #define PREFETCH_BYTES 12288
 #define GEMV_X_BYTES 16384
 
@@ -255,12 +259,17 @@ AVX2 INLINE void dec_tile(int T, int U, const uint16_t *row, int K, size_t pf, c
 }
 
 /* dec_tile for FP8 rows, 32 codes a chunk (fp8x32_to_f32_bf), U chunks a
- * step; NA sums a token (eight in all, FMA latency x throughput). A last chunk
- * of 16 goes through fp8x16_to_f32_bf, the columns past it through float32. */
+ * step; NA sums a token. A last chunk of 16 goes through fp8x16_to_f32_bf, the
+ * columns past it through float32.
+ *   Four sums at one token, not the eight that FMA latency x throughput asks
+ * for: on Zen 3 the widening's shifts and the FMAs share two pipes (a standalone
+ * mix of 2 FMAs to 1 shift issues 1.7 a cycle), and the one-token loop took
+ * 19.3-19.5 cycles per 128 codes from L1 with 8 sums against 16.5-17.2 with 4
+ * (18-20 against 23-23.5 from L2; session 32, standalone copies of the loop). */
 AVX2 INLINE void dec_tile_fp8(int T, int U, const uint8_t *row, int K, size_t pf, const float *xs, size_t ldx,
                               float *y, size_t ldy, bool add)
 {
-    const int NA = T == 1 ? 8 : T == 2 ? 4 : 2;
+    const int NA = T <= 2 ? 4 : 2;
     int K32 = K / 32 * 32, K16 = K / 16 * 16;
     __m256 acc[8][4];
     #pragma GCC unroll 16
@@ -366,7 +375,7 @@ AVX2 static void decode_rows8(const ds_matmul_job *j, int a, int b, float *xs, c
     int kc;
     size_t row_pf;
     cpu_decode_pieces(K, n, fp8 ? 1 : 2, GEMV_X_BYTES, PREFETCH_BYTES, &kc, &row_pf);
-    size_t pf = row_pf ? row_pf : fp8 ? PREFETCH_BYTES : 0;
+    size_t pf = row_pf ? row_pf : PREFETCH_BYTES;
     while (a < b) {
         int e = b;
         if (fp8) {
@@ -612,12 +621,78 @@ AVX2 static void t_block(float *y, const float *x, size_t xstride, const ds_weig
     for (int i = 0; i < cw % 8; i++) y[8 * nv + i] = tail[i];
 }
 
+/* y[c] = sum_r x[r] w[row0 + r][c] for one token and one head, FP8 or BF16
+ * weights, C a multiple of 64: passes of 64 columns (8 accumulators) over the
+ * head's rows, the first fetching whole rows 8 ahead for the others (a head's
+ * rows are contiguous: 64 KB at the 16B shapes, held in L2). t_block's order
+ * (a head's column blocks one after another, each reading one line a row)
+ * left the rows' other lines to the hardware prefetchers: on Zen 3 this
+ * product took ~4.5% of an FP8 decode step for 1 MB a layer (~2.7 GB/s).
+ * FP8 codes widen through fp8x32_to_f32_bf (values times 2^-120) against x
+ * times the block scale times 2^64; BF16 through bf16x16_to_f32. */
+AVX2 INLINE void heads_t8_1(ds_wfmt f, float *y, const float *x, const ds_weight *w, int row0, int rows)
+{
+    bool fp8 = f == DS_W_FP8;
+    int C = w->cols, cb = (C + DS_BLOCK - 1) / DS_BLOCK, esz = fp8 ? 1 : 2;
+    for (int c0 = 0; c0 < C; c0 += 64) {
+        __m256 acc[8];
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *row = (const uint8_t *)w_row(w, row0 + r) + (size_t)c0 * esz;
+            if (c0 == 0 && r + 8 < rows)
+                for (int o = 0; o < C * esz; o += 64) _mm_prefetch((const char *)w_row(w, row0 + r + 8) + o, _MM_HINT_T0);
+            __m256 w8[8];
+            if (fp8) {
+                fp8x32_to_f32_bf(row, w8);
+                fp8x32_to_f32_bf(row + 32, w8 + 4);
+            } else {
+                #pragma GCC unroll 4
+                for (int g = 0; g < 4; g++) bf16x16_to_f32((const uint16_t *)row + 16 * g, &w8[2 * g], &w8[2 * g + 1]);
+            }
+            float xv = fp8 ? x[r] * w->scale[(size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK] * 0x1p64f : x[r];
+            __m256 xb = _mm256_set1_ps(xv);
+            #pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(w8[i], xb, acc[i]);
+        }
+        float v[8][8];
+        __m256 back = _mm256_set1_ps(fp8 ? 0x1p56f : 1.0f);
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(v[i], _mm256_mul_ps(acc[i], back));
+        /* FP8: accumulator 4g + k, lane i holds column 32 g + 4 i + (0, 2, 1, 3)[k];
+         * BF16: accumulator 2g + k, lane i column 16 g + 2 i + k */
+        for (int a = 0; a < 8; a++)
+            for (int i = 0; i < 8; i++) {
+                int col = fp8 ? 32 * (a / 4) + 4 * i + (a % 4 == 1 ? 2 : a % 4 == 2 ? 1 : a % 4)
+                              : 16 * (a / 2) + 2 * i + a % 2;
+                y[c0 + col] = v[a][i];
+            }
+    }
+}
+
+AVX2 static void heads_t8_fp8_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+{
+    heads_t8_1(DS_W_FP8, y, x, w, row0, rows);
+}
+AVX2 static void heads_t8_bf16_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+{
+    heads_t8_1(DS_W_BF16, y, x, w, row0, rows);
+}
+
 /* FP8 scale blocks are 128 columns: a 64-column block never straddles one. */
 AVX2 void avx2_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                               int hstride, int rows)
 {
     int C = w->cols, nc = (C + 63) / 64;
     size_t ldx = (size_t)H * xs, ldy = (size_t)H * ys;
+    if (n == 1 && (w->fmt == DS_W_FP8 || w->fmt == DS_W_BF16) && C % 64 == 0) {
+        #pragma omp parallel for schedule(static) if (H > 1)
+        for (int h = 0; h < H; h++) {
+            if (w->fmt == DS_W_FP8) heads_t8_fp8_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+            else heads_t8_bf16_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+        }
+        return;
+    }
     long units = (long)H * nc * n;
     #pragma omp parallel for schedule(static) if (units > 1 && cpu_row_bytes(w) * (size_t)rows * H > 65536)
     for (long u = 0; u < units; u++) {
@@ -829,7 +904,16 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
-            for (int j = 0; j < nj; j++) m = fmaxf(m, sh[j]);
+            int j8 = nj / 8 * 8;
+            if (j8) { /* fmaxf is a library call: 4% of the attention at 4096 positions */
+                __m256 mv = _mm256_loadu_ps(sh);
+                for (int j = 8; j < j8; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(sh + j));
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+                m = fmaxf(m, _mm_cvtss_f32(m4));
+            }
+            for (int j = j8; j < nj; j++) m = fmaxf(m, sh[j]);
             float corr = expf(mx[h] - m), sum = 0;
             __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
             int j = 0;
