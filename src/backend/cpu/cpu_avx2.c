@@ -442,6 +442,9 @@ AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weigh
  * accumulators: per column 2 weight loads, 6 broadcasts, 12 FMAs. */
 #define G_KC 256
 #define G_NT 6
+/* Panels a work unit: a group's activations (G_KC x G_NT floats, 6 KB) stay in
+ * L1 across them, the panels (64 KB) in L2. */
+#define G_PB 4
 
 AVX2 INLINE void g_tile(int T, const float *wp, int kc, const float *xp, float *y, size_t ldy, int nr, bool add)
 {
@@ -508,12 +511,60 @@ AVX2 INLINE void transpose8(__m256 r[8])
  * share one scale block), i < nr; rows past nr are zero. 8 x 8 blocks through
  * transpose8; columns past kc, up to a multiple of 8, are written as zeros.
  * Prefetches rows [pr, pr + pnr) from column pk0 on, as far as it packs. */
+/* wp[k][0..16) = 16 rows' FP8 codes at column k (rows ld bytes apart from p),
+ * widened and times sv, for k < 32: the codes transposed as bytes first (two
+ * 16 x 16 transposes, one a 128-bit lane, in four rounds of unpacks), then
+ * each column's 16 widened at once. Per 512 codes 80 shuffles and 64 fp16
+ * conversions, where transpose8 on widened 8 x 8 blocks took 192 shuffles
+ * besides the same conversions (FP8 prefill spent a fifth of its GEMM time
+ * packing on Zen 3, whose shuffles share two pipes with the FMAs). */
+AVX2 INLINE void g_pack_fp8_16x32(float *wp, const uint8_t *p, size_t ld, __m256 sv)
+{
+    __m256i r[16], a[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
+    for (int i = 0; i < 8; i++) { /* rows 2i, 2i+1: columns 0-7, 8-15 */
+        a[2 * i] = _mm256_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
+    }
+    for (int j = 0; j < 4; j++) { /* rows 4j..4j+3: columns 0-3, 4-7, 8-11, 12-15 */
+        r[4 * j] = _mm256_unpacklo_epi16(a[4 * j], a[4 * j + 2]);
+        r[4 * j + 1] = _mm256_unpackhi_epi16(a[4 * j], a[4 * j + 2]);
+        r[4 * j + 2] = _mm256_unpacklo_epi16(a[4 * j + 1], a[4 * j + 3]);
+        r[4 * j + 3] = _mm256_unpackhi_epi16(a[4 * j + 1], a[4 * j + 3]);
+    }
+    for (int h = 0; h < 2; h++) /* rows 8h..8h+7: columns 4q, 4q+1 and 4q+2, 4q+3 */
+        for (int q = 0; q < 4; q++) {
+            a[8 * h + 2 * q] = _mm256_unpacklo_epi32(r[8 * h + q], r[8 * h + 4 + q]);
+            a[8 * h + 2 * q + 1] = _mm256_unpackhi_epi32(r[8 * h + q], r[8 * h + 4 + q]);
+        }
+    for (int c = 0; c < 8; c++) { /* all 16 rows: columns 2c, 2c+1 (and 16 more in the high lane) */
+        r[2 * c] = _mm256_unpacklo_epi64(a[c], a[8 + c]);
+        r[2 * c + 1] = _mm256_unpackhi_epi64(a[c], a[8 + c]);
+    }
+    const __m256i m = _mm256_set1_epi16((short)0xBF80);
+    for (int c = 0; c < 16; c++)
+        for (int l = 0; l < 2; l++) {
+            __m128i b = l ? _mm256_extracti128_si256(r[c], 1) : _mm256_castsi256_si128(r[c]);
+            __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), m);
+            float *o = wp + 16 * (16 * l + c);
+            _mm256_store_ps(o, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), sv));
+            _mm256_store_ps(o + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
+        }
+}
+
 AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, int kc, int pr, int pnr, int pk0)
 {
-    int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK;
+    int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK, k32 = 0;
     size_t esz = cpu_row_bytes(w) / (size_t)w->cols;
+    if (w->fmt == DS_W_FP8 && nr == 16) /* whole 16 x 32 blocks (inside one scale block: k0 is a multiple of G_KC) */
+        for (; k32 + 32 <= kc; k32 += 32) {
+            if (k32 % 64 == 0 && pk0 + k32 < w->cols)
+                for (int i = 0; i < pnr; i++) _mm_prefetch((const char *)w_row(w, pr + i) + pk0 + k32, _MM_HINT_T0);
+            __m256 sv = _mm256_set1_ps(w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + k32) / DS_BLOCK] * 256.0f);
+            g_pack_fp8_16x32(wp + 16 * k32, (const uint8_t *)w_row(w, r) + k0 + k32, cpu_row_bytes(w), sv);
+        }
     for (int g = 0; g < 2; g++)
-        for (int k = 0; k < kc; k += 8) {
+        for (int k = k32; k < kc; k += 8) {
             int m = MIN(8, kc - k);
             if ((size_t)k * esz % 64 == 0 && pk0 + k < w->cols)
                 for (int i = 8 * g; i < MIN(pnr, 8 * g + 8); i++)
@@ -558,6 +609,7 @@ AVX2 static void avx2_gemm(float *y, const float *x, int n, const ds_weight *w, 
 {
     int K = w->cols, np = 0, ng = (n + G_NT - 1) / G_NT;
     for (int a = 0; a < rows; np++) a += MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
+    int nb = (np + G_PB - 1) / G_PB;
     size_t gstride = (size_t)G_NT * K + 8, xbytes = sizeof(float) * gstride * (size_t)ng; /* g_pack_x's room */
     float *xp = cpu_scratch(3, xbytes); /* the calling thread's, shared below */
     if (!xp) {
@@ -568,23 +620,30 @@ AVX2 static void avx2_gemm(float *y, const float *x, int n, const ds_weight *w, 
     {
         #pragma omp for schedule(static)
         for (int g = 0; g < ng; g++) g_pack_x(xp + (size_t)g * gstride, x, n, K, g);
-        float *wp = cpu_scratch(1, sizeof(float) * 16 * G_KC);
-        if (!wp) cpu_fail_oom("a packed weight panel", sizeof(float) * 16 * G_KC);
+        float *wp = cpu_scratch(1, sizeof(float) * G_PB * 16 * G_KC);
+        if (!wp) cpu_fail_oom("packed weight panels", sizeof(float) * G_PB * 16 * G_KC);
         int pi = 0, a = 0; /* panel pi starts at row a */
         #pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < np; p++) {
-            while (pi < p) a += MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK)), pi++;
-            int nr = MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
+        for (int b = 0; b < nb; b++) {
+            int pa[G_PB], pn[G_PB], m = 0; /* the block's panels: first rows, row counts */
+            for (; pi < np && pi < G_PB * (b + 1); pi++) {
+                int nr = MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
+                if (pi >= G_PB * b) pa[m] = a, pn[m++] = nr;
+                a += nr;
+            }
             if (!wp) continue;
             for (int k0 = 0; k0 < K; k0 += G_KC) {
                 int kc = MIN(G_KC, K - k0);
-                /* prefetched while packing: the next chunk of these rows, or the
-                 * first of the next panel's (which the other thread may take) */
-                if (k0 + kc < K) g_pack(wp, w, row0 + a, nr, k0, kc, row0 + a, nr, k0 + kc);
-                else g_pack(wp, w, row0 + a, nr, k0, kc, row0 + a + nr, MIN(16, rows - a - nr), 0);
+                /* prefetched while packing: the next chunk of these rows, or the first
+                 * of the next block's (which the other thread may take) */
+                for (int i = 0; i < m; i++) {
+                    if (k0 + kc < K) g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + pa[i], pn[i], k0 + kc);
+                    else g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + a + 16 * i, MIN(16, rows - a - 16 * i), 0);
+                }
                 for (int t0 = 0; t0 < n; t0 += G_NT)
-                    g_tiles(MIN(G_NT, n - t0), wp, kc, xp + (size_t)(t0 / G_NT) * gstride + (size_t)G_NT * k0,
-                            y + (size_t)t0 * rows + a, (size_t)rows, nr, k0 > 0);
+                    for (int i = 0; i < m; i++)
+                        g_tiles(MIN(G_NT, n - t0), wp + i * 16 * G_KC, kc, xp + (size_t)(t0 / G_NT) * gstride + (size_t)G_NT * k0,
+                                y + (size_t)t0 * rows + pa[i], (size_t)rows, pn[i], k0 > 0);
             }
         }
     }
