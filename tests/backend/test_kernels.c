@@ -687,6 +687,7 @@ int main(void)
         check_matmul_t("avx2 matmul_t", avx2_matmul_t);
         check_heads("avx2", avx2_matmul_heads, avx2_matmul_heads_t);
         check_attention("avx2 attention", avx2_attention);
+        check_attention_expanded("avx2 attention expanded", avx2_attention);
         check_silu("avx2 silu_mul", avx2_silu_mul);
     }
     if (!cpu_has_avx512()) {

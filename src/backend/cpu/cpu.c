@@ -150,7 +150,7 @@ static void fill_fast(void)
         if (prec && !strcmp(prec, "hilo8")) cpu_gemm_precision = CPU_GEMM_HILO8;
     } else if (cpu_has_avx2()) {
         g_fast.name = "cpu-avx2";
-        g_fast.attn_head_last = false; /* its attention kernel has no per-head limit */
+        g_fast.attn_head_last = true; /* the expanded prefill (session 32) */
         g_fast.matmul = avx2_matmul;
         g_fast.matmul_many = avx2_matmul_many;
         g_fast.moe_experts = avx2_moe_experts;

@@ -891,20 +891,21 @@ AVX2 void avx2_silu_mul(float *a, const float *b, size_t n)
     for (size_t i = n8; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
 }
 
-/* acc[u][v] += q[u] . rows[j + v], for vectors of C floats (rows C apart);
- * pf: prefetch the rows ATT_PF_ROWS ahead into L2. */
-AVX2 INLINE void att_dot8(int HN, int JN, __m256 acc[4][2], const float *q, const float *rows, int C, int j, bool pf)
+/* acc[u][v] += q[u] . rows[j + v] over the first C floats (queries and rows
+ * ld apart); pf: prefetch the rows ATT_PF_ROWS ahead into L2. */
+AVX2 INLINE void att_dot8(int HN, int JN, __m256 acc[4][2], const float *q, const float *rows, int C, int ld, int j,
+                          bool pf)
 {
     for (int c = 0; c < C; c += 8) {
         __m256 rv[2];
         #pragma GCC unroll 2
         for (int v = 0; v < JN; v++) {
-            if (pf && c % 16 == 0) _mm_prefetch((const char *)(rows + (size_t)(j + v + ATT_PF_ROWS) * C + c), _MM_HINT_T2);
-            rv[v] = _mm256_loadu_ps(rows + (size_t)(j + v) * C + c);
+            if (pf && c % 16 == 0) _mm_prefetch((const char *)(rows + (size_t)(j + v + ATT_PF_ROWS) * ld + c), _MM_HINT_T2);
+            rv[v] = _mm256_loadu_ps(rows + (size_t)(j + v) * ld + c);
         }
         #pragma GCC unroll 8
         for (int u = 0; u < HN; u++) {
-            __m256 qv = _mm256_loadu_ps(q + (size_t)u * C + c);
+            __m256 qv = _mm256_loadu_ps(q + (size_t)u * ld + c);
             #pragma GCC unroll 2
             for (int v = 0; v < JN; v++) acc[u][v] = _mm256_fmadd_ps(qv, rv[v], acc[u][v]);
         }
@@ -916,14 +917,14 @@ AVX2 INLINE void att_dot8(int HN, int JN, __m256 acc[4][2], const float *q, cons
 AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float *qc, const float *qp, const float *kv,
                              const float *pe, int h, int j, int jb, float *sc, bool pf)
 {
-    int R = a->kv_rank, P = a->rope;
+    int R = a->kv_rank, Rk = a->key_dims ? a->key_dims : R, P = a->rope;
     __m256 acc[4][2];
     #pragma GCC unroll 8
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 2
         for (int v = 0; v < JN; v++) acc[u][v] = _mm256_setzero_ps();
-    att_dot8(HN, JN, acc, qc + (size_t)h * R, kv, R, j, pf);
-    att_dot8(HN, JN, acc, qp + (size_t)h * P, pe, P, j, pf);
+    att_dot8(HN, JN, acc, qc + (size_t)h * R, kv, Rk, R, j, pf);
+    att_dot8(HN, JN, acc, qp + (size_t)h * P, pe, P, P, j, pf);
     #pragma GCC unroll 8
     for (int u = 0; u < HN; u++)
         #pragma GCC unroll 2
@@ -935,11 +936,11 @@ AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float 
  * vectors, a broadcast: 11 of the 16 registers), with no sums across lanes.
  * qt[d][h]: the token's queries transposed (the R key columns, then the P rope
  * columns). */
-AVX2 static void att_qt8(int H, int R, int P, const float *qc, const float *qp, float *qt)
+AVX2 static void att_qt8(int H, int R, int Rk, int P, const float *qc, const float *qp, float *qt)
 {
     for (int h = 0; h < H; h++) {
-        for (int d = 0; d < R; d++) qt[(size_t)d * H + h] = qc[(size_t)h * R + d];
-        for (int d = 0; d < P; d++) qt[(size_t)(R + d) * H + h] = qp[(size_t)h * P + d];
+        for (int d = 0; d < Rk; d++) qt[(size_t)d * H + h] = qc[(size_t)h * R + d];
+        for (int d = 0; d < P; d++) qt[(size_t)(Rk + d) * H + h] = qp[(size_t)h * P + d];
     }
 }
 
@@ -949,15 +950,15 @@ AVX2 static void att_qt8(int H, int R, int P, const float *qc, const float *qp, 
 AVX2 INLINE void att_scores16x4(const ds_attn_args *a, const float *qt, const float *kv, const float *pe, int g, int j,
                                 int jb, float *sc, bool pf)
 {
-    int H = a->n_heads, R = a->kv_rank, P = a->rope, D = R + P;
+    int H = a->n_heads, R = a->kv_rank, Rk = a->key_dims ? a->key_dims : R, P = a->rope, D = Rk + P;
     float tot[4][16] __attribute__((aligned(32))) = {{0}};
     for (int d0 = 0; d0 < D; d0 += 64) {
         __m256 acc[2][4];
         #pragma GCC unroll 4
         for (int v = 0; v < 4; v++) acc[0][v] = acc[1][v] = _mm256_setzero_ps();
         for (int d = d0; d < MIN(D, d0 + 64); d += 8) {
-            const float *rows = d < R ? kv + (size_t)j * R + d : pe + (size_t)j * P + d - R;
-            size_t ld = d < R ? (size_t)R : (size_t)P;
+            const float *rows = d < Rk ? kv + (size_t)j * R + d : pe + (size_t)j * P + d - Rk;
+            size_t ld = d < Rk ? (size_t)R : (size_t)P;
             if (pf && d % 16 == 0)
                 #pragma GCC unroll 4
                 for (int v = 0; v < 4; v++) _mm_prefetch((const char *)(rows + (v + ATT_PF_ROWS) * ld), _MM_HINT_T2);
@@ -983,8 +984,10 @@ AVX2 INLINE void att_scores16x4(const ds_attn_args *a, const float *qt, const fl
         for (int v = 0; v < 4; v++) sc[(size_t)(g + h) * ATT_JB + j + v - jb] = tot[v][h] * a->softmax_scale;
 }
 
-/* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN), HN <= 6. */
-AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, const float *p, int h, int c, float *o)
+/* o[h][c..c+16) += sum_j p[h][j] kv[jb + j][c..c+16) for heads [h, h+HN), HN <= 6
+ * (o's rows R apart, the cache's ld). */
+AVX2 INLINE void att_values8(int HN, int R, int ld, const float *kv, int jb, int nj, const float *p, int h, int c,
+                             float *o)
 {
     __m256 acc[6][2];
     #pragma GCC unroll 8
@@ -993,7 +996,7 @@ AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, con
         acc[u][1] = _mm256_loadu_ps(o + (size_t)(h + u) * R + c + 8);
     }
     for (int j = 0; j < nj; j++) {
-        const float *kr = kv + (size_t)(jb + j) * R + c;
+        const float *kr = kv + (size_t)(jb + j) * ld + c;
         __m256 k0 = _mm256_loadu_ps(kr), k1 = _mm256_loadu_ps(kr + 8);
         #pragma GCC unroll 8
         for (int u = 0; u < HN; u++) {
@@ -1013,9 +1016,11 @@ AVX2 INLINE void att_values8(int HN, int R, const float *kv, int jb, int nj, con
  * divided by l). sc: H x ATT_JB scores. */
 AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
-    int H = a->n_heads, R = a->kv_rank, s = a->seq[t];
-    const float *qc = a->q_c + (size_t)t * H * R, *qp = a->q_pe + (size_t)t * H * a->rope;
-    const float *kv = a->kv_cache + (size_t)s * a->ctx * R, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    /* ld: a cache row; R: the output's columns (ld - val_off), from val_off on */
+    int H = a->n_heads, ld = a->kv_rank, R = ld - a->val_off, s = a->seq[t];
+    const float *qc = a->q_c + (size_t)t * H * ld, *qp = a->q_pe + (size_t)t * H * a->rope;
+    const float *kv = a->kv_cache + (size_t)s * a->ctx * ld, *pe = a->pe_cache + (size_t)s * a->ctx * a->rope;
+    const float *kvo = kv + a->val_off; /* the values' columns */
     for (int h = 0; h < H; h++) {
         mx[h] = -INFINITY;
         l[h] = 0;
@@ -1023,7 +1028,7 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
     memset(o, 0, sizeof(float) * (size_t)H * R);
     bool t16 = H % 16 == 0;              /* the scores a head a lane (att_scores16x4) */
     float *qt = sc + (size_t)H * ATT_JB; /* cpu_attention_run's scratch has room for it */
-    if (t16) att_qt8(H, R, a->rope, qc, qp, qt);
+    if (t16) att_qt8(H, ld, a->key_dims ? a->key_dims : ld, a->rope, qc, qp, qt);
     for (int jb = j0; jb < j1; jb += ATT_JB) {
         int nj = MIN(ATT_JB, j1 - jb), h = 0, j4 = jb; /* j4: where the 4-position tiles end */
         if (t16)
@@ -1039,6 +1044,13 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
+            if (a->head_last && a->head_last[h] < jb + nj - 1) { /* past the head's own limit */
+                for (int j = a->head_last[h] + 1 - jb > 0 ? a->head_last[h] + 1 - jb : 0; j < nj; j++) sh[j] = -INFINITY;
+                if (a->head_last[h] < jb && m == -INFINITY) { /* nothing seen yet: the block adds nothing */
+                    memset(sh, 0, sizeof(float) * (size_t)nj);
+                    continue;
+                }
+            }
             int j8 = nj / 8 * 8;
             if (j8) { /* fmaxf is a library call: 4% of the attention at 4096 positions */
                 __m256 mv = _mm256_loadu_ps(sh);
@@ -1069,20 +1081,20 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
                 for (h = 0; h < H; h++)
                     for (int j = 0; j < nj; j++) {
                         float p = sc[(size_t)h * ATT_JB + j];
-                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kv[(size_t)(jb + j) * R + cc];
+                        for (int cc = c; cc < R; cc++) o[(size_t)h * R + cc] += p * kvo[(size_t)(jb + j) * ld + cc];
                     }
                 break;
             }
-            for (h = 0; h + 6 <= H; h += 6) att_values8(6, R, kv, jb, nj, sc, h, c, o);
-            for (; h + 4 <= H; h += 4) att_values8(4, R, kv, jb, nj, sc, h, c, o);
-            for (; h < H; h++) att_values8(1, R, kv, jb, nj, sc, h, c, o);
+            for (h = 0; h + 6 <= H; h += 6) att_values8(6, R, ld, kvo, jb, nj, sc, h, c, o);
+            for (; h + 4 <= H; h += 4) att_values8(4, R, ld, kvo, jb, nj, sc, h, c, o);
+            for (; h < H; h++) att_values8(1, R, ld, kvo, jb, nj, sc, h, c, o);
         }
     }
 }
 
 AVX2 void avx2_attention(const ds_attn_args *a, ds_attn_impl impl)
 {
-    if (impl != DS_ATTN_ABSORB || a->kv_rank % 8 || a->rope % 8) {
+    if (impl != DS_ATTN_ABSORB || a->kv_rank % 8 || a->rope % 8 || a->key_dims % 8 || a->val_off % 8) {
         cpu_ref_ops.attention(a, impl);
         return;
     }
