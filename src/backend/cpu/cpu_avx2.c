@@ -552,19 +552,58 @@ AVX2 INLINE void g_pack_fp8_16x32(float *wp, const uint8_t *p, size_t ld, __m256
         }
 }
 
+/* wp[k][0..16) = 16 rows' BF16 weights at column k (rows ld bytes apart from p),
+ * as floats, for k < 16: three rounds of 16-bit unpacks leave each register
+ * with 8 rows of one column in each 128-bit lane (columns c and c + 8), which
+ * an unpack against zero widens and a lane permute puts in order. 112
+ * shuffles per 256 weights, where widening first and transpose8 took 160. */
+AVX2 INLINE void g_pack_bf16_16x16(float *wp, const uint8_t *p, size_t ld)
+{
+    __m256i r[16], a[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
+    for (int i = 0; i < 8; i++) { /* rows 2i, 2i+1: columns 0-3, 4-7 (and 8-11, 12-15) */
+        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    for (int j = 0; j < 4; j++) { /* rows 4j..4j+3: columns 0-1, 2-3, 4-5, 6-7 */
+        r[4 * j] = _mm256_unpacklo_epi32(a[4 * j], a[4 * j + 2]);
+        r[4 * j + 1] = _mm256_unpackhi_epi32(a[4 * j], a[4 * j + 2]);
+        r[4 * j + 2] = _mm256_unpacklo_epi32(a[4 * j + 1], a[4 * j + 3]);
+        r[4 * j + 3] = _mm256_unpackhi_epi32(a[4 * j + 1], a[4 * j + 3]);
+    }
+    for (int h = 0; h < 2; h++) /* rows 8h..8h+7: column 2q in a[8h + 2q], 2q + 1 in a[8h + 2q + 1] */
+        for (int q = 0; q < 4; q++) {
+            a[8 * h + 2 * q] = _mm256_unpacklo_epi64(r[8 * h + q], r[8 * h + 4 + q]);
+            a[8 * h + 2 * q + 1] = _mm256_unpackhi_epi64(r[8 * h + q], r[8 * h + 4 + q]);
+        }
+    const __m256i z = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 8; c++) {
+            __m256i lo = _mm256_unpacklo_epi16(z, a[8 * h + c]), hi = _mm256_unpackhi_epi16(z, a[8 * h + c]);
+            _mm256_store_si256((__m256i *)(wp + 16 * c + 8 * h), _mm256_permute2x128_si256(lo, hi, 0x20));
+            _mm256_store_si256((__m256i *)(wp + 16 * (c + 8) + 8 * h), _mm256_permute2x128_si256(lo, hi, 0x31));
+        }
+}
+
 AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, int kc, int pr, int pnr, int pk0)
 {
-    int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK, k32 = 0;
+    int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK, kf = 0; /* columns the whole-block paths took */
     size_t esz = cpu_row_bytes(w) / (size_t)w->cols;
     if (w->fmt == DS_W_FP8 && nr == 16) /* whole 16 x 32 blocks (inside one scale block: k0 is a multiple of G_KC) */
-        for (; k32 + 32 <= kc; k32 += 32) {
-            if (k32 % 64 == 0 && pk0 + k32 < w->cols)
-                for (int i = 0; i < pnr; i++) _mm_prefetch((const char *)w_row(w, pr + i) + pk0 + k32, _MM_HINT_T0);
-            __m256 sv = _mm256_set1_ps(w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + k32) / DS_BLOCK] * 256.0f);
-            g_pack_fp8_16x32(wp + 16 * k32, (const uint8_t *)w_row(w, r) + k0 + k32, cpu_row_bytes(w), sv);
+        for (; kf + 32 <= kc; kf += 32) {
+            if (kf % 64 == 0 && pk0 + kf < w->cols)
+                for (int i = 0; i < pnr; i++) _mm_prefetch((const char *)w_row(w, pr + i) + pk0 + kf, _MM_HINT_T0);
+            __m256 sv = _mm256_set1_ps(w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + kf) / DS_BLOCK] * 256.0f);
+            g_pack_fp8_16x32(wp + 16 * kf, (const uint8_t *)w_row(w, r) + k0 + kf, cpu_row_bytes(w), sv);
+        }
+    if (w->fmt == DS_W_BF16 && nr == 16) /* whole 16 x 16 blocks */
+        for (; kf + 16 <= kc; kf += 16) {
+            if (kf % 32 == 0 && pk0 + kf < w->cols)
+                for (int i = 0; i < pnr; i++) _mm_prefetch((const char *)w_row(w, pr + i) + 2 * (size_t)(pk0 + kf), _MM_HINT_T0);
+            g_pack_bf16_16x16(wp + 16 * kf, (const uint8_t *)w_row(w, r) + 2 * (size_t)(k0 + kf), cpu_row_bytes(w));
         }
     for (int g = 0; g < 2; g++)
-        for (int k = k32; k < kc; k += 8) {
+        for (int k = kf; k < kc; k += 8) {
             int m = MIN(8, kc - k);
             if ((size_t)k * esz % 64 == 0 && pk0 + k < w->cols)
                 for (int i = 8 * g; i < MIN(pnr, 8 * g + 8); i++)
