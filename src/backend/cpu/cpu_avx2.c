@@ -638,54 +638,101 @@ AVX2 static void g_pack_x(float *xp, const float *x, size_t ldx, int n, int K, i
         for (int t = 0; t < G_NT; t++) xp[(size_t)G_NT * k + t] = t < T ? x[(size_t)(t0 + t) * ldx + k] : 0.0f;
 }
 
-/* y (n, rows) = x (n, K) @ W[row0, row0 + rows)^T for many tokens. Panels of
- * 16 rows never cross an FP8 scale block (128 rows). The activations are
- * packed first, a group of G_NT tokens' columns together: read in place, a
- * tile's six rows of x sat K floats apart, six streams through L2 (at 512
- * tokens, 4 MB of x for each panel), and a tile from L1 at the full FMA rate
- * ran at ~60% of it in the GEMM. */
-AVX2 static void avx2_gemm(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+/* One GEMM job's place in avx2_gemm_many's lists. */
+typedef struct {
+    size_t xoff, gstride; /* its packed activations in xp: groups gstride floats apart */
+    int np, b0;           /* its panels; its first block in the list of all jobs' blocks */
+    int gbeg, gend;       /* the groups it packs in the list of all groups (none when it
+                           * shares the job before's x) */
+} g_job;
+
+/* y (n, rows) = x (n, K) @ W[row0, row0 + rows)^T for many tokens, for every job
+ * in one parallel region: the blocks of all jobs (a routed-expert chunk's w1 and
+ * w3, or its w2s) in one schedule, so that threads wait once at the end instead
+ * of at the end of every expert. Panels of 16 rows never cross an FP8 scale
+ * block (128 rows). The activations are packed first, a group of G_NT tokens'
+ * columns together (once for jobs that share x): read in place, a tile's six
+ * rows of x sat K floats apart, six streams through L2 (at 512 tokens, 4 MB of x
+ * for each panel), and a tile from L1 at the full FMA rate ran at ~60% of it. */
+AVX2 static void avx2_gemm_many(const ds_matmul_job *jobs, int nj)
 {
-    int K = w->cols, np = 0, ng = (n + G_NT - 1) / G_NT;
-    for (int a = 0; a < rows; np++) a += MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
-    int nb = (np + G_PB - 1) / G_PB;
-    size_t gstride = (size_t)G_NT * K + 8, xbytes = sizeof(float) * gstride * (size_t)ng; /* g_pack_x's room */
-    float *xp = cpu_scratch(3, xbytes); /* the calling thread's, shared below */
+    g_job *gj = malloc(sizeof(g_job) * (size_t)(nj + 1));
+    if (!gj) {
+        cpu_fail_oom("GEMM job list", sizeof(g_job) * (size_t)(nj + 1));
+        return;
+    }
+    size_t xfloats = 0;
+    int nb = 0, ngt = 0;
+    for (int i = 0; i < nj; i++) {
+        const ds_matmul_job *j = &jobs[i];
+        int K = j->w->cols, np = 0, ng = (j->n + G_NT - 1) / G_NT;
+        for (int a = 0; a < j->rows; np++) a += MIN(16, MIN(j->rows - a, DS_BLOCK - (j->row0 + a) % DS_BLOCK));
+        gj[i].np = np;
+        gj[i].b0 = nb;
+        nb += (np + G_PB - 1) / G_PB;
+        gj[i].gstride = (size_t)G_NT * K + 8; /* g_pack_x's room */
+        if (i > 0 && j->x == jobs[i - 1].x && j->n == jobs[i - 1].n && K == jobs[i - 1].w->cols) {
+            gj[i].xoff = gj[i - 1].xoff;
+            gj[i].gbeg = gj[i].gend = ngt;
+        } else {
+            gj[i].xoff = xfloats;
+            xfloats += gj[i].gstride * (size_t)ng;
+            gj[i].gbeg = ngt;
+            gj[i].gend = ngt += ng;
+        }
+    }
+    gj[nj].b0 = nb;
+    float *xp = cpu_scratch(3, sizeof(float) * xfloats); /* the calling thread's, shared below */
     if (!xp) {
-        cpu_fail_oom("packed GEMM activations", xbytes);
+        cpu_fail_oom("packed GEMM activations", sizeof(float) * xfloats);
+        free(gj);
         return;
     }
     #pragma omp parallel
     {
+        int cj = 0; /* each thread's groups and blocks come in increasing order */
         #pragma omp for schedule(static)
-        for (int g = 0; g < ng; g++) g_pack_x(xp + (size_t)g * gstride, x, (size_t)K, n, K, g);
+        for (int u = 0; u < ngt; u++) {
+            while (u >= gj[cj].gend) cj++;
+            const ds_matmul_job *j = &jobs[cj];
+            int g = u - gj[cj].gbeg;
+            g_pack_x(xp + gj[cj].xoff + (size_t)g * gj[cj].gstride, j->x, (size_t)j->w->cols, j->n, j->w->cols, g);
+        }
         float *wp = cpu_scratch(1, sizeof(float) * G_PB * 16 * G_KC);
         if (!wp) cpu_fail_oom("packed weight panels", sizeof(float) * G_PB * 16 * G_KC);
-        int pi = 0, a = 0; /* panel pi starts at row a */
+        int pi = 0, a = 0; /* in job cj, panel pi starts at row a */
+        cj = -1;
         #pragma omp for schedule(dynamic, 1)
         for (int b = 0; b < nb; b++) {
+            while (cj < 0 || b >= gj[cj + 1].b0) cj++, pi = 0, a = 0;
+            const ds_matmul_job *j = &jobs[cj];
+            const ds_weight *w = j->w;
+            int K = w->cols, n = j->n, rows = j->rows, row0 = j->row0, lb = b - gj[cj].b0;
             int pa[G_PB], pn[G_PB], m = 0; /* the block's panels: first rows, row counts */
-            for (; pi < np && pi < G_PB * (b + 1); pi++) {
+            for (; pi < gj[cj].np && pi < G_PB * (lb + 1); pi++) {
                 int nr = MIN(16, MIN(rows - a, DS_BLOCK - (row0 + a) % DS_BLOCK));
-                if (pi >= G_PB * b) pa[m] = a, pn[m++] = nr;
+                if (pi >= G_PB * lb) pa[m] = a, pn[m++] = nr;
                 a += nr;
             }
             if (!wp) continue;
+            const float *xj = xp + gj[cj].xoff;
             for (int k0 = 0; k0 < K; k0 += G_KC) {
                 int kc = MIN(G_KC, K - k0);
                 /* prefetched while packing: the next chunk of these rows, or the first
-                 * of the next block's (which the other thread may take) */
+                 * of the job's next block's (which the other thread may take) */
                 for (int i = 0; i < m; i++) {
                     if (k0 + kc < K) g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + pa[i], pn[i], k0 + kc);
                     else g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + a + 16 * i, MIN(16, rows - a - 16 * i), 0);
                 }
                 for (int t0 = 0; t0 < n; t0 += G_NT)
                     for (int i = 0; i < m; i++)
-                        g_tiles(MIN(G_NT, n - t0), wp + i * 16 * G_KC, kc, xp + (size_t)(t0 / G_NT) * gstride + (size_t)G_NT * k0,
-                                y + (size_t)t0 * rows + pa[i], (size_t)rows, pn[i], k0 > 0);
+                        g_tiles(MIN(G_NT, n - t0), wp + i * 16 * G_KC, kc,
+                                xj + (size_t)(t0 / G_NT) * gj[cj].gstride + (size_t)G_NT * k0,
+                                j->y + (size_t)t0 * rows + pa[i], (size_t)rows, pn[i], k0 > 0);
             }
         }
     }
+    free(gj);
 }
 
 AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
@@ -697,12 +744,9 @@ AVX2 void avx2_matmul(float *y, const float *x, int n, const ds_weight *w, int r
         free(xq);
         return;
     }
-    if (n < cpu_gemm_min_tokens) {
-        ds_matmul_job j = {y, x, n, w, row0, rows};
-        cpu_decode_many(&j, 1, 1, decode_rows8);
-        return;
-    }
-    avx2_gemm(y, x, n, w, row0, rows);
+    ds_matmul_job j = {y, x, n, w, row0, rows};
+    if (n < cpu_gemm_min_tokens) cpu_decode_many(&j, 1, 1, decode_rows8);
+    else avx2_gemm_many(&j, 1);
 }
 
 void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
@@ -713,8 +757,16 @@ void avx2_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, 
         cpu_decode_many(jobs, n_jobs, 1, decode_rows8);
         return;
     }
-    for (int i = 0; i < n_jobs; i++)
-        avx2_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
+    /* the jobs for the GEMM together, the others one by one */
+    ds_matmul_job *g = malloc(sizeof(ds_matmul_job) * (size_t)n_jobs);
+    int ng = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        bool direct = jobs[i].n >= cpu_gemm_min_tokens && !(gemm == DS_GEMM_FP8 && jobs[i].w->fmt == DS_W_FP8);
+        if (direct && g) g[ng++] = jobs[i];
+        else avx2_matmul(jobs[i].y, jobs[i].x, jobs[i].n, jobs[i].w, jobs[i].row0, jobs[i].rows, gemm, ue8m0);
+    }
+    if (ng) avx2_gemm_many(g, ng);
+    free(g);
 }
 
 /* ---- transposed and per-head products (absorb attention) ----------------- */
