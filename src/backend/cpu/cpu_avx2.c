@@ -507,10 +507,6 @@ AVX2 INLINE void transpose8(__m256 r[8])
     }
 }
 
-/* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale; the panel's rows
- * share one scale block), i < nr; rows past nr are zero. 8 x 8 blocks through
- * transpose8; columns past kc, up to a multiple of 8, are written as zeros.
- * Prefetches rows [pr, pr + pnr) from column pk0 on, as far as it packs. */
 /* wp[k][0..16) = 16 rows' FP8 codes at column k (rows ld bytes apart from p),
  * widened and times sv, for k < 32: the codes transposed as bytes first (two
  * 16 x 16 transposes, one a 128-bit lane, in four rounds of unpacks), then
@@ -585,6 +581,12 @@ AVX2 INLINE void g_pack_bf16_16x16(float *wp, const uint8_t *p, size_t ld)
         }
 }
 
+/* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale; the panel's rows
+ * share one scale block), i < nr; rows past nr are zero. Whole panels of FP8 or
+ * BF16 rows go 16 x 32 or 16 x 16 at a time through the transposes above; the
+ * rest in 8 x 8 blocks through transpose8, columns past kc, up to a multiple of
+ * 8, written as zeros. Prefetches rows [pr, pr + pnr) from column pk0 on, as
+ * far as it packs. */
 AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, int kc, int pr, int pnr, int pk0)
 {
     int cb = (w->cols + DS_BLOCK - 1) / DS_BLOCK, kf = 0; /* columns the whole-block paths took */
