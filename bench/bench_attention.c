@@ -2,7 +2,8 @@
  * heads) at the 16B config's shapes over a long context, beside the float32 FMA
  * peak and the read bandwidth measured in the same run. Eight layers' caches
  * are visited in turn, so that each call reads its cache from memory as in the
- * model.
+ * model, and they come from the backend's allocator, on the model's kind of
+ * pages (2 MiB ones for blocks this large).
  * Prints the median call with the best and the 90th percentile.
  *   bench_attention [CTX [REPS]]   (see bench/attention.sh; default 4096 200) */
 #include <omp.h>
@@ -28,9 +29,9 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static float *rand_buf(size_t n)
+static float *rand_buf(const ds_ops *ops, size_t n)
 {
-    float *p = malloc(sizeof(float) * n);
+    float *p = ops->alloc(sizeof(float) * n);
     for (size_t i = 0; p && i < n; i++) p[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     return p;
 }
@@ -43,8 +44,8 @@ int main(int argc, char **argv)
         return 2;
     }
     const ds_ops *ops = cpu_backend(true);
-    float *kv = rand_buf((size_t)LAYERS * ctx * R), *pe = rand_buf((size_t)LAYERS * ctx * P);
-    float *qc = rand_buf((size_t)H * R), *qp = rand_buf((size_t)H * P), *out = malloc(sizeof(float) * H * R);
+    float *kv = rand_buf(ops, (size_t)LAYERS * ctx * R), *pe = rand_buf(ops, (size_t)LAYERS * ctx * P);
+    float *qc = rand_buf(ops, (size_t)H * R), *qp = rand_buf(ops, (size_t)H * P), *out = ops->alloc(sizeof(float) * H * R);
     if (!kv || !pe || !qc || !qp || !out) {
         fprintf(stderr, "bench_attention: out of memory for a context of %d\n", ctx);
         return 1;
@@ -77,6 +78,6 @@ int main(int argc, char **argv)
     printf("  median: %.1f GFLOP/s = %.1f%% of the f32 FMA peak %.1f; cache read %.1f GB/s = %.1f%% of %.1f GB/s\n",
            flops / med * 1e-9, 100 * flops / med * 1e-9 / peak, peak, bytes / med * 1e-9,
            100 * bytes / med * 1e-9 / bw, bw);
-    free(kv), free(pe), free(qc), free(qp), free(out), free(ts);
+    ops->free(kv), ops->free(pe), ops->free(qc), ops->free(qp), ops->free(out), free(ts);
     return 0;
 }
