@@ -26,6 +26,7 @@
 #include "dist/dist.h"
 #include "dist/nccl_comm.h"
 #include "backend/cpu/cpu_peak.h"
+#include "backend/cpu/cpu_stats.h"
 #include "cmds.h"
 #include "device.h"
 #include "model/model.h"
@@ -34,7 +35,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-#define USAGE "--ckpt-path DIR --config FILE [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] " \
+#define USAGE "--ckpt-path DIR --config FILE [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] [--profile] " \
               "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 
 static double now(void)
@@ -229,6 +230,55 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
  * limit measured right beside each decode repetition, on a machine whose
  * bandwidth drifts while it runs. 0 on a GPU, with several ranks, or when
  * the shard is under 256 MiB (the caches would hold too much of it). */
+/* --profile, after a decode row: a step's time split between the decode
+ * products, the attention and the rest, per token over all repetitions
+ * (secs: their wall time, ntok: their tokens), the products' GB/s beside the
+ * read bandwidth, and the products by weight bytes a call. */
+static void print_profile(const report *r, int ng, int d, double secs, int ntok)
+{
+    cpu_stats st;
+    cpu_stats_read(&st);
+    double step = secs / ntok, pb = 0, ps = 0, att = st.attention.seconds / ntok, ht = st.heads_t.seconds / ntok;
+    for (int k = 0; k < CPU_STAT_SIZES; k++) {
+        pb += st.products[k].bytes;
+        ps += st.products[k].seconds;
+    }
+    double prod = ps / ntok, other = step - prod - att - ht, gbps = ps > 0 ? pb / ps / 1e9 : 0;
+    double ht_gbps = st.heads_t.seconds > 0 ? st.heads_t.bytes / st.heads_t.seconds / 1e9 : 0;
+    if (r->json) {
+        printf("{\"test\": \"profile\", \"n_gen\": %d, \"depth\": %d, \"step_ms\": %.4f, \"products_ms\": %.4f, "
+               "\"products_gbps\": %.3f, \"bw_gbps\": %.3f, \"attention_ms\": %.4f, \"heads_t_ms\": %.4f, \"heads_t_gbps\": %.3f, \"other_ms\": %.4f, "
+               "\"sizes\": [",
+               ng, d, 1e3 * step, 1e3 * prod, gbps, r->bw, 1e3 * att, 1e3 * ht, ht_gbps, 1e3 * other);
+        const char *sep = "";
+        for (int k = 0; k < CPU_STAT_SIZES; k++) {
+            const cpu_stat *c = &st.products[k];
+            if (!c->calls) continue;
+            printf("%s{\"bytes_per_call\": %.0f, \"calls_per_token\": %.3f, \"gbps\": %.3f}", sep, c->bytes / c->calls,
+                   (double)c->calls / ntok, c->bytes / c->seconds / 1e9);
+            sep = ", ";
+        }
+        printf("]}\n");
+        return;
+    }
+    if (ps == 0 && st.attention.calls == 0 && st.heads_t.calls == 0) {
+        printf("  a step of tg%d at depth %d: %.2f ms; --profile counts the vectorised kernels, and none ran\n", ng, d,
+               1e3 * step);
+        return;
+    }
+    printf("  a step of tg%d at depth %d: %.2f ms = decode products %.2f ms (%.1f%%", ng, d, 1e3 * step, 1e3 * prod,
+           100 * prod / step);
+    if (ps > 0) printf("; %.2f GB/s, %.1f%% of %.1f GB/s %s", gbps, 100 * gbps / r->bw, r->bw, r->bw_what);
+    printf(") + attention %.2f ms (%.1f%%) + per-head products %.2f ms (%.1f%%; %.2f GB/s) + the rest %.2f ms "
+           "(%.1f%%)\n", 1e3 * att, 100 * att / step, 1e3 * ht, 100 * ht / step, ht_gbps, 1e3 * other, 100 * other / step);
+    for (int k = 0; k < CPU_STAT_SIZES; k++) {
+        const cpu_stat *c = &st.products[k];
+        if (c->calls)
+            printf("    products of %8.3f MB: %5.2f a step, %6.2f GB/s (%5.1f%% of the time)\n", c->bytes / c->calls / 1e6,
+                   (double)c->calls / ntok, c->bytes / c->seconds / 1e9, 100 * c->seconds / secs);
+    }
+}
+
 static double mapped_bandwidth(const bench_ctx *b, bool cuda, const ds_comm *comm, int reps)
 {
     if (cuda || comm) return 0;
@@ -254,7 +304,7 @@ int cmd_bench(int argc, char **argv)
     const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *attn = "absorb", *gemm = "bf16";
     const char *device = "auto";
     int threads = 0, reps = 3;
-    bool json = false, ref = false;
+    bool json = false, ref = false, profile = false;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
         {"--config", ARG_STR, &config, true, "FILE model config"},
@@ -264,6 +314,7 @@ int cmd_bench(int argc, char **argv)
         {"-t", ARG_INT, &threads, false, "N    threads (default: OpenMP's)"},
         {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
         {"--json", ARG_BOOL, &json, false, "     one JSON object per line"},
+        {"--profile", ARG_BOOL, &profile, false, "     after each decode row, where a step's time goes (CPU)"},
         {"--device", ARG_STR, &device, false, "cpu|cuda|auto (default auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
         {"--attn-impl", ARG_STR, &attn, false, "absorb|naive (default absorb)"},
@@ -309,6 +360,10 @@ int cmd_bench(int argc, char **argv)
      * is paged in, so it does not count in the peak RSS */
     report r = {.json = json, .threads = omp_get_max_threads(), .bw_what = "read"};
     bool cuda = !strcmp(o.ops->name, "cuda");
+    if (profile && cuda) {
+        ds_errorf(DS_ERR_ARG, "--profile times the CPU backend's kernels; it does not apply to --device cuda");
+        goto fail;
+    }
     if (!cuda && dist_rank(comm) == 0) {
         /* with several ranks on one machine, rank 0 measures while the others wait */
         int t = omp_get_max_threads();
@@ -390,9 +445,11 @@ int cmd_bench(int argc, char **argv)
             int n = nl[i];
             if (!n) continue;
             if (run_tg(&b, n < 4 ? n : 4, d) < 0) goto fail; /* warm-up */
-            double tok_bytes = pass_weights(b.m, K, 1, wbytes), bw_prev = mapped_bandwidth(&b, cuda, comm, 2);
+            double tok_bytes = pass_weights(b.m, K, 1, wbytes), bw_prev = mapped_bandwidth(&b, cuda, comm, 2), secs = 0;
+            cpu_stats_enable(profile);
             for (int k = 0; k < reps; k++) {
                 if ((times[k] = run_tg(&b, n, d)) < 0) goto fail;
+                secs += times[k];
                 double bw_next = mapped_bandwidth(&b, cuda, comm, 2), bw_k = fmax(bw_prev, bw_next);
                 beside[k] = bw_k > 0 ? tok_bytes * n / times[k] / 1e9 / bw_k : 0;
                 beside_bw[k] = bw_k;
@@ -401,6 +458,8 @@ int cmd_bench(int argc, char **argv)
             for (int k = 0; k < reps; k++) times[k] = n / times[k];
             print_row(&r, "tg", 0, n, d, summarise(times, reps), tok_bytes, 2 * pass_weights(b.m, K, 1, welems),
                       summarise(beside, reps).med, summarise(beside_bw, reps).med);
+            if (profile) print_profile(&r, n, d, secs, n * reps);
+            cpu_stats_enable(false);
         }
     }
     if (tool_backend_status(o.ops)) goto fail;

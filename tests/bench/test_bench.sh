@@ -2,7 +2,8 @@
 # test_bench.sh - `dsv3 bench` as a command, on the tiny golden model: the
 # JSON lines carry the fields the issue names (test, n_prompt, n_gen, depth,
 # threads, tok_s, tok_s_min, tok_s_max) with sane values, the table prints a
-# limit beside every row, and bad flags exit non-zero with a message. Speed
+# limit beside every row, --profile splits a decode step, and bad flags exit
+# non-zero with a message. Speed
 # itself is never asserted: the suite must not fail on a slow machine.
 set -u
 bin=${DSV3_BIN:-build/dsv3}
@@ -36,7 +37,26 @@ grep -E '^pp8 .*% of .* (bf16|f32 FMA) peak' "$tmp/t.out" >/dev/null && ok || ba
 grep -E '^tg4 .*% of .* GB/s read' "$tmp/t.out" >/dev/null && ok || bad "tg row without its limit"
 grep -q '^peak RSS' "$tmp/t.out" && ok || bad "no peak RSS line"
 
-# 3. bad flags: non-zero exit and a message naming the flag
+# 3. --profile: after each decode row, where a step's time went (table and JSON)
+if "$bin" bench "${m[@]}" -p 0 -n 4 -r 2 --profile > "$tmp/p.out" 2> "$tmp/p.err"; then ok; else bad "bench --profile: $(cat "$tmp/p.err")"; fi
+grep -E '^  a step of tg4 at depth 0: [0-9.]+ ms = decode products [0-9.]+ ms \([0-9.]+%; [0-9.]+ GB/s, [0-9.]+% of [0-9.]+ GB/s read\) \+ attention [0-9.]+ ms .* \+ per-head products .* \+ the rest' \
+    "$tmp/p.out" >/dev/null && ok || bad "no profile line: $(cat "$tmp/p.out")"
+grep -E '^    products of +[0-9.]+ MB: +[0-9.]+ a step, +[0-9.]+ GB/s' "$tmp/p.out" >/dev/null && ok || bad "no product sizes: $(cat "$tmp/p.out")"
+if "$bin" bench "${m[@]}" -p 0 -n 4 -d 0,8 -r 2 --profile --json > "$tmp/pj.out" 2> "$tmp/pj.err"; then ok; else bad "bench --profile --json: $(cat "$tmp/pj.err")"; fi
+[ "$(grep -c '"test": "profile"' "$tmp/pj.out")" = 2 ] && ok || bad "expected 2 profile lines: $(cat "$tmp/pj.out")"
+# the parts are positive (the products and the attention ran) and add up to the step
+awk -F'[:,}]' '/"test": "profile"/ {
+    for (i = 1; i < NF; i++) { gsub(/[ "{\[]/, "", $i); v[$i] = $(i + 1) + 0 }
+    if (!(v["step_ms"] > 0 && v["products_ms"] > 0 && v["attention_ms"] > 0 && v["heads_t_ms"] >= 0)) bad = 1
+    sum = v["products_ms"] + v["attention_ms"] + v["heads_t_ms"] + v["other_ms"]
+    if (sum < 0.999 * v["step_ms"] || sum > 1.001 * v["step_ms"] || v["products_ms"] > v["step_ms"]) bad = 1
+    if (!(v["products_gbps"] > 0 && v["bytes_per_call"] > 0 && v["calls_per_token"] > 0)) bad = 1
+    n++
+} END { exit bad || n != 2 }' "$tmp/pj.out" && ok || bad "implausible profile: $(cat "$tmp/pj.out")"
+"$bin" bench "${m[@]}" -p 0 -n 2 -r 1 --profile --ref-kernels > "$tmp/pr.out" 2>&1 && \
+    grep -q 'counts the vectorised kernels, and none ran' "$tmp/pr.out" && ok || bad "--profile --ref-kernels: $(cat "$tmp/pr.out")"
+
+# 4. bad flags: non-zero exit and a message naming the flag
 check_bad() { # expected-substring args...
     local want=$1; shift
     if "$bin" bench "$@" > "$tmp/b.out" 2> "$tmp/b.err"; then bad "bench $* exited 0"; return; fi

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "cpu_stats.h"
 
 static ds_ops g_fast;
 
@@ -127,6 +128,19 @@ bool cpu_has_avx2(void)
 #endif
 }
 
+/* The kernels' matmul_heads_t, timed for cpu_stats (it is the one product of
+ * a decode step that cpu_decode_many does not run). */
+static void (*g_heads_t)(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                         int hstride, int rows);
+
+static void heads_t_counted(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                            int hstride, int rows)
+{
+    double t0 = cpu_stats_on() ? cpu_stats_clock() : 0;
+    g_heads_t(y, ys, x, xs, n, H, w, row0, hstride, rows);
+    if (cpu_stats_on()) cpu_stats_note(CPU_STAT_HEADS_T, (double)cpu_row_bytes(w) * rows * H, t0);
+}
+
 static void fill_fast(void)
 {
     g_fast = cpu_ref_ops;
@@ -172,6 +186,7 @@ static void fill_fast(void)
         g_fast.attention = avx2_attention;
         g_fast.silu_mul = avx2_silu_mul;
     }
+    if ((g_heads_t = g_fast.matmul_heads_t)) g_fast.matmul_heads_t = heads_t_counted;
 }
 
 const ds_ops *cpu_backend(bool simd)

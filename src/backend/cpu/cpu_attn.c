@@ -10,6 +10,7 @@
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "cpu_stats.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
@@ -35,6 +36,7 @@ static void att_merge(int H, int R, int nparts, float *const *mx, float *const *
 
 void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
 {
+    double t0 = cpu_stats_on() ? cpu_stats_clock() : 0;
     int H = a->n_heads, R = a->kv_rank - a->val_off, nth = omp_get_max_threads(); /* R: output row */
     bool by_token = a->n_tokens >= nth;
     float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;
@@ -84,4 +86,5 @@ void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
         }
     }
     free(mx);
+    if (cpu_stats_on()) cpu_stats_note(CPU_STAT_ATTENTION, 0, t0);
 }

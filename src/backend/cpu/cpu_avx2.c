@@ -810,61 +810,86 @@ AVX2 static void t_block(float *y, const float *x, size_t xstride, const ds_weig
 }
 
 /* y[c] = sum_r x[r] w[row0 + r][c] for one token and one head, FP8 or BF16
- * weights, C a multiple of 64: passes of 64 columns (8 accumulators) over the
- * head's rows, the first fetching whole rows 8 ahead for the others (a head's
- * rows are contiguous: 64 KB at the 16B shapes, held in L2). t_block's order
- * (a head's column blocks one after another, each reading one line a row)
- * left the rows' other lines to the hardware prefetchers: on Zen 3 this
- * product took ~4.5% of an FP8 decode step for 1 MB a layer (~2.7 GB/s).
- * FP8 codes widen through fp8x32_to_f32_bf (values times 2^-120) against x
- * times the block scale times 2^64; BF16 through bf16x16_to_f32. */
-AVX2 INLINE void heads_t8_1(ds_wfmt f, float *y, const float *x, const ds_weight *w, int row0, int rows)
+ * weights, C a multiple of 64: one pass down the head's rows (contiguous: 64 KB
+ * at the 16B shapes), four rows at a time, with the C sums in a thread's
+ * scratch (L1) in the widening's column order, and the rows prefetched
+ * PREFETCH_BYTES ahead within the head and on into the thread's next one
+ * (next0; first: the thread's first head, whose start is fetched at once).
+ * Passes of 64 columns over the rows (session 32) streamed the rows once and
+ * re-read them from L2 seven times: 5.0-5.9 GB/s on Zen 3 where the decode
+ * products ran at 14.4-17.2 in the same runs; now 9.7-11.6 against 15.0-17.5
+ * (`dsv3 bench --profile`, session 33). FP8 codes widen through
+ * fp8x32_to_f32_bf (values times 2^-120) against x times the block scale times
+ * 2^64; BF16 through bf16x16_to_f32. */
+AVX2 INLINE void heads_t8_1(ds_wfmt f, float *y, const float *x, const ds_weight *w, int row0, int rows, int next0,
+                            bool first)
 {
     bool fp8 = f == DS_W_FP8;
     int C = w->cols, cb = (C + DS_BLOCK - 1) / DS_BLOCK, esz = fp8 ? 1 : 2;
-    for (int c0 = 0; c0 < C; c0 += 64) {
-        __m256 acc[8];
-        #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
-        for (int r = 0; r < rows; r++) {
-            const uint8_t *row = (const uint8_t *)w_row(w, row0 + r) + (size_t)c0 * esz;
-            if (c0 == 0 && r + 8 < rows)
-                for (int o = 0; o < C * esz; o += 64) _mm_prefetch((const char *)w_row(w, row0 + r + 8) + o, _MM_HINT_T0);
-            __m256 w8[8];
-            if (fp8) {
-                fp8x32_to_f32_bf(row, w8);
-                fp8x32_to_f32_bf(row + 32, w8 + 4);
-            } else {
-                #pragma GCC unroll 4
-                for (int g = 0; g < 4; g++) bf16x16_to_f32((const uint16_t *)row + 16 * g, &w8[2 * g], &w8[2 * g + 1]);
-            }
-            float xv = fp8 ? x[r] * w->scale[(size_t)((row0 + r) / DS_BLOCK) * cb + c0 / DS_BLOCK] * 0x1p64f : x[r];
-            __m256 xb = _mm256_set1_ps(xv);
-            #pragma GCC unroll 8
-            for (int i = 0; i < 8; i++) acc[i] = _mm256_fmadd_ps(w8[i], xb, acc[i]);
-        }
-        float v[8][8];
-        __m256 back = _mm256_set1_ps(fp8 ? 0x1p56f : 1.0f);
-        #pragma GCC unroll 8
-        for (int i = 0; i < 8; i++) _mm256_storeu_ps(v[i], _mm256_mul_ps(acc[i], back));
-        /* FP8: accumulator 4g + k, lane i holds column 32 g + 4 i + (0, 2, 1, 3)[k];
-         * BF16: accumulator 2g + k, lane i column 16 g + 2 i + k */
-        for (int a = 0; a < 8; a++)
-            for (int i = 0; i < 8; i++) {
-                int col = fp8 ? 32 * (a / 4) + 4 * i + (a % 4 == 1 ? 2 : a % 4 == 2 ? 1 : a % 4)
-                              : 16 * (a / 2) + 2 * i + a % 2;
-                y[c0 + col] = v[a][i];
-            }
+    size_t rb = (size_t)C * esz, head = rb * (size_t)rows; /* bytes a row, the head's bytes */
+    float *acc = cpu_scratch(1, sizeof(float) * ((size_t)C + 4 * (size_t)cb));
+    if (!acc) {
+        cpu_fail_oom("per-head sums", sizeof(float) * ((size_t)C + 4 * (size_t)cb));
+        return;
     }
+    float *xs = acc + C; /* xs[rr][b]: row rr's x times column block b's scale (FP8) */
+    memset(acc, 0, sizeof(float) * (size_t)C);
+    const uint8_t *base = w_row(w, row0), *next = next0 >= 0 ? w_row(w, next0) : NULL;
+    if (first) /* the thread's first head: what the loop below would have fetched ahead */
+        for (size_t o = 0; o < MIN(head, (size_t)PREFETCH_BYTES); o += 64) _mm_prefetch((const char *)base + o, _MM_HINT_T2);
+    for (int r = 0; r < rows; r += 4) {
+        int nr = MIN(4, rows - r);
+        size_t at = rb * (size_t)r;
+        for (size_t o = 0, t = at + PREFETCH_BYTES; o < rb * (size_t)nr; o += 64, t += 64) {
+            if (t < head) _mm_prefetch((const char *)base + t, _MM_HINT_T2);
+            else if (next && t - head < head) _mm_prefetch((const char *)next + (t - head), _MM_HINT_T2);
+        }
+        for (int rr = 0; rr < nr; rr++)
+            for (int b = 0; b < cb; b++)
+                xs[rr * cb + b] = fp8 ? x[r + rr] * w->scale[(size_t)((row0 + r + rr) / DS_BLOCK) * cb + b] * 0x1p64f
+                                      : x[r + rr];
+        for (int c0 = 0; c0 < C; c0 += 32) {
+            __m256 a[4];
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) a[i] = _mm256_load_ps(acc + c0 + 8 * i);
+            for (int rr = 0; rr < nr; rr++) {
+                const uint8_t *row = base + at + rb * (size_t)rr + (size_t)c0 * esz;
+                __m256 wv[4];
+                if (fp8) {
+                    fp8x32_to_f32_bf(row, wv);
+                } else {
+                    bf16x16_to_f32((const uint16_t *)row, &wv[0], &wv[1]);
+                    bf16x16_to_f32((const uint16_t *)row + 16, &wv[2], &wv[3]);
+                }
+                __m256 xb = _mm256_broadcast_ss(xs + rr * cb + c0 / DS_BLOCK);
+                #pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) a[i] = _mm256_fmadd_ps(wv[i], xb, a[i]);
+            }
+            #pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) _mm256_store_ps(acc + c0 + 8 * i, a[i]);
+        }
+    }
+    /* FP8: sum vector k of a 32-column chunk, lane i, holds column 4 i + (0, 2, 1, 3)[k];
+     * BF16: column 16 (k / 2) + 2 i + k % 2 */
+    float back = fp8 ? 0x1p56f : 1.0f;
+    for (int c0 = 0; c0 < C; c0 += 32)
+        for (int k = 0; k < 4; k++)
+            for (int i = 0; i < 8; i++) {
+                int col = fp8 ? 4 * i + (k == 1 ? 2 : k == 2 ? 1 : k) : 16 * (k / 2) + 2 * i + k % 2;
+                y[c0 + col] = acc[c0 + 8 * k + i] * back;
+            }
 }
 
-AVX2 static void heads_t8_fp8_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+/* next0: the first row of the head the thread takes next (-1: none), whose
+ * rows the prefetch runs on into; first: the thread's first head. */
+AVX2 static void heads_t8_fp8_1(float *y, const float *x, const ds_weight *w, int row0, int rows, int next0, bool first)
 {
-    heads_t8_1(DS_W_FP8, y, x, w, row0, rows);
+    heads_t8_1(DS_W_FP8, y, x, w, row0, rows, next0, first);
 }
-AVX2 static void heads_t8_bf16_1(float *y, const float *x, const ds_weight *w, int row0, int rows)
+AVX2 static void heads_t8_bf16_1(float *y, const float *x, const ds_weight *w, int row0, int rows, int next0,
+                                 bool first)
 {
-    heads_t8_1(DS_W_BF16, y, x, w, row0, rows);
+    heads_t8_1(DS_W_BF16, y, x, w, row0, rows, next0, first);
 }
 
 /* avx2_matmul_heads_t for several tokens, C a multiple of 16: per head, its rows
@@ -910,10 +935,16 @@ AVX2 void avx2_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, i
     int C = w->cols, nc = (C + 63) / 64;
     size_t ldx = (size_t)H * xs, ldy = (size_t)H * ys;
     if (n == 1 && (w->fmt == DS_W_FP8 || w->fmt == DS_W_BF16) && C % 64 == 0) {
-        #pragma omp parallel for schedule(static) if (H > 1)
-        for (int h = 0; h < H; h++) {
-            if (w->fmt == DS_W_FP8) heads_t8_fp8_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
-            else heads_t8_bf16_1(y + (size_t)h * ys, x + (size_t)h * xs, w, row0 + h * hstride, rows);
+        #pragma omp parallel if (H > 1)
+        {
+            /* each thread a contiguous range of heads, prefetching from one into the next */
+            int nt = omp_get_num_threads(), me = omp_get_thread_num(), h0 = H * me / nt, h1 = H * (me + 1) / nt;
+            for (int h = h0; h < h1; h++) {
+                int r0 = row0 + h * hstride, next = h + 1 < h1 ? r0 + hstride : -1;
+                if (w->fmt == DS_W_FP8)
+                    heads_t8_fp8_1(y + (size_t)h * ys, x + (size_t)h * xs, w, r0, rows, next, h == h0);
+                else heads_t8_bf16_1(y + (size_t)h * ys, x + (size_t)h * xs, w, r0, rows, next, h == h0);
+            }
         }
         return;
     }

@@ -7,12 +7,47 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <xmmintrin.h>
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "cpu_stats.h"
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
+
+static bool g_stats_on;
+static cpu_stats g_stats;
+
+void cpu_stats_enable(bool on)
+{
+    memset(&g_stats, 0, sizeof g_stats);
+    g_stats_on = on;
+}
+
+void cpu_stats_read(cpu_stats *out) { *out = g_stats; }
+
+bool cpu_stats_on(void) { return g_stats_on; }
+
+double cpu_stats_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0)
+{
+    cpu_stat *s = kind == CPU_STAT_ATTENTION ? &g_stats.attention : &g_stats.heads_t;
+    if (kind == CPU_STAT_PRODUCT) {
+        int k = 0;
+        while (k < CPU_STAT_SIZES - 1 && (double)((size_t)1 << k) < bytes) k++;
+        s = &g_stats.products[k];
+    }
+    s->calls++;
+    s->bytes += bytes;
+    s->seconds += cpu_stats_clock() - t0;
+}
 
 void *cpu_scratch(int slot, size_t bytes)
 {
@@ -108,6 +143,7 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
         if (jobs[i].w->fmt != DS_W_F32 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
+    double t0 = g_stats_on ? cpu_stats_clock() : 0;
     int nu = 0;
     decode_unit *units = decode_units(jobs, nj, &nu);
     if (!units) return; /* decode_units recorded the failure */
@@ -159,6 +195,7 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
                     if (ok) rows(&jobs[units[u].job], units[u].a, units[u].b, xs, &st);
         }
     }
+    if (g_stats_on) cpu_stats_note(CPU_STAT_PRODUCT, (double)total, t0);
 }
 
 void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
