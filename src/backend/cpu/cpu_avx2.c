@@ -818,7 +818,10 @@ AVX2 static void t_block(float *y, const float *x, size_t xstride, const ds_weig
  * Passes of 64 columns over the rows (session 32) streamed the rows once and
  * re-read them from L2 seven times: 5.0-5.9 GB/s on Zen 3 where the decode
  * products ran at 14.4-17.2 in the same runs; now 9.7-11.6 against 15.0-17.5
- * (`dsv3 bench --profile`, session 33). FP8 codes widen through
+ * (`dsv3 bench --profile`, session 33). The prefetches are spread over the
+ * column chunks: issued a row group's worth at a time (64 lines for BF16) they
+ * held BF16 to 7.4-7.9 GB/s against 22.6-23.8 spread (old and new code in one
+ * process, median of 64 calls over 16 weights; FP8 level). FP8 codes widen through
  * fp8x32_to_f32_bf (values times 2^-120) against x times the block scale times
  * 2^64; BF16 through bf16x16_to_f32. */
 AVX2 INLINE void heads_t8_1(ds_wfmt f, float *y, const float *x, const ds_weight *w, int row0, int rows, int next0,
@@ -839,16 +842,17 @@ AVX2 INLINE void heads_t8_1(ds_wfmt f, float *y, const float *x, const ds_weight
         for (size_t o = 0; o < MIN(head, (size_t)PREFETCH_BYTES); o += 64) _mm_prefetch((const char *)base + o, _MM_HINT_T2);
     for (int r = 0; r < rows; r += 4) {
         int nr = MIN(4, rows - r);
-        size_t at = rb * (size_t)r;
-        for (size_t o = 0, t = at + PREFETCH_BYTES; o < rb * (size_t)nr; o += 64, t += 64) {
-            if (t < head) _mm_prefetch((const char *)base + t, _MM_HINT_T2);
-            else if (next && t - head < head) _mm_prefetch((const char *)next + (t - head), _MM_HINT_T2);
-        }
+        size_t at = rb * (size_t)r, step = (size_t)nr * 32 * esz; /* bytes a column chunk reads */
         for (int rr = 0; rr < nr; rr++)
             for (int b = 0; b < cb; b++)
                 xs[rr * cb + b] = fp8 ? x[r + rr] * w->scale[(size_t)((row0 + r + rr) / DS_BLOCK) * cb + b] * 0x1p64f
                                       : x[r + rr];
         for (int c0 = 0; c0 < C; c0 += 32) {
+            /* as many bytes PREFETCH_BYTES ahead as this chunk reads, spread over the chunks */
+            for (size_t t = at + PREFETCH_BYTES + step * (size_t)(c0 / 32), o = 0; o < step; o += 64, t += 64) {
+                if (t < head) _mm_prefetch((const char *)base + t, _MM_HINT_T2);
+                else if (next && t - head < head) _mm_prefetch((const char *)next + (t - head), _MM_HINT_T2);
+            }
             __m256 a[4];
             #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) a[i] = _mm256_load_ps(acc + c0 + 8 * i);
