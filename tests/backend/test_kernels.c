@@ -134,7 +134,7 @@ static void check_matmul(const char *label, matmul_fn f, double tol_all, double 
         /* rows long enough that even one token's activations go in column pieces */
         {20, 4500, 3, 17}, {9, 8256, 0, 9},
     };
-    static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 50};
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 19, 21, 50}; /* 19, 21: GEMM groups of 1 and 3 left over */
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8, DS_W_FP8}; /* the last: normal codes only */
     for (size_t fi = 0; fi < 4; fi++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
