@@ -748,7 +748,14 @@ AVX2 static void avx2_gemm_many(const ds_matmul_job *jobs, int nj)
         if (!wp) cpu_fail_oom("packed weight panels", sizeof(float) * G_PB * 16 * G_KC);
         int pi = 0, a = 0; /* in job cj, panel pi starts at row a */
         cj = -1;
-        #pragma omp for schedule(dynamic, 1)
+        /* Blocks a thread takes at a time: 4 where there are many (a prefill's routed
+         * experts), so that the next block, whose first rows g_pack asks for, is
+         * mostly the same thread's (one by one it was the other's half the time); 64
+         * experts of 1408 x 2048 at 48 tokens, two threads, alternated in one
+         * process, mean GFLOP/s FP8 +4-12%, BF16 +5-10% over six rounds (session
+         * 35). With few blocks, one at a time keeps the threads' shares even. */
+        const int chunk = nb >= 32 * omp_get_num_threads() ? 4 : 1;
+        #pragma omp for schedule(dynamic, chunk)
         for (int b = 0; b < nb; b++) {
             while (cj < 0 || b >= gj[cj + 1].b0) cj++, pi = 0, a = 0;
             const ds_matmul_job *j = &jobs[cj];
