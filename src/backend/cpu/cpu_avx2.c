@@ -752,7 +752,7 @@ AVX2 static void avx2_gemm_many(const ds_matmul_job *jobs, int nj)
          * experts), so that the next block, whose first rows g_pack asks for, is
          * mostly the same thread's (one by one it was the other's half the time); 64
          * experts of 1408 x 2048 at 48 tokens, two threads, alternated in one
-         * process, mean GFLOP/s FP8 +4-12%, BF16 +5-10% over six rounds (session
+         * process, mean GFLOP/s FP8 +4-12%, BF16 +4-10% over six rounds (session
          * 35). With few blocks, one at a time keeps the threads' shares even. */
         const int chunk = nb >= 32 * omp_get_num_threads() ? 4 : 1;
         #pragma omp for schedule(dynamic, chunk)
