@@ -24,7 +24,7 @@ static ds_ops g_fast;
 /* Activation buffers: the model allocates and frees the same sizes every
  * layer and every call. Freed blocks are kept (up to CACHE_BYTES in all) and
  * handed out again, so a forward pass does not pay for fresh zeroed pages
- * (page faults were a quarter of prefill time). A block carries its capacity
+ * (without the cache, page faults are a quarter of prefill time). A block carries its capacity
  * in a 64-byte header. alloc zeroes what it hands out; alloc_scratch (a
  * pass's scratch, written before it is read) does not. */
 #define CACHE_SLOTS 32
@@ -39,7 +39,7 @@ static size_t block_cap(const char *p) { return *(const size_t *)(p - 64); }
 /* Blocks of this many bytes or more (a layer's KV cache at a long context, a
  * long prefill's activations) are rounded up to whole 2 MiB pages and asked to
  * be backed by them: the decode attention walks a long cache two rows to a 4 KiB
- * page, and those pages' TLB misses cost it 3-11% (session 33, Zen 3: one
+ * page, and those pages' TLB misses cost it 3-11% (Zen 3: one
  * thread over eight 4096-position caches, both kinds of pages alternated in one
  * process, four rounds). */
 #define HUGE_BLOCK ((size_t)4 << 20)
@@ -176,7 +176,7 @@ static void fill_fast(void)
         if (prec && !strcmp(prec, "hilo8")) cpu_gemm_precision = CPU_GEMM_HILO8;
     } else if (cpu_has_avx2()) {
         g_fast.name = "cpu-avx2";
-        g_fast.attn_head_last = true; /* the expanded prefill (session 32) */
+        g_fast.attn_head_last = true; /* per-head limits: the expanded prefill runs here */
         g_fast.matmul = avx2_matmul;
         g_fast.matmul_many = avx2_matmul_many;
         g_fast.moe_experts = avx2_moe_experts;

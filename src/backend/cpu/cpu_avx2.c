@@ -122,12 +122,12 @@ AVX2 static void gemv8_f32(int R, int T, const ds_weight *w, int r0, const float
 }
 
 /* ---- decode ---------------------------------------------------------------
- * Rows prefetched PREFETCH_BYTES ahead into L2 (the AVX-512 kernels' finding on
- * Zen 4, session 16, for FP8); rows whose activations pass GEMV_X_BYTES go in
- * column pieces, each prefetching the same piece of a later row. BF16 rows too,
- * where the AVX-512 kernel leaves them to the hardware prefetchers: on Zen 3
- * (no AVX-512; session 32, BF16 8-layer model, `dsv3 bench -p 0 -n 32`, three
- * settings rotated five rounds) decode read 70.3% of the bandwidth beside it
+ * Rows prefetched PREFETCH_BYTES ahead into L2 (as the AVX-512 kernels do: see
+ * cpu_avx512.c for the Zen 4 figures); rows whose activations pass GEMV_X_BYTES
+ * go in column pieces, each prefetching the same piece of a later row. BF16 rows
+ * too, where the AVX-512 kernel leaves them to the hardware prefetchers: on Zen 3
+ * (no AVX-512; BF16 8-layer model, `dsv3 bench -p 0 -n 32`, three settings
+ * rotated five rounds) decode read 70.3% of the bandwidth beside it
  * with none, 72.2% with 4 KiB ahead and 78.1% with 12 KiB (75-80% in each
  * round). */
 #define PREFETCH_BYTES 12288
@@ -265,7 +265,7 @@ AVX2 INLINE void dec_tile(int T, int U, const uint16_t *row, int K, size_t pf, c
  * for: on Zen 3 the widening's shifts and the FMAs share two pipes (a standalone
  * mix of 2 FMAs to 1 shift issues 1.7 a cycle), and the one-token loop took
  * 19.3-19.5 cycles per 128 codes from L1 with 8 sums against 16.5-17.2 with 4
- * (18-20 against 23-23.5 from L2; session 32, standalone copies of the loop). */
+ * (18-20 against 23-23.5 from L2; standalone copies of the loop). */
 AVX2 INLINE void dec_tile_fp8(int T, int U, const uint8_t *row, int K, size_t pf, const float *xs, size_t ldx,
                               float *y, size_t ldy, bool add)
 {
@@ -449,7 +449,7 @@ AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weigh
 /* Under four tokens a set of 2T sums is a chain shorter than FMA latency x
  * throughput (8): S sets take columns k = s mod S and are added at the end.
  * One thread, panels from L2, GFLOP/s with one set: 27 at 1 token, 50 at 2, 73
- * at 3, 97 at 4 to 6 (session 34). */
+ * at 3, 97 at 4 to 6 (Zen 3). */
 AVX2 INLINE void g_tile(int T, const float *wp, int kc, const float *xp, float *y, size_t ldy, int nr, bool add)
 {
     enum { S_MAX = 4 };
@@ -622,7 +622,7 @@ AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, in
         for (; kf + 32 <= kc; kf += 32) {
             /* rows 0-7's next line at an even block, 8-15's at an odd one: 8 prefetches
              * a block where 16 every other block took ~3% longer at 48 tokens an expert
-             * (session 33, one process, five runs: -1.4% to +7.3%) */
+             * (Zen 3, one process, five runs: -1.4% to +7.3%) */
             if (pk0 + kf < w->cols)
                 for (int i = 8 * (kf / 32 % 2); i < MIN(pnr, 8 * (kf / 32 % 2) + 8); i++)
                     _mm_prefetch((const char *)w_row(w, pr + i) + pk0 + kf / 64 * 64, _MM_HINT_T0);
@@ -677,7 +677,7 @@ AVX2 static void g_pack_x(float *xp, const float *x, size_t ldx, int n, int K, i
  * keeps beside the panels and y, so each group's came from L3 as its first
  * tile ran; asked for one group ahead, 512-token GEMMs (8 jobs of 1408 x 2048,
  * FP8 and BF16, one and two threads, alternated in one process) ran 9-20%
- * faster; at 48 tokens, where all groups stay in L2, level (session 35). */
+ * faster (Zen 3); at 48 tokens, where all groups stay in L2, level. */
 AVX2 INLINE void g_prefetch_x(const float *xg, int kc, int i, int m)
 {
     int lines = (G_NT * kc * (int)sizeof(float) + 63) / 64;
@@ -750,10 +750,10 @@ AVX2 static void avx2_gemm_many(const ds_matmul_job *jobs, int nj)
         cj = -1;
         /* Blocks a thread takes at a time: 4 where there are many (a prefill's routed
          * experts), so that the next block, whose first rows g_pack asks for, is
-         * mostly the same thread's (one by one it was the other's half the time); 64
+         * mostly the same thread's (one by one it is the other's half the time); 64
          * experts of 1408 x 2048 at 48 tokens, two threads, alternated in one
-         * process, mean GFLOP/s FP8 +4-12%, BF16 +4-10% over six rounds (session
-         * 35). With few blocks, one at a time keeps the threads' shares even. */
+         * process, mean GFLOP/s FP8 +4-12%, BF16 +4-10% over one at a time (Zen 3,
+         * six rounds). With few blocks, one at a time keeps the threads' shares even. */
         const int chunk = nb >= 32 * omp_get_num_threads() ? 4 : 1;
         #pragma omp for schedule(dynamic, chunk)
         for (int b = 0; b < nb; b++) {
@@ -869,12 +869,12 @@ AVX2 static void t_block(float *y, const float *x, size_t xstride, const ds_weig
  * scratch (L1) in the widening's column order, and the rows prefetched
  * PREFETCH_BYTES ahead within the head and on into the thread's next one
  * (next0; first: the thread's first head, whose start is fetched at once).
- * Passes of 64 columns over the rows (session 32) streamed the rows once and
- * re-read them from L2 seven times: 5.0-5.9 GB/s on Zen 3 where the decode
- * products ran at 14.4-17.2 in the same runs; now 9.7-11.6 against 15.0-17.5
- * (`dsv3 bench --profile`, session 33). The prefetches are spread over the
+ * Passes of 64 columns over the rows stream the rows once and re-read them
+ * from L2 seven times: 5.0-5.9 GB/s on Zen 3 where the decode products ran at
+ * 14.4-17.2 in the same runs; this one pass 9.7-11.6 against 15.0-17.5
+ * (`dsv3 bench --profile`). The prefetches are spread over the
  * column chunks: issued a row group's worth at a time (64 lines for BF16) they
- * held BF16 to 7.4-7.9 GB/s against 22.6-23.8 spread (old and new code in one
+ * held BF16 to 7.4-7.9 GB/s against 22.6-23.8 spread (both forms in one
  * process, median of 64 calls over 16 weights; FP8 level). FP8 codes widen through
  * fp8x32_to_f32_bf (values times 2^-120) against x times the block scale times
  * 2^64; BF16 through bf16x16_to_f32. */
@@ -1113,7 +1113,7 @@ AVX2 INLINE void att_scores8(int HN, int JN, const ds_attn_args *a, const float 
         for (int v = 0; v < JN; v++) sc[(size_t)(h + u) * ATT_JB + j + v - jb] = hsum8(acc[u][v]) * a->softmax_scale;
 }
 
-/* Session 29, as cpu_avx512.c's att_scores16: with heads in multiples of 16 the
+/* As cpu_avx512.c's att_scores16: with heads in multiples of 16 the
  * scores take a head a lane, two groups of 8 heads at 4 positions (8 sums, 2 query
  * vectors, a broadcast: 11 of the 16 registers), with no sums across lanes.
  * qt[d][h]: the token's queries transposed (the R key columns, then the P rope

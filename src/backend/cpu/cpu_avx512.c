@@ -101,13 +101,13 @@ AVX512 INLINE __m512 exp512(__m512 x)
  * prefetchers stop at every page boundary, and even with 2 MiB pages they run
  * too little ahead of a loop that also computes. Four chunks of 16 in flight
  * per token hide FMA latency.
- *   Measured (session 16, Zen 4 EPYC, 2 threads, bench/matvec.sh's 1 GiB
- * matvec beside the read bandwidth, alternated builds): into L1 (prefetcht0)
- * 6 KiB ahead FP8 26-28 GB/s of 61-65 read, none at all 17; into L2 8 / 12 /
- * 16 / 24 KiB ahead 51-52 / 53-56 / 54-57 / 54-56, the kernel's ceiling from
- * L2 being ~56. BF16 22-23 -> 42-43. Model decode (8-layer bench, FP8)
- * 24-25 -> 38-40 tok/s. Prefetches into L1 hold the core's few L1 miss
- * buffers; L2 has many more. */
+ *   Why 12 KiB into L2 (Zen 4 EPYC, 2 threads, bench/matvec.sh's 1 GiB
+ * matvec beside a 61-65 GB/s read, alternated builds): FP8 into L1
+ * (prefetcht0) 6 KiB ahead 26-28 GB/s, no prefetch 17; into L2 8 / 12 / 16 /
+ * 24 KiB ahead 51-52 / 53-56 / 54-57 / 54-56, the kernel's ceiling from L2
+ * being ~56. BF16 42-43 against 22-23 into L1. Model decode (8-layer bench,
+ * FP8) 38-40 tok/s against 24-25. Prefetches into L1 hold the core's few L1
+ * miss buffers; L2 has many more. */
 #ifndef PREFETCH_BYTES
 #define PREFETCH_BYTES 12288
 #endif
@@ -166,7 +166,7 @@ AVX512 INLINE void gemv_tile(ds_wfmt f, int T, const ds_weight *w, int r, const 
  * (prep_bf16_acts), so one load and two operations widen 32 weights, where
  * bf16x16_to_f32 takes a 256-bit load and two operations for 16. No software
  * prefetch: the hardware prefetchers keep up with this loop.
- *   Measured (session 16, Zen 4, 2 threads, 1 GiB on 2 MiB pages, alternated):
+ *   Measured (Zen 4, 2 threads, 1 GiB on 2 MiB pages, alternated builds):
  * this loop without prefetch 53-58 GB/s beside a read of 54-57; with
  * prefetcht2 12 or 24 KiB ahead 45-46; the bf16x16_to_f32 form 42-46 either way. */
 
@@ -333,7 +333,7 @@ AVX512 INLINE void fp8x64_to_bf16(__m512i v, __m512i *even, __m512i *odd)
 
 /* The subnormal codes of v (fp8x64_to_bf16's halves and order) as bf16 of m and
  * sign, m the code's mantissa (its value is m 2^-9); every other code gives +-0.
- * Session 24: the float32 pass this replaced made a chunk that holds a subnormal
+ * Done instead with float32 FMAs, this pass made a chunk that holds a subnormal
  * cost ~8 times a plain one (a 1 GiB FP8 matvec over a shard's raw bytes, where
  * 39% of the chunks do: 14.5 GB/s against 55.6 with those codes made normal). */
 AVX512 INLINE void fp8x64_sub_bf16(__m512i v, __m512i *even, __m512i *odd)
@@ -374,22 +374,20 @@ AVX512 INLINE void fp8_sub(__m512 *sub, int T, __m512i v, const uint16_t *q, siz
     }
 }
 
-/* Measured and not kept (session 11, model decode on the 8-layer bench):
- * two rows per tile at one token, sharing each activation load and the row
- * end, was 15% faster from L2 but ~15% slower from memory (two streams per
- * thread), whatever the prefetch distance (session 31's gemv_dp_tile2 below
- * is kept: see there); BF16 weights through this tile
- * (no widening at all) were 20-30% faster from L2, level from 1 GiB of
- * memory, and ~10% slower in the model than gemv_tile's float32 FMAs.
- * Where the arithmetic stands (this machine's Zen 5 cores at ~3.4 GHz): vdpbf16ps and
- * float32 FMA both issue twice a cycle, with latencies of 6 and 4 (session 15; session 14
- * read the 8-chain loop's latency bound as an issue rate of one). A standalone copy of
+/* Alternatives measured slower (model decode on the 8-layer bench): BF16
+ * weights through this tile (no widening at all) were 20-30% faster from L2,
+ * level from 1 GiB of memory, and ~10% slower in the model than gemv_tile's
+ * float32 FMAs. Two rows per tile at one token, sharing each activation load,
+ * were 15% faster from L2 but ~15% slower from memory (two streams per
+ * thread) unless both rows are prefetched, as gemv_dp_tile2 below does.
+ * Where the arithmetic stands (Zen 5 cores at ~3.4 GHz): vdpbf16ps and
+ * float32 FMA both issue twice a cycle, with latencies of 6 and 4. A standalone copy of
  * the one-token loop takes 8.8 cycles per 128 codes from L1, and 16 chains instead of 8
  * did not shorten it (from L2: ~41 GB/s a core either way), so the 8 vdpbf16ps share
  * the vector pipes with the widening and the subnormal test rather than wait on their
- * latency. At two tokens 8 chains a token (was 4) are ~10% faster from L2. The same
- * codes widened to float32 (vcvtph2ps, FMA) take 14.8 cycles. On Zen 4 (session 16:
- * 512-bit operations in two halves, 3.65 GHz) the one-token loop takes ~14.4 cycles per
+ * latency. At two tokens 8 chains a token are ~10% faster from L2 than 4. The same
+ * codes widened to float32 (vcvtph2ps, FMA) take 14.8 cycles. On Zen 4 (512-bit
+ * operations in two halves, 3.65 GHz) the one-token loop takes ~14.4 cycles per
  * 128 codes from L2 (~32 GB/s a core); without the widening ~12.7, without the
  * activation loads or the subnormal test no shorter, two rows sharing the activation
  * loads ~13, the widening by GFNI affine maps and byte unpacks ~15.7. */
@@ -473,18 +471,17 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
 
 /* ---- decode, FP8 weights, one token: two rows at a time ------------------
  * Each activation vector (bf16 hi or lo) is loaded once for two rows (row and
- * row + ldr), where gemv_dp_tile loads it once a row: at one token that was 8
- * of the 10 512-bit loads per 128 codes, and Zen 4 takes one such load a
+ * row + ldr), where gemv_dp_tile loads it once a row: at one token that is 8
+ * of its 10 512-bit loads per 128 codes, and Zen 4 takes one such load a
  * cycle. Each row keeps gemv_dp_tile's 8 chains, fed in the same order, so a
  * row's sum is the one gemv_dp_tile gives. K: a multiple of 64.
- *   Session 31 (Zen 4; bench/matvec.sh fp8, built against the library before
- * and after): one thread, 128 rows x 2048 held in L2, 15.7-15.8 -> 13.8 cycles
- * per 128 codes of a row; its 2-thread L2 ceiling 54-58 -> 65-71 GB/s. The
- * loop is then near Zen 4's issue limit: per 64 codes of two rows, 8 vdpbf16ps
+ *   Against gemv_dp_tile (Zen 4; bench/matvec.sh fp8): one thread, 128 rows
+ * x 2048 held in L2, 13.8 cycles per 128 codes of a row against 15.7-15.8; the
+ * 2-thread L2 ceiling 65-71 GB/s against 54-58. The loop is near Zen 4's issue limit: per 64 codes of two rows, 8 vdpbf16ps
  * and 12 other vector operations (6 of them shifts, which one pipe runs), a
  * mix standalone loops put at ~10.2 cycles (the 8 vdpbf16ps alone: 8.1).
- * Session 11 had measured a two-row tile slower from memory; this one
- * prefetches both rows as gemv_dp_tile prefetches one, and read the same. */
+ * It prefetches both rows as gemv_dp_tile prefetches one: a two-row tile that
+ * does not is slower from memory than gemv_dp_tile. */
 #define DP2(X, Y, H, L, c)                                                               \
     do {                                                                                 \
         acc0[(c)] = _mm512_dpbf16_ps(acc0[(c)], (__m512bh)(X), (__m512bh)(H));           \
@@ -580,10 +577,10 @@ AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], 
  * outputs at y + t ldy): NC chains a row and token, at most 16 sums. At several
  * tokens the one-row tile loads 8 T activation vectors per 128 codes for 8 T
  * vdpbf16ps; here two rows share them, and past 4 tokens each row's codes are
- * widened once for all 8 (gemv_dp_tile takes 4 tokens a tile). Session 31
- * (bench/matvec.sh fp8's one-thread lines, cycles per 128 codes of a row for all
- * tokens, against gemv_dp_tile): 2 tokens 24.2-24.5 -> 21.2-21.7, 4 45.3-46.5 ->
- * 40.1-40.7, 8 102.6 -> 79.8 (two tiles of 4 pairs: ~83). */
+ * widened once for all 8 (gemv_dp_tile takes 4 tokens a tile). Cycles per 128
+ * codes of a row for all tokens (bench/matvec.sh fp8's one-thread lines), here
+ * against gemv_dp_tile: 2 tokens 21.2-21.7 / 24.2-24.5, 4 40.1-40.7 /
+ * 45.3-46.5, 8 79.8 / 102.6 (two tiles of 4 pairs: ~83). */
 AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq,
                                 size_t ldq, float *y, size_t ldy, bool add)
 {
@@ -694,11 +691,12 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
      * while the weights stream past it. The weights are then read in runs of
      * a piece with a stride of a row, so both tiles prefetch the same piece of
      * a later row into L2 (whole rows ahead, ~PREFETCH_BYTES of reading).
-     *   Session 16 (Zen 4, 2 threads, bench/matvec.sh's 1 GiB matvec at other
-     * K, alternated builds): FP8 at K 7168 (28 KB of hi + lo) 20-21 -> 28-42
-     * GB/s, K 16384 17 -> 31-39 (read 36-67); BF16 at K 18432 24.5 -> 33-44
-     * (21.5 in pieces without the prefetch: the hardware's does not follow the
-     * stride). K 4096 (16 KB) stays whole: in two pieces it lost 50 -> 39. */
+     *   In pieces against whole rows (Zen 4, 2 threads, bench/matvec.sh's
+     * 1 GiB matvec at long K, alternated builds, read 36-67 GB/s): FP8 at K 7168
+     * (28 KB of hi + lo) 28-42 against 20-21 GB/s, K 16384 31-39 against 17;
+     * BF16 at K 18432 33-44 against 24.5 (21.5 in pieces without the prefetch:
+     * the hardware's does not follow the stride). K 4096 (16 KB) stays whole:
+     * in two pieces it ran at 39 against 50. */
     bool fp8 = w->fmt == DS_W_FP8;
     int kc;
     size_t row_pf; /* whole rows ahead when in pieces, else 0 (activations: FP8 bf16 hi + lo, BF16 float32) */
@@ -986,12 +984,13 @@ AVX512 static uint16_t block_max(ds_wfmt f, const void *row, int k, int K)
  * two lines, where one per 64 columns left every other line cold), and past
  * the chunk's end the same row of the next vector, then of the next chunk's
  * first, then of the thread's next panel, so no vector starts cold.
- *   Session 27 (Zen 4, 2 threads, BF16 8-layer pp512, perf): block_max's
- * first load had 12.5% of gemm_panel's samples; 3.7% with the lines and the
- * next vector and chunk, 1.9% with the next panel too. pp512 (alternated
- * binaries, 4 pairs, the machine noisy) 137.0 -> 143.9 tok/s on average.
- * Session 28: 512 and 768 columns ahead instead of 256, three alternated rounds of
- * BF16 pp512: 146.3 and 144.5 tok/s on average against 150.9. */
+ *   Measured (Zen 4, 2 threads, BF16 8-layer pp512, perf): with one line per
+ * 64 columns and nothing past the chunk, block_max's first load had 12.5% of
+ * gemm_panel's samples; 3.7% with every line and the next vector and chunk,
+ * 1.9% with the next panel too, and pp512 143.9 against 137.0 tok/s on
+ * average (alternated binaries, 4 pairs, the machine noisy). 512 and 768
+ * columns ahead instead of 256, three alternated rounds of BF16 pp512: 146.3
+ * and 144.5 tok/s on average against 150.9. */
 typedef struct { /* a panel's rows: [r, r + nr) of w */
     const ds_weight *w;
     int r, nr;
@@ -1095,7 +1094,7 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
 }
 
 /* acc[v][t] += the sum over pairs [p0, p1) of wp and xa[t] (split: the hi and
- * lo pairs side by side), t < T. Session 29: the pair broadcast inside each
+ * lo pairs side by side), t < T. The pair broadcast inside each
  * vdpbf16ps (a {1to16} memory operand, 24 loads a pair instead of 6
  * vpbroadcastd) measured level (FP8 pp512, five alternated pairs: 134.7-147.1
  * against 140.3-151.9 tok/s). */
@@ -1646,7 +1645,7 @@ AVX512 void avx512_matmul_heads(float *y, int ys, const float *x, int xs, int n,
 
 #define ATT_JB 64
 /* The first head group's prefetch of the cache rows: 32 positions ahead, into
- * L2 (prefetcht2). Session 16 (Zen 4, bench/attention.sh 4096, alternated):
+ * L2 (prefetcht2). Measured (Zen 4, bench/attention.sh 4096, alternated):
  * into L1 16 or 32 ahead 1.00-1.04 ms a call, into L2 16 / 32 / 64 ahead
  * 0.85-0.86 ms; the 8-layer FP8 bench's decode at depth 4096 +5%. */
 #define ATT_PF_ROWS 32
@@ -1725,7 +1724,7 @@ AVX512 INLINE void att_scores(int HN, int JN, const ds_attn_args *a, const float
             sc[(size_t)(h + u) * ATT_JB + j + v - jb] = _mm512_reduce_add_ps(acc[u][v]) * a->softmax_scale;
 }
 
-/* Session 29: with heads in multiples of 16 the scores take a head a lane, which
+/* With heads in multiples of 16 the scores take a head a lane, which
  * needs no sums across lanes and reads each cache row once for 16 heads from a
  * copy in L1. qt[d][h] (d over the Rk key columns, then the P rope columns) holds
  * the token's queries transposed, made once a call. */
@@ -1803,7 +1802,7 @@ AVX512 INLINE void att_scores16(const ds_attn_args *a, const float *qt, const fl
 /* o[h][c..c+16 NV) += sum_j p[h][j] kv[j][c..c+16 NV) for heads [h, h+HN), HN * NV <= 16
  * accumulators. Eight heads x 2 vectors (each cache row chunk loaded from L2 once for
  * eight heads) ran the values pass ~9% faster at 16 heads than 4 x 4; 4 x 4 and 1 x 4
- * take the heads past the last multiple of eight. Session 29: p broadcast inside each
+ * take the heads past the last multiple of eight. p broadcast inside each
  * FMA (a {1to16} operand, 16 loads a position where there were 8 vbroadcastss) measured
  * slower, bench/attention.sh 4096, six alternated rounds: medians 0.785-0.933 ms against
  * 0.769-0.894. */
@@ -1833,23 +1832,24 @@ AVX512 INLINE void att_values(int HN, int NV, int R, int ld, const float *kv, in
         for (int i = 0; i < NV; i++) _mm512_storeu_ps(o + (size_t)(h + u) * R + c + 16 * i, acc[u][i]);
 }
 
-/* Where the time goes at 4096 positions (session 12, bench/attention.sh, 0.53-0.55 ms):
+/* Where the time goes at 4096 positions (Zen 5, bench/attention.sh, 4 x 4 score
+ * tiles, 0.53-0.55 ms a call):
  * the values pass ~0.17 ms (~92% of the FMA peak), the scores and the softmax ~0.38,
  * of which the first head group, the one that brings the cache rows in from memory,
- * takes about three times what each of the other three does. Measured and not kept:
+ * takes about three times what each of the other three does. Measured slower:
  * each head group prefetching a quarter of the next block's rows (T1 or T0) so that
  * the memory traffic runs under the arithmetic, 0.61-0.65 ms; the positions outer
  * and the head groups inner (each row read from memory once and used four times from
- * L1 at once, q from L2), 0.63-0.65 ms. Session 28 (bench/attention.sh 4096, 200 calls,
+ * L1 at once, q from L2), 0.63-0.65 ms. On Zen 4 (bench/attention.sh 4096, 200 calls,
  * alternated): score tiles of 8 heads x 2 positions (each row read twice from L2
  * instead of four times, but 10 loads per 16 FMAs instead of 8) 0.96-1.08 ms against
  * 0.85-0.92 with 4 x 4; blocks of 128 positions level with 64. A bf16 cache (the
  * reference's own format, which bf16 dot products could read at twice the rate) moved
  * the golden logits by up to 0.72 of the largest (s200; bar 1e-3), so it stays float32.
- * Session 29: heads in multiples of 16 take their scores a head a lane
- * (att_scores16): bench/attention.sh 4096, 1000 calls, three alternated rounds,
- * median 0.83-0.88 -> 0.78-0.81 ms (69-73% -> 75-78% of the FMA peak); perf then
- * puts 53% of att_part in the scores and 41% in the values pass, both near the same
+ * Heads in multiples of 16 take their scores a head a lane (att_scores16):
+ * on Zen 4, bench/attention.sh 4096, 1000 calls, three alternated rounds, median
+ * 0.78-0.81 ms against 0.83-0.88 with 4 x 4 tiles (75-78% against 69-73% of the
+ * FMA peak); perf puts 53% of att_part in the scores and 41% in the values pass, both near the same
  * rate. */
 AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o, float *sc)
 {
