@@ -1,5 +1,5 @@
 #!/bin/bash
-# bench/run.sh - the issue-5 benchmark: a 16B-shaped model cut to 8 layers
+# bench/run.sh - the CPU benchmark of docs/performance.md: a 16B-shaped model cut to 8 layers
 # (1 dense + 7 MoE), random weights, FP8 and BF16, prefill 512 and decode 32
 # at context depths 0 and 4096. Checkpoints go to .cache/bench (git-ignored).
 #   bench/run.sh [extra dsv3 bench flags, e.g. --json]
