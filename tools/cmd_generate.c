@@ -22,7 +22,7 @@
 typedef struct {
     const char *ckpt, *config, *input_file, *tokenizer_dir, *system_prompt, *attn, *gemm, *device;
     bool interactive, print_ids, parse_special, ref_kernels;
-    int max_new, top_k, ctx;
+    int max_new, top_k, ctx, prefill_chunk;
     double temperature, top_p, rep_penalty;
     uint64_t seed;
     ds_comm *comm;
@@ -57,7 +57,7 @@ static void report_speed(const ds_gen *g)
             g->prefill_tokens, g->prefill_s, g->prefill_s > 0 ? g->prefill_tokens / g->prefill_s : 0.0,
             g->decode_tokens, g->decode_s, g->decode_s > 0 ? g->decode_tokens / g->decode_s : 0.0);
     if (g->prefill_shortened)
-        fprintf(stderr, "prefill: out of memory %d time%s, passes shortened to %d tokens (DSV3_PREFILL_CHUNK sets them)\n",
+        fprintf(stderr, "prefill: out of memory %d time%s, passes shortened to %d tokens (--prefill-chunk sets them)\n",
                 g->prefill_shortened, g->prefill_shortened > 1 ? "s" : "", g->prefill_chunk);
 }
 
@@ -302,6 +302,7 @@ int cmd_generate(int argc, char **argv)
         {"--system-prompt", ARG_STR, &c.system_prompt, false, "S     a system message before the chat"},
         {"--tokenizer", ARG_STR, &c.tokenizer_dir, false, "DIR   tokenizer files (default: --ckpt-path)"},
         {"--ctx-size", ARG_INT, &c.ctx, false, "N     KV cache positions per sequence (min(max_seq_len, 4096))"},
+        {"--prefill-chunk", ARG_INT, &c.prefill_chunk, false, "N     prompt tokens per forward pass (the backend's choice)"},
         {"--attn-impl", ARG_STR, &c.attn, false, "absorb|naive"},
         {"--gemm-impl", ARG_STR, &c.gemm, false, "bf16|fp8"},
         {"--print-ids", ARG_BOOL, &c.print_ids, false, "      batch mode: also print the completion's token ids"},
@@ -315,12 +316,17 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "dsv3 generate: give exactly one of --interactive or --input-file\n");
         return 2;
     }
+    if (c.prefill_chunk < 0) {
+        fprintf(stderr, "dsv3 generate: --prefill-chunk must be >= 1\n");
+        return 2;
+    }
     if (c.max_new < 1) {
         fprintf(stderr, "dsv3 generate: --max-new-tokens must be >= 1\n");
         return 2;
     }
     ds_model_opts o = {.attn = strcmp(c.attn, "naive") ? DS_ATTN_ABSORB : DS_ATTN_NAIVE,
-                       .gemm = strcmp(c.gemm, "fp8") ? DS_GEMM_BF16 : DS_GEMM_FP8};
+                       .gemm = strcmp(c.gemm, "fp8") ? DS_GEMM_BF16 : DS_GEMM_FP8,
+                       .tune = {.prefill_chunk = c.prefill_chunk}};
     if ((strcmp(c.attn, "absorb") && strcmp(c.attn, "naive")) || (strcmp(c.gemm, "bf16") && strcmp(c.gemm, "fp8"))) {
         fprintf(stderr, "dsv3 generate: --attn-impl is absorb|naive and --gemm-impl is bf16|fp8\n");
         return 2;

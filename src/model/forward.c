@@ -124,19 +124,16 @@ static void absorb_out(const ds_model *m, const ds_layer *l, int n, const float 
  * and head to expand once a pass. qp: the rotated q_pe, (n, H, rope).
  *   The expansion costs about what the products save on a pass of ~256 tokens
  * (8-layer 16B shapes, Zen 4, pp at depth 4096, expanded / absorb: 64 tokens
- * 44 / 58 tok/s, 128 55 / 69, 256 75-76 / 74-79, 512 102 / 82), hence
- * EXPAND_MIN; DSV3_EXPAND_MIN overrides it (the golden test runs it from 1).
- * wkv_b is dequantised exactly, as in the absorb form (no act_quant of the
- * latent under --gemm-impl fp8). */
+ * 44 / 58 tok/s, 128 55 / 69, 256 75-76 / 74-79, 512 102 / 82), hence the
+ * default of ds_tuning.expand_min. wkv_b is dequantised exactly, as in the
+ * absorb form (no act_quant of the latent under --gemm-impl fp8). */
 #define EXPAND_MIN 384    /* tokens in a pass from which it pays (above) */
 #define EXPAND_TOKENS 64  /* tokens a kernel call takes as its heads */
 #define EXPAND_BYTES ((size_t)64 << 20) /* the expanded rows of a group of heads */
 
-static int expand_min(void)
+static int expand_min(const ds_model *m)
 {
-    const char *e = getenv("DSV3_EXPAND_MIN");
-    int v = e ? atoi(e) : 0;
-    return v > 0 ? v : EXPAND_MIN;
+    return m->opt.tune.expand_min > 0 ? m->opt.tune.expand_min : EXPAND_MIN;
 }
 
 static ds_status mla_expanded(ds_model *m, ds_kvcache *kv, int li, const batch *b, const float *q, const float *qp,
@@ -284,7 +281,7 @@ static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const batch *b, float 
         a.pe_cache = pc;
         ds_attn_args whole = a; /* the backend's one-op form, when it takes the problem */
         whole.out = ov;
-        bool expand = ops->attn_head_last && b->contiguous && n >= expand_min();
+        bool expand = ops->attn_head_last && b->contiguous && n >= expand_min(m);
         if (expand) {
             if (!pro) absorb_qp(m, n, q, qp, fused ? b : NULL);
             s = mla_expanded(m, kv, li, b, q, qp, ov);
@@ -605,13 +602,12 @@ typedef struct {
  * (warm-up: weights, tables and buffers settle), the second is recorded, and
  * every later one uploads its token arrays to the recording's fixed buffer and
  * replays it. Returns false when the step must run eagerly instead (no graph
- * support, the recording failed, DSV3_GRAPH=0). */
+ * support, the recording failed, tune.no_graphs). */
 static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, const fwd_out *o,
                           ds_status *s)
 {
     const ds_ops *ops = m->ops;
-    const char *env = getenv("DSV3_GRAPH");
-    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || (env && !strcmp(env, "0"))) return false;
+    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs) return false;
     /* class 0 (short contexts) only where a backend op can use the bound */
     int cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
     ds_graph_slot *d = &kv->dec[cls][n];

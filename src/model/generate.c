@@ -10,14 +10,12 @@
  * same in any chunking. Prefill of one pass of the 16B shapes (dsv3 bench -p):
  * CPU (8 layers, Zen 4) 256 tokens 113-133 tok/s, 512 135-141, 1024 136-138.
  * A backend may ask for another length (ds_ops.prefill_tokens: CUDA one pass
- * of up to 8192). DSV3_PREFILL_CHUNK overrides both (tests compare chunkings). */
+ * of up to 8192); ds_tuning.prefill_chunk overrides both. */
 #define PREFILL_CHUNK 1024
 
 static int prefill_chunk(const ds_model *m)
 {
-    const char *e = getenv("DSV3_PREFILL_CHUNK");
-    int c = e ? atoi(e) : 0;
-    if (c > 0) return c;
+    if (m->opt.tune.prefill_chunk > 0) return m->opt.tune.prefill_chunk;
     return m->ops->prefill_tokens > 0 ? m->ops->prefill_tokens : PREFILL_CHUNK;
 }
 

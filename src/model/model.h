@@ -29,11 +29,26 @@ typedef struct {
     ds_weight sw1, sw2, sw3;                     /* shared experts: (n_shared*moe_inter, dim), ... */
 } ds_layer;
 
+/* How the engine runs the model; results do not depend on these beyond
+ * rounding. The zero value of every field is its default. */
+typedef struct {
+    /* Prompt tokens per forward pass. Larger passes let each routed expert reuse
+     * its weights across more tokens; attention costs the same in any chunking.
+     * 0: the backend's choice (ds_ops.prefill_tokens), else 1024. */
+    int prefill_chunk;
+    /* Prefill passes of at least this many tokens run attention in the expanded
+     * (MHA) form where the backend supports it (ds_ops.attn_head_last). 0: 384. */
+    int expand_min;
+    /* Run every decode step eagerly instead of replaying a recorded backend graph. */
+    bool no_graphs;
+} ds_tuning;
+
 typedef struct {
     ds_attn_impl attn;
     ds_gemm_impl gemm;
     const ds_ops *ops;     /* NULL: the CPU backend with fast kernels */
     ds_comm *comm;         /* NULL: a single process */
+    ds_tuning tune;
 } ds_model_opts;
 
 typedef struct {

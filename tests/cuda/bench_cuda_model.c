@@ -10,7 +10,7 @@
  * bandwidth. Batch 8 reads at most 8 * K experts per layer; its figure is
  * tokens/s against batch 1. The 4k depth fills rows 0..4095 of the KV cache
  * with random values (attention costs the same whatever the values). Decode
- * steps replay a recorded graph after two warm-up steps (DSV3_GRAPH=0: every
+ * steps replay a recorded graph after two warm-up steps (tune.no_graphs: every
  * step eager); batch 1 is also timed eagerly, and the logits of a recorded
  * step are compared with the eager ones. BENCH_GEMM=fp8 runs the model with the
  * reference's gemm_impl fp8. Not a test: prints figures. */
@@ -118,7 +118,7 @@ static double graph_vs_eager(ds_model *m, float *a, float *b)
     float *out[2] = {a, b};
     for (int mode = 0; mode < 2; mode++) {
         ds_kvcache *kv = NULL;
-        setenv("DSV3_GRAPH", mode ? "0" : "1", 1);
+        m->opt.tune.no_graphs = mode;
         if (kvcache_new(&kv, m, 1, 8)) return -1;
         for (int i = 0; i < 8; i++) {
             int32_t tok = (int32_t)((i * 7919 + 11) % m->cfg.vocab_size);
@@ -128,7 +128,7 @@ static double graph_vs_eager(ds_model *m, float *a, float *b)
         }
         kvcache_free(kv);
     }
-    unsetenv("DSV3_GRAPH");
+    m->opt.tune.no_graphs = false;
     double err = 0, mx = 0;
     for (int i = 0; i < m->cfg.vocab_size; i++) {
         double d = a[i] - b[i];
@@ -193,9 +193,9 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         ds_kvcache *kv = NULL;
         if (kvcache_new(&kv, m, 8, ctx)) return -1;
         double t1 = decode(m, kv, 1, 0, reps, logits);
-        setenv("DSV3_GRAPH", "0", 1);
+        m->opt.tune.no_graphs = true;
         double t1e = decode(m, kv, 1, 0, reps, logits);
-        unsetenv("DSV3_GRAPH");
+        m->opt.tune.no_graphs = false;
         double t8 = decode(m, kv, 8, 0, reps, logits);
         fill_cache(m, kv, depth);
         double t4k = decode(m, kv, 1, depth, reps, logits);
@@ -269,7 +269,7 @@ int main(int argc, char **argv)
          * prefill of 512 tokens (after a warm-up prefill). BENCH_PROFILE=decode:
          * the decode steps only; =prefill: the prefill only. */
         bool pd = strcmp(prof_mode, "prefill") != 0, pp = strcmp(prof_mode, "decode") != 0;
-        setenv("DSV3_GRAPH", "0", 1);
+        m->opt.tune.no_graphs = true;
         if (pd && decode(m, kv, 1, 0, 1, logits) < 0) goto fail;
         int prof[3][2] = {{1, 0}, {1, 4096}, {8, 0}};
         for (int c = 0; c < (pd ? 3 : 0); c++) {
@@ -294,9 +294,9 @@ int main(int argc, char **argv)
         return 0;
     }
     double t1 = decode(m, kv, 1, 0, reps, logits);
-    setenv("DSV3_GRAPH", "0", 1);
+    m->opt.tune.no_graphs = true;
     double t1e = decode(m, kv, 1, 0, reps, logits);
-    unsetenv("DSV3_GRAPH");
+    m->opt.tune.no_graphs = false;
     double gerr = graph_vs_eager(m, logits, logits + cfg.vocab_size);
     double t8 = decode(m, kv, 8, 0, reps, logits);
     fill_cache(m, kv, depth);

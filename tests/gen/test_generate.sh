@@ -71,7 +71,7 @@ got=$(grep '^Ids:' "$tmp/big.out" | sed 's/^Ids://')
 # far above rounding): passes of 512 and of 100 against the whole prompt in one
 # pass, same seed. Shifting a later pass's positions by one fails both.
 for ch in 512 100 4096; do
-  DSV3_PREFILL_CHUNK=$ch "$bin" generate --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --input-file "$tmp/big.txt" \
+  "$bin" generate --prefill-chunk $ch --ckpt-path "$tmp/m" --config "$tmp/cfg_big.json" --input-file "$tmp/big.txt" \
       --temperature 1 --top-k 5 --seed 11 --max-new-tokens 12 --print-ids 2>/dev/null | grep '^Ids:' > "$tmp/big_$ch.ids" \
       || bad "generate long prompt, chunks of $ch"
 done

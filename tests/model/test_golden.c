@@ -7,9 +7,17 @@
  * the KV cache: max |engine - ref| <= 1e-3 max |ref| per row, same argmax.
  * FP8 GEMM path: mean cosine >= 0.9 against the fp8gemm rows (FP8 activation
  * quantisation makes this random network chaotic; see the golden README).
- * On s40 (absorb) also model_forward_pick against the host sampler (pick_check.h). */
+ * On s40 (absorb) also model_forward_pick against the host sampler (pick_check.h).
+ *
+ * Flags (tests/model/tests.cmake runs the variants): --expand-min N (prefill
+ * passes from N tokens in the expanded attention form), --cpu-isa avx2 (the
+ * AVX2 kernels on an AVX-512 machine), --poison-scratch (scratch filled with
+ * NaN bytes). */
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "backend/cpu/cpu_backend.h"
 
 #include "model/golden_run.h"
 #include "model/model.h"
@@ -35,8 +43,20 @@ static void compare_exact(const char *label, const float *got, const float *ref,
     CHECK_MSG(bad_arg == 0, "%s: %d rows with a different argmax", label, bad_arg);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    cpu_tuning ct = cpu_tuning_default();
+    ds_tuning tune = {0};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--expand-min") && i + 1 < argc) tune.expand_min = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cpu-isa") && i + 1 < argc && !strcmp(argv[i + 1], "avx2")) ct.isa = CPU_ISA_AVX2, i++;
+        else if (!strcmp(argv[i], "--poison-scratch")) ct.poison_scratch = true;
+        else {
+            fprintf(stderr, "usage: %s [--expand-min N] [--cpu-isa avx2] [--poison-scratch]\n", argv[0]);
+            return 2;
+        }
+    }
+    const ds_ops *base = cpu_backend_tuned(&ct);
     ds_config cfg;
     CHECK_OK(config_load(&cfg, t_golden("config_tiny.json")));
     st_file *ref;
@@ -47,21 +67,21 @@ int main(void)
     if (t_failures) return t_done("golden");
     /* host_loops: the fast backend without its batched heads, experts and multi-matrix ops,
      * as on a CPU without AVX-512: the model's own loops over heads and experts */
-    ds_ops loops = *cpu_backend(true);
+    ds_ops loops = *base;
     loops.matmul_heads = NULL;
     loops.matmul_heads_t = NULL;
     loops.moe_experts = NULL;
     loops.matmul_many = NULL;
     struct { const char *row, *label; ds_attn_impl attn; ds_gemm_impl gemm; bool ue8m0; const ds_ops *ops; } modes[] = {
-        {"absorb", "absorb", DS_ATTN_ABSORB, DS_GEMM_BF16, false, NULL},
-        {"naive", "naive", DS_ATTN_NAIVE, DS_GEMM_BF16, false, NULL},
-        {"fp8gemm", "fp8gemm", DS_ATTN_ABSORB, DS_GEMM_FP8, false, NULL},
-        {"fp8gemm_ue8m0", "fp8gemm_ue8m0", DS_ATTN_ABSORB, DS_GEMM_FP8, true, NULL},
+        {"absorb", "absorb", DS_ATTN_ABSORB, DS_GEMM_BF16, false, base},
+        {"naive", "naive", DS_ATTN_NAIVE, DS_GEMM_BF16, false, base},
+        {"fp8gemm", "fp8gemm", DS_ATTN_ABSORB, DS_GEMM_FP8, false, base},
+        {"fp8gemm_ue8m0", "fp8gemm_ue8m0", DS_ATTN_ABSORB, DS_GEMM_FP8, true, base},
         {"absorb", "absorb (host loops)", DS_ATTN_ABSORB, DS_GEMM_BF16, false, &loops},
     };
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         ds_model *m;
-        ds_model_opts o = {.attn = modes[mi].attn, .gemm = modes[mi].gemm, .ops = modes[mi].ops};
+        ds_model_opts o = {.attn = modes[mi].attn, .gemm = modes[mi].gemm, .ops = modes[mi].ops, .tune = tune};
         ds_config c = cfg;
         c.scale_ue8m0 = modes[mi].ue8m0;
         CHECK_OK(model_load(&m, t_golden("tiny_hf"), &c, &o));

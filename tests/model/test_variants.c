@@ -13,6 +13,7 @@
 
 #include "model/generate.h"
 #include "model/model.h"
+#include "backend/cpu/cpu_backend.h"
 #include "test.h"
 
 typedef struct {
@@ -243,8 +244,12 @@ static void check_variant(const variant *v)
     t_system("rm -rf %s", dir);
 }
 
-int main(void)
+/* --poison-scratch: every scratch buffer filled with NaN bytes (cpu_tuning). */
+int main(int argc, char **argv)
 {
+    cpu_tuning ct = cpu_tuning_default();
+    ct.poison_scratch = argc > 1 && !strcmp(argv[1], "--poison-scratch");
+    cpu_backend_tuned(&ct); /* poisoning is process-wide: cpu_backend() tables too */
     for (size_t i = 0; i < sizeof k_variants / sizeof *k_variants; i++) check_variant(&k_variants[i]);
     return t_done("variants");
 }

@@ -5,21 +5,20 @@
  * that have vectorised versions (matmul, matmul_t, attention, silu_mul and
  * the batched matmul_many, matmul_heads(_t), moe_experts on AVX-512; matmul
  * on AVX2). The choice is made at run time with
- * __builtin_cpu_supports, so one binary runs on any x86-64.
- * DSV3_CPU_GEMM=bf16|split|hilo8 in the environment selects the precision of
- * the prefill GEMM's activations (see cpu_simd.h); the default, hilo8, keeps
- * the golden tests' accuracy. */
+ * __builtin_cpu_supports, so one binary runs on any x86-64; cpu_tuning
+ * (cpu_backend.h) may ask for a narrower set and selects the precision of the
+ * prefill GEMM's activations. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "backend/backend.h"
+#include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 #include "cpu_stats.h"
 
-static ds_ops g_fast;
 
 /* Activation buffers: the model allocates and frees the same sizes every
  * layer and every call. Freed blocks are kept (up to CACHE_BYTES in all) and
@@ -77,8 +76,7 @@ static void *fast_alloc(size_t bytes)
     return p;
 }
 
-/* DSV3_SCRATCH_POISON=1: scratch comes filled with NaN bytes, so that a test shows
- * whether any reader relies on what it did not write (read once). */
+/* cpu_tuning.poison_scratch: scratch comes filled with NaN bytes. */
 static bool g_poison;
 
 static void *fast_alloc_scratch(size_t bytes)
@@ -104,7 +102,6 @@ static void fast_free(void *ptr)
     pthread_mutex_unlock(&g_mu);
     if (p) free(p - 64);
 }
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 bool cpu_has_avx512(void)
 {
@@ -141,57 +138,74 @@ static void heads_t_counted(float *y, int ys, const float *x, int xs, int n, int
     if (cpu_stats_on()) cpu_stats_note(CPU_STAT_HEADS_T, (double)cpu_row_bytes(w) * rows * H, t0);
 }
 
-static void fill_fast(void)
+/* The reference with the fast allocator and the kernels of one instruction set. */
+static void fill_fast(ds_ops *t, cpu_isa isa)
 {
-    g_fast = cpu_ref_ops;
-    g_fast.alloc = fast_alloc;
-    g_fast.alloc_scratch = fast_alloc_scratch;
-    g_fast.free = fast_free;
-    const char *poison = getenv("DSV3_SCRATCH_POISON");
-    g_poison = poison && !strcmp(poison, "1");
+    *t = cpu_ref_ops;
+    t->alloc = fast_alloc;
+    t->alloc_scratch = fast_alloc_scratch;
+    t->free = fast_free;
     /* the reference's batched versions of these are scalar; without AVX-512
      * the model's host loops over heads and experts reach the fast matmuls */
-    g_fast.matmul_heads = NULL;
-    g_fast.matmul_heads_t = NULL;
-    g_fast.moe_experts = NULL;
-    /* DSV3_CPU_ISA=avx2: the AVX2 kernels on a CPU that also has AVX-512 (to
-     * test and measure what machines without it run) */
-    const char *isa = getenv("DSV3_CPU_ISA");
-    bool avx2_only = isa && !strcmp(isa, "avx2");
-    if (cpu_has_avx512() && !avx2_only) {
-        g_fast.name = "cpu-avx512";
-        g_fast.matmul = avx512_matmul;
-        g_fast.matmul_t = avx512_matmul_t;
-        g_fast.attention = avx512_attention;
-        g_fast.silu_mul = avx512_silu_mul;
-        g_fast.matmul_many = avx512_matmul_many;
-        g_fast.matmul_heads = avx512_matmul_heads;
-        g_fast.matmul_heads_t = avx512_matmul_heads_t;
-        g_fast.moe_experts = avx512_moe_experts;
-        /* bf16-rounded prefill activations: twice the speed, but beyond the
-         * golden tests' 1e-3 tolerance on the (chaotic) tiny model; opt-in */
-        const char *prec = getenv("DSV3_CPU_GEMM");
-        if (prec && !strcmp(prec, "bf16")) cpu_gemm_precision = CPU_GEMM_BF16;
-        if (prec && !strcmp(prec, "split")) cpu_gemm_precision = CPU_GEMM_SPLIT;
-        if (prec && !strcmp(prec, "hilo8")) cpu_gemm_precision = CPU_GEMM_HILO8;
+    t->matmul_heads = NULL;
+    t->matmul_heads_t = NULL;
+    t->moe_experts = NULL;
+    if (isa == CPU_ISA_AUTO && cpu_has_avx512()) {
+        t->name = "cpu-avx512";
+        t->matmul = avx512_matmul;
+        t->matmul_t = avx512_matmul_t;
+        t->attention = avx512_attention;
+        t->silu_mul = avx512_silu_mul;
+        t->matmul_many = avx512_matmul_many;
+        t->matmul_heads = avx512_matmul_heads;
+        t->matmul_heads_t = avx512_matmul_heads_t;
+        t->moe_experts = avx512_moe_experts;
     } else if (cpu_has_avx2()) {
-        g_fast.name = "cpu-avx2";
-        g_fast.attn_head_last = true; /* per-head limits: the expanded prefill runs here */
-        g_fast.matmul = avx2_matmul;
-        g_fast.matmul_many = avx2_matmul_many;
-        g_fast.moe_experts = avx2_moe_experts;
-        g_fast.matmul_t = avx2_matmul_t;
-        g_fast.matmul_heads = avx2_matmul_heads;
-        g_fast.matmul_heads_t = avx2_matmul_heads_t;
-        g_fast.attention = avx2_attention;
-        g_fast.silu_mul = avx2_silu_mul;
+        t->name = "cpu-avx2";
+        t->attn_head_last = true; /* per-head limits: the expanded prefill runs here */
+        t->matmul = avx2_matmul;
+        t->matmul_many = avx2_matmul_many;
+        t->moe_experts = avx2_moe_experts;
+        t->matmul_t = avx2_matmul_t;
+        t->matmul_heads = avx2_matmul_heads;
+        t->matmul_heads_t = avx2_matmul_heads_t;
+        t->attention = avx2_attention;
+        t->silu_mul = avx2_silu_mul;
     }
-    if ((g_heads_t = g_fast.matmul_heads_t)) g_fast.matmul_heads_t = heads_t_counted;
+    if ((g_heads_t = t->matmul_heads_t)) t->matmul_heads_t = heads_t_counted;
+}
+
+static ds_ops g_auto, g_avx2;
+static pthread_once_t g_auto_once = PTHREAD_ONCE_INIT, g_avx2_once = PTHREAD_ONCE_INIT;
+static void fill_auto(void) { fill_fast(&g_auto, CPU_ISA_AUTO); }
+static void fill_avx2(void) { fill_fast(&g_avx2, CPU_ISA_AVX2); }
+
+cpu_tuning cpu_tuning_default(void)
+{
+    return (cpu_tuning){.isa = CPU_ISA_AUTO, .gemm_precision = CPU_GEMM_HILO8, .poison_scratch = false};
+}
+
+const ds_ops *cpu_backend_tuned(const cpu_tuning *t)
+{
+    cpu_tuning d = cpu_tuning_default();
+    if (!t) t = &d;
+    cpu_gemm_precision = t->gemm_precision;
+    g_poison = t->poison_scratch;
+    switch (t->isa) {
+    case CPU_ISA_SCALAR:
+        return &cpu_ref_ops;
+    case CPU_ISA_AVX2:
+        pthread_once(&g_avx2_once, fill_avx2);
+        return &g_avx2;
+    default:
+        pthread_once(&g_auto_once, fill_auto);
+        return &g_auto;
+    }
 }
 
 const ds_ops *cpu_backend(bool simd)
 {
     if (!simd) return &cpu_ref_ops;
-    pthread_once(&g_once, fill_fast);
-    return &g_fast;
+    pthread_once(&g_auto_once, fill_auto);
+    return &g_auto;
 }

@@ -6,8 +6,8 @@
  * block scale and 2^64 folded into the activations, the sums times 2^56), BF16
  * by a shift or a mask, weights prefetched into L2 ahead of the loop, long
  * rows in column pieces. Many tokens: a register-tiled float32 GEMM on panels widened once
- * (avx2_gemm); no bf16 dot-product instructions exist here. DSV3_CPU_ISA=avx2
- * selects these kernels on a CPU with AVX-512 too. */
+ * (avx2_gemm); no bf16 dot-product instructions exist here. cpu_tuning.isa
+ * CPU_ISA_AVX2 selects these kernels on a CPU with AVX-512 too. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>

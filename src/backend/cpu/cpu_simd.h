@@ -12,6 +12,7 @@
 #define DS_CPU_SIMD_H
 
 #include "backend/backend.h"
+#include "cpu_backend.h"
 
 /* Which instruction sets this CPU offers (cached after the first call). */
 bool cpu_has_avx512(void);  /* F, BW, VL, DQ, BF16 (vdpbf16ps) and VNNI (vpdpbusd) */
@@ -29,7 +30,6 @@ bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
  *                   work; error about 2^-16 of max |x| max |w| a product.
  * In every mode the hi products use the exact weights (BF16, or FP8 which is
  * exact in bf16). */
-typedef enum { CPU_GEMM_BF16, CPU_GEMM_SPLIT, CPU_GEMM_HILO8 } cpu_gemm_prec;
 extern cpu_gemm_prec cpu_gemm_precision;
 /* Token counts from which matmul uses the batched GEMM (below: the decode kernel). */
 extern int cpu_gemm_min_tokens;
