@@ -1,9 +1,26 @@
-/* dsv3.c - the command-line tool: dispatches to one subcommand per file. */
+/* dsv3.c - the command-line tool: dispatches to one subcommand per file.
+ *
+ * Process-wide concerns live here, around the subcommand: descriptors 0-2 are
+ * opened to /dev/null when the tool starts with them closed (else the first
+ * file opened would become stdout and a message would land in it); SIGINT,
+ * SIGTERM and SIGHUP remove an output transaction's temporary before the
+ * process ends (io/txn.h); SIGXFSZ is ignored so that a file-size limit is a
+ * write error with a message; SIGBUS inside a mapped file (a checkpoint
+ * truncated under a run) is reported naming the file; and a failed write to
+ * stdout or stderr, found at the latest when they are flushed at exit, makes
+ * the exit status non-zero. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cmds.h"
 #include "dsv3.h"
+#include "io/txn.h"
 
 /* Subcommands are weak so that a build without a subsystem still links; the
  * table says which exist. */
@@ -40,7 +57,118 @@ static void usage(FILE *out)
     fprintf(out, "\n'dsv3 <command> --help' lists a command's flags.\n");
 }
 
-int main(int argc, char **argv)
+static void open_std_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++)
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+            /* open() takes the lowest free descriptor: fd itself */
+            int n = open("/dev/null", fd ? O_WRONLY : O_RDONLY);
+            if (n >= 0 && n != fd) close(n);
+        }
+}
+
+static void on_terminate(int sig)
+{
+    int e = errno;
+    if (txn_signal_cleanup(sig) == 2) { /* publishing: main re-raises once it is done */
+        errno = e;
+        return;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void put(const char *s)
+{
+    ssize_t r = write(2, s, strlen(s));
+    (void)r;
+}
+
+/* The file mapped at addr, from /proc/self/maps, into path (async-signal-safe). */
+static int mapped_file(uintptr_t addr, char *path, size_t cap)
+{
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[8192], line[4096 + 256];
+    size_t ll = 0;
+    int found = 0;
+    ssize_t n;
+    while (!found && (n = read(fd, buf, sizeof buf)) > 0) {
+        for (ssize_t i = 0; i < n && !found; i++) {
+            if (buf[i] != '\n') {
+                if (ll < sizeof line - 1) line[ll++] = buf[i];
+                continue;
+            }
+            line[ll] = 0;
+            ll = 0;
+            uintptr_t lo = 0, hi = 0;
+            const char *p = line;
+            for (; *p && *p != '-'; p++) lo = lo * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+            for (p += *p == '-'; *p && *p != ' '; p++) hi = hi * 16 + (uintptr_t)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+            if (addr < lo || addr >= hi) continue;
+            const char *f = strchr(line, '/');
+            if (!f) break;
+            size_t k = strlen(f) < cap - 1 ? strlen(f) : cap - 1;
+            memcpy(path, f, k);
+            path[k] = 0;
+            found = 1;
+        }
+    }
+    close(fd);
+    return found;
+}
+
+/* SIGBUS: an access past the end of a mapped file that shrank after it was opened. */
+static void on_bus(int sig, siginfo_t *si, void *ctx)
+{
+    (void)ctx;
+    char path[4096];
+    txn_signal_cleanup(sig);
+    if (mapped_file((uintptr_t)si->si_addr, path, sizeof path)) {
+        put("dsv3: ");
+        put(path);
+        put(" changed while in use (truncated or rewritten by another program); stopping\n");
+    } else {
+        put("dsv3: bus error (a mapped file changed while in use?)\n");
+    }
+    _exit(1);
+}
+
+static void install_handlers(void)
+{
+    static const int term[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof term / sizeof *term; i++) {
+        struct sigaction sa, old;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_terminate;
+        sigemptyset(&sa.sa_mask);
+        /* a signal ignored by whoever started us (nohup, a background job) stays ignored */
+        if (sigaction(term[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN) sigaction(term[i], &sa, NULL);
+    }
+    struct sigaction sb;
+    memset(&sb, 0, sizeof sb);
+    sb.sa_sigaction = on_bus;
+    sb.sa_flags = SA_SIGINFO;
+    sigemptyset(&sb.sa_mask);
+    sigaction(SIGBUS, &sb, NULL);
+    signal(SIGXFSZ, SIG_IGN);
+}
+
+/* Flushes stdout and stderr; a write error anywhere in the run makes rc non-zero. */
+static int finish_output(int rc)
+{
+    int bad_out = fflush(stdout) != 0 || ferror(stdout);
+    int e = errno;
+    if (fclose(stdout) != 0 && !bad_out) {
+        bad_out = 1;
+        e = errno;
+    }
+    if (bad_out) fprintf(stderr, "dsv3: error writing standard output: %s\n", e ? strerror(e) : "write failed");
+    int bad_err = fflush(stderr) != 0 || ferror(stderr);
+    return rc ? rc : bad_out || bad_err ? 1 : 0;
+}
+
+static int run(int argc, char **argv)
 {
     if (argc < 2) {
         usage(stderr);
@@ -59,4 +187,18 @@ int main(int argc, char **argv)
     fprintf(stderr, "dsv3: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;
+}
+
+int main(int argc, char **argv)
+{
+    open_std_fds();
+    install_handlers();
+    errno = 0;
+    int rc = finish_output(run(argc, argv));
+    int sig = txn_pending_signal();
+    if (sig) { /* arrived while an output was being published: honour it now */
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    return rc;
 }

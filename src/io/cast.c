@@ -89,7 +89,7 @@ static ds_status write_dequant(st_writer *w, const st_file *f, const st_tensor *
 
 /* One output shard. */
 static ds_status cast_file(const ds_ckpt *c, const st_file *f, const cast_opts *o, const char *out_path,
-                           convert_outs *outs, json_t *dropped, progress *pb)
+                           json_t *dropped, progress *pb)
 {
     st_writer *w;
     ds_status s = st_writer_open(&w, out_path);
@@ -136,21 +136,20 @@ static ds_status cast_file(const ds_ckpt *c, const st_file *f, const cast_opts *
         st_writer_abort(w);
         return s;
     }
-    if ((s = st_writer_finish(w))) return s;
-    return convert_outs_add(outs, out_path);
+    return st_writer_finish(w);
 }
 
 /* The new index: the source's weight_map (or one built from the shards) in
  * its order, less the dropped scales (all of them: an orphan scale is not in
  * the output either), written as json.dump(indent=2) does. */
-static ds_status write_index(const ds_ckpt *c, const cast_opts *o, json_t *dropped, convert_outs *outs)
+static ds_status write_index(const ds_ckpt *c, const cast_opts *o, json_t *dropped, out_txn *t)
 {
     char *ip = ckpt_join(o->in_dir, "model.safetensors.index.json");
-    char *op = ckpt_join(o->out_dir, "model.safetensors.index.json");
+    const char *op = "model.safetensors.index.json";
     json_t *wm = NULL, *root = NULL;
     ds_status s = DS_OK;
     struct stat sb;
-    if (!ip || !op) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    if (!ip) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     else if (stat(ip, &sb) == 0) {
         json_error_t e;
         root = json_load_file(ip, JSON_REJECT_DUPLICATES, &e);
@@ -175,23 +174,22 @@ static ds_status write_index(const ds_ckpt *c, const cast_opts *o, json_t *dropp
         json_object_set(out, "weight_map", wm);
         char *text = json_dumps(out, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         json_decref(out);
-        s = text ? convert_write_file(outs, op, text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+        s = text ? convert_write_file(t, op, text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
         free(text);
     }
     json_decref(wm);
     json_decref(root);
     free(ip);
-    free(op);
     return s;
 }
 
 /* config.json without quantization_config: the output is not FP8. */
-static ds_status write_config(const cast_opts *o, convert_outs *outs)
+static ds_status write_config(const cast_opts *o, out_txn *t)
 {
-    char *ip = ckpt_join(o->in_dir, "config.json"), *op = ckpt_join(o->out_dir, "config.json");
+    char *ip = ckpt_join(o->in_dir, "config.json");
     ds_status s = DS_OK;
     struct stat sb;
-    if (!ip || !op) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    if (!ip) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     else if (stat(ip, &sb) == 0) {
         json_error_t e;
         json_t *root = json_load_file(ip, 0, &e);
@@ -199,13 +197,13 @@ static ds_status write_config(const cast_opts *o, convert_outs *outs)
         else {
             json_object_del(root, "quantization_config");
             char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-            s = text ? convert_write_file(outs, op, text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+            s = text ? convert_write_file(t, "config.json", text, strlen(text))
+                     : ds_errorf(DS_ERR_NOMEM, "out of memory");
             free(text);
         }
         json_decref(root);
     }
     free(ip);
-    free(op);
     return s;
 }
 
@@ -218,11 +216,14 @@ ds_status cast_bf16_checkpoint(const cast_opts *o)
 {
     if (o->threads < 0) return ds_errorf(DS_ERR_ARG, "--threads is %d but must be >= 0", o->threads);
     if (o->threads > 0) omp_set_num_threads(o->threads);
+    if (!o->in_place && txn_same_file(o->in_dir, o->out_dir))
+        return ds_errorf(DS_ERR_ARG, "--output-bf16-hf-path is the input directory %s: pass --in-place to "
+                         "replace the input shards (only once the whole output is written)", o->in_dir);
     ds_ckpt *c;
     ds_status s = ckpt_open_dir(&c, o->in_dir);
     if (s) return s;
     st_file **files = malloc(c->n_files * sizeof *files + 1);
-    convert_outs outs = {0};
+    out_txn *t = NULL;
     json_t *dropped = json_object();
     if (!files || !dropped) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     uint64_t total = 0;
@@ -231,21 +232,21 @@ ds_status cast_bf16_checkpoint(const cast_opts *o)
         total += files[i]->size;
     }
     if (!s) qsort(files, c->n_files, sizeof *files, cmp_path);
-    if (!s) s = convert_mkdirs(&outs, o->out_dir);
+    if (!s) s = txn_begin(&t, o->out_dir, "--output-bf16-hf-path");
     progress pb;
     progress_init(&pb, "cast-bf16", total, o->progress);
     for (size_t i = 0; !s && i < c->n_files; i++) {
         const char *base = strrchr(files[i]->path, '/');
-        char *op = ckpt_join(o->out_dir, base ? base + 1 : files[i]->path);
-        s = op ? cast_file(c, files[i], o, op, &outs, dropped, &pb) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+        char *op = txn_path(t, base ? base + 1 : files[i]->path);
+        s = op ? cast_file(c, files[i], o, op, dropped, &pb) : ds_errorf(DS_ERR_NOMEM, "out of memory");
         free(op);
     }
     progress_done(&pb);
-    if (!s) s = write_index(c, o, dropped, &outs);
-    if (!s) s = write_config(o, &outs);
-    if (!s) s = convert_copy_tokenizer(&outs, o->in_dir, o->out_dir);
-    if (s) convert_outs_rollback(&outs);
-    convert_outs_free(&outs);
+    if (!s) s = write_index(c, o, dropped, t);
+    if (!s) s = write_config(o, t);
+    if (!s) s = convert_copy_tokenizer(t, o->in_dir);
+    if (!s) s = txn_commit(t);
+    else txn_abort(t);
     json_decref(dropped);
     free(files);
     ckpt_close(c);

@@ -16,6 +16,7 @@
 typedef struct {
     const char *in_dir, *out_dir;
     bool allow_missing_scale; /* copy an FP8 weight with no scale through (and warn) */
+    bool in_place;            /* allow out_dir to be in_dir (inputs replaced at the final rename) */
     int threads;              /* OpenMP threads; 0 = the runtime's default */
     bool progress;
 } cast_opts;

@@ -31,138 +31,35 @@
 
 /* ---- file helpers ---- */
 
-ds_status convert_outs_add(convert_outs *o, const char *path)
+ds_status convert_write_file(out_txn *t, const char *name, const char *data, size_t len)
 {
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 16;
-        char **p = realloc(o->paths, cap * sizeof *p);
-        if (!p) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-        o->paths = p;
-        o->cap = cap;
-    }
-    if (!(o->paths[o->n] = strdup(path))) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    o->n++;
-    return DS_OK;
+    char *path = txn_path(t, name);
+    ds_status s = path ? txn_write_file(path, data, len) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    free(path);
+    return s;
 }
 
-void convert_outs_rollback(convert_outs *o)
+ds_status convert_copy_file(out_txn *t, const char *src, const char *name)
 {
-    for (size_t i = 0; i < o->n; i++) unlink(o->paths[i]);
-    if (o->created_dir) rmdir(o->created_dir);
+    char *path = txn_path(t, name);
+    ds_status s = path ? txn_copy_file(src, path) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    free(path);
+    return s;
 }
 
-void convert_outs_free(convert_outs *o)
-{
-    for (size_t i = 0; i < o->n; i++) free(o->paths[i]);
-    free(o->paths);
-    free(o->created_dir);
-    *o = (convert_outs){0};
-}
-
-ds_status convert_mkdirs(convert_outs *o, const char *dir)
-{
-    struct stat sb;
-    if (stat(dir, &sb) == 0) {
-        if (!S_ISDIR(sb.st_mode)) return ds_errorf(DS_ERR_IO, "%s: exists and is not a directory", dir);
-        return DS_OK;
-    }
-    char *p = strdup(dir);
-    if (!p) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    /* Create parents first; only the last component is recorded for rollback. */
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/') continue;
-        *s = 0;
-        if (mkdir(p, 0777) && errno != EEXIST) {
-            ds_status st = ds_errorf(DS_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
-            free(p);
-            return st;
-        }
-        *s = '/';
-    }
-    if (mkdir(p, 0777) && errno != EEXIST) {
-        ds_status st = ds_errorf(DS_ERR_IO, "%s: cannot create directory: %s", p, strerror(errno));
-        free(p);
-        return st;
-    }
-    if (o && !o->created_dir) o->created_dir = p;
-    else free(p);
-    return DS_OK;
-}
-
-static char *tmp_name(const char *path)
-{
-    size_t n = strlen(path) + 32;
-    char *t = malloc(n);
-    if (t) snprintf(t, n, "%s.tmp%ld", path, (long)getpid());
-    return t;
-}
-
-/* Opens dst's temporary for writing; *tmp receives its name. */
-static ds_status open_tmp(const char *dst, char **tmp, FILE **fp)
-{
-    if (!(*tmp = tmp_name(dst))) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    if (!(*fp = fopen(*tmp, "wb"))) {
-        ds_status s = ds_errorf(DS_ERR_IO, "%s: cannot create: %s", *tmp, strerror(errno));
-        free(*tmp);
-        return s;
-    }
-    return DS_OK;
-}
-
-/* Closes the temporary and renames it to dst (ok != 0), or removes it. */
-static ds_status close_tmp(convert_outs *o, const char *dst, char *tmp, FILE *fp, int ok)
-{
-    ds_status s = DS_OK;
-    if (fclose(fp) || !ok) s = ds_errorf(DS_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-    if (!s && rename(tmp, dst)) s = ds_errorf(DS_ERR_IO, "%s: cannot rename into place: %s", dst, strerror(errno));
-    if (s) unlink(tmp);
-    free(tmp);
-    return s ? s : convert_outs_add(o, dst);
-}
-
-ds_status convert_write_file(convert_outs *o, const char *path, const char *data, size_t len)
-{
-    char *tmp;
-    FILE *fp;
-    ds_status s = open_tmp(path, &tmp, &fp);
-    if (s) return s;
-    return close_tmp(o, path, tmp, fp, fwrite(data, 1, len, fp) == len);
-}
-
-ds_status convert_copy_file(convert_outs *o, const char *src, const char *dst)
-{
-    FILE *in = fopen(src, "rb");
-    if (!in) return ds_errorf(DS_ERR_IO, "%s: cannot open: %s", src, strerror(errno));
-    char *tmp;
-    FILE *fp;
-    ds_status s = open_tmp(dst, &tmp, &fp);
-    if (s) {
-        fclose(in);
-        return s;
-    }
-    char buf[1 << 16];
-    size_t n;
-    int ok = 1;
-    while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, fp) == n;
-    if (ferror(in)) ok = 0;
-    fclose(in);
-    return close_tmp(o, dst, tmp, fp, ok);
-}
-
-ds_status convert_copy_tokenizer(convert_outs *o, const char *src_dir, const char *dst_dir)
+ds_status convert_copy_tokenizer(out_txn *t, const char *src_dir)
 {
     DIR *d = opendir(src_dir);
     if (!d) return ds_errorf(DS_ERR_IO, "%s: cannot open directory: %s", src_dir, strerror(errno));
     struct dirent *e;
     ds_status s = DS_OK;
     while (!s && (e = readdir(d))) {
-        if (e->d_name[0] == '.' || !strstr(e->d_name, "token") || strstr(e->d_name, ".tmp")) continue;
-        char *src = ckpt_join(src_dir, e->d_name), *dst = ckpt_join(dst_dir, e->d_name);
+        if (e->d_name[0] == '.' || !strstr(e->d_name, "token")) continue;
+        char *src = ckpt_join(src_dir, e->d_name);
         struct stat sb;
-        if (!src || !dst) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
-        else if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode)) s = convert_copy_file(o, src, dst);
+        if (!src) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        else if (lstat(src, &sb) == 0 && S_ISREG(sb.st_mode)) s = convert_copy_file(t, src, e->d_name);
         free(src);
-        free(dst);
     }
     closedir(d);
     return s;
@@ -473,8 +370,8 @@ static ds_status check_opts(const convert_opts *o, int n_routed)
     return DS_OK;
 }
 
-/* Writes all rank files; on success every final path is recorded in outs. */
-static ds_status write_ranks(const convert_opts *o, const plan *p, convert_outs *outs)
+/* Writes all rank files into the transaction's directory. */
+static ds_status write_ranks(const convert_opts *o, const plan *p, out_txn *t)
 {
     int mp = o->mp;
     st_writer **w = calloc((size_t)mp, sizeof *w);
@@ -483,7 +380,7 @@ static ds_status write_ranks(const convert_opts *o, const plan *p, convert_outs 
     for (int r = 0; !s && r < mp; r++) {
         char fn[64];
         snprintf(fn, sizeof fn, "model%d-mp%d.safetensors", r, mp);
-        char *path = ckpt_join(o->save_dir, fn);
+        char *path = txn_path(t, fn);
         s = path ? st_writer_open(&w[r], path) : ds_errorf(DS_ERR_NOMEM, "out of memory");
         free(path);
     }
@@ -493,17 +390,8 @@ static ds_status write_ranks(const convert_opts *o, const plan *p, convert_outs 
     if (!s) s = stream_data(w, mp, p, &pb);
     progress_done(&pb);
     for (int r = 0; r < mp; r++) {
-        if (s) {
-            st_writer_abort(w[r]);
-            continue;
-        }
-        char fn[64];
-        snprintf(fn, sizeof fn, "model%d-mp%d.safetensors", r, mp);
-        char *path = ckpt_join(o->save_dir, fn);
-        s = path ? st_writer_finish(w[r]) : ds_errorf(DS_ERR_NOMEM, "out of memory");
-        if (!s) s = convert_outs_add(outs, path);
-        if (!path) st_writer_abort(w[r]);
-        free(path);
+        if (s) st_writer_abort(w[r]);
+        else s = st_writer_finish(w[r]);
     }
     free(w);
     return s;
@@ -514,24 +402,26 @@ ds_status convert_checkpoint(const convert_opts *o)
     int n_layers, n_routed;
     ds_status s = read_hf_config(o->hf_dir, &n_layers, &n_routed);
     if (s || (s = check_opts(o, n_routed))) return s;
+    if (!o->in_place && txn_same_file(o->hf_dir, o->save_dir))
+        return ds_errorf(DS_ERR_ARG, "--save-path is the input directory %s: pass --in-place to write the "
+                         "shards beside the input (its config.json and tokenizer files are then replaced)", o->hf_dir);
     ds_ckpt *c = NULL;
     if ((s = ckpt_open_dir(&c, o->hf_dir))) return s;
     plan p = {0};
-    convert_outs outs = {0};
+    out_txn *t = NULL;
     s = make_plan(o, c, n_layers, &p);
-    if (!s) s = convert_mkdirs(&outs, o->save_dir);
-    if (!s) s = write_ranks(o, &p, &outs);
-    if (!s) s = convert_copy_tokenizer(&outs, o->hf_dir, o->save_dir);
+    if (!s) s = txn_begin(&t, o->save_dir, "--save-path");
+    if (!s) s = write_ranks(o, &p, t);
+    if (!s) s = convert_copy_tokenizer(t, o->hf_dir);
     if (!s) {
-        char *src = ckpt_join(o->hf_dir, "config.json"), *dst = ckpt_join(o->save_dir, "config.json");
+        char *src = ckpt_join(o->hf_dir, "config.json");
         struct stat sb;
-        if (!src || !dst) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
-        else if (stat(src, &sb) == 0) s = convert_copy_file(&outs, src, dst);
+        if (!src) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        else if (stat(src, &sb) == 0) s = convert_copy_file(t, src, "config.json");
         free(src);
-        free(dst);
     }
-    if (s) convert_outs_rollback(&outs);
-    convert_outs_free(&outs);
+    if (!s) s = txn_commit(t);
+    else txn_abort(t);
     plan_free(&p);
     ckpt_close(c);
     return s;

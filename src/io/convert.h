@@ -8,8 +8,8 @@
  * model{rank}-mp{mp}.safetensors plus the tokenizer files and config.json.
  *
  * Also home to the small file helpers the other checkpoint writers (cast.c,
- * synth.c) share: atomic copies, mkdir -p, and an "outputs" list that removes
- * everything a failed run wrote. */
+ * synth.c) share. Every writer puts its files into an output transaction
+ * (txn.h), so the destination is either as it was or the complete output. */
 #ifndef DS_CONVERT_H
 #define DS_CONVERT_H
 
@@ -18,6 +18,7 @@
 
 #include "base/status.h"
 #include "io/safetensors.h"
+#include "io/txn.h"
 
 typedef struct {
     const char *hf_dir;   /* input: HF checkpoint directory */
@@ -25,12 +26,13 @@ typedef struct {
     int n_experts;        /* routed experts per MoE layer */
     int mp;               /* model-parallel degree (number of output files) */
     bool keep_mtp;        /* keep layers >= config.json's num_hidden_layers */
+    bool in_place;        /* allow save_dir to be hf_dir (its config/tokenizer replaced at the end) */
     bool progress;        /* progress bar on stderr if it is a terminal */
 } convert_opts;
 
 /* Converts a checkpoint. Checks everything it can before writing anything
- * (divisibility, names, expert indices); on any failure removes every file it
- * created, so save_dir holds either the whole output or nothing new. Memory:
+ * (divisibility, names, expert indices); writes into a transaction (txn.h),
+ * so save_dir is either untouched or holds the whole output. Memory:
  * one small plan entry per tensor; data streams from the mapping to the files
  * (source pages are released after each tensor). */
 ds_status convert_checkpoint(const convert_opts *o);
@@ -40,30 +42,15 @@ ds_status convert_checkpoint(const convert_opts *o);
  * Returns a new string in *out, or DS_ERR_FORMAT naming hf if the key is unknown. */
 ds_status convert_name(const char *hf, char **out, int *shard_dim);
 
-/* ---- file helpers for the checkpoint writers ---- */
+/* ---- file helpers for the checkpoint writers (all write into a txn) ---- */
 
-/* Files (and possibly a directory) created by a run, removed again on failure. */
-typedef struct {
-    char **paths;
-    size_t n, cap;
-    char *created_dir;  /* set when the run made the output directory */
-} convert_outs;
-
-/* Creates dir and missing parents; records it in outs if it was created. */
-ds_status convert_mkdirs(convert_outs *outs, const char *dir);
-/* Records a final path that the rollback must remove. */
-ds_status convert_outs_add(convert_outs *outs, const char *path);
-/* Removes every recorded file and the created directory (if empty). */
-void convert_outs_rollback(convert_outs *outs);
-void convert_outs_free(convert_outs *outs);
-
-/* Copies src to dst through a temporary name and a rename; records dst. */
-ds_status convert_copy_file(convert_outs *outs, const char *src, const char *dst);
-/* Writes len bytes to path atomically (temporary + rename); records path. */
-ds_status convert_write_file(convert_outs *outs, const char *path, const char *data, size_t len);
+/* Writes len bytes as file `name` of the transaction's output. */
+ds_status convert_write_file(out_txn *t, const char *name, const char *data, size_t len);
+/* Copies the regular file src as file `name` of the output. */
+ds_status convert_copy_file(out_txn *t, const char *src, const char *name);
 /* Copies every regular, non-hidden file of src_dir whose name contains "token"
- * (the reference's glob "*token*") into dst_dir. */
-ds_status convert_copy_tokenizer(convert_outs *outs, const char *src_dir, const char *dst_dir);
+ * (the reference's glob "*token*") into the output. */
+ds_status convert_copy_tokenizer(out_txn *t, const char *src_dir);
 
 /* Drops the pages of [p, p+n) inside f's mapping from this process's resident
  * set (they stay in the page cache), so streaming a checkpoint keeps RSS flat. */

@@ -505,7 +505,9 @@ ds_status st_writer_finish(st_writer *w)
                       (unsigned long long)w->written, (unsigned long long)w->declared);
         goto fail;
     }
+    /* durable before anything renames it into a published place */
     int rc = fflush(w->fp);
+    rc |= fsync(fileno(w->fp));
     rc |= fclose(w->fp);
     w->fp = NULL;
     if (rc) {

@@ -246,11 +246,11 @@ static void shard_name(char *buf, size_t cap, int i, int n)
 }
 
 static ds_status write_shard(const synth_opts *o, const syn_list *l, int sh, int n_sh, uint8_t *buf,
-                             progress *pb, convert_outs *outs)
+                             progress *pb, out_txn *t)
 {
     char fn[64];
     shard_name(fn, sizeof fn, sh, n_sh);
-    char *path = ckpt_join(o->out_dir, fn);
+    char *path = txn_path(t, fn);
     if (!path) return ds_errorf(DS_ERR_NOMEM, "out of memory");
     st_writer *w;
     ds_status s = st_writer_open(&w, path);
@@ -262,13 +262,13 @@ static ds_status write_shard(const synth_opts *o, const syn_list *l, int sh, int
         for (size_t i = 0; !s && i < l->n; i++)
             if (l->v[i].shard == sh) s = write_tensor(w, &l->v[i], o->seed, buf, pb);
         if (s) st_writer_abort(w);
-        else if (!(s = st_writer_finish(w))) s = convert_outs_add(outs, path);
+        else s = st_writer_finish(w);
     }
     free(path);
     return s;
 }
 
-static ds_status write_index(const synth_opts *o, const syn_list *l, int n_sh, convert_outs *outs)
+static ds_status write_index(const syn_list *l, int n_sh, out_txn *t)
 {
     json_t *root = json_object(), *meta = json_object(), *wm = json_object();
     uint64_t total = 0;
@@ -282,11 +282,9 @@ static ds_status write_index(const synth_opts *o, const syn_list *l, int n_sh, c
     json_object_set_new(root, "metadata", meta);
     json_object_set_new(root, "weight_map", wm);
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_SORT_KEYS);
-    char *path = ckpt_join(o->out_dir, "model.safetensors.index.json");
-    ds_status s = text && path ? convert_write_file(outs, path, text, strlen(text))
-                               : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    ds_status s = text ? convert_write_file(t, "model.safetensors.index.json", text, strlen(text))
+                       : ds_errorf(DS_ERR_NOMEM, "out of memory");
     free(text);
-    free(path);
     json_decref(root);
     return s;
 }
@@ -356,18 +354,17 @@ char *synth_hf_config(const ds_config *c)
     return s;
 }
 
-static ds_status copy_tokenizer(const synth_opts *o, convert_outs *outs)
+static ds_status copy_tokenizer(const synth_opts *o, out_txn *t)
 {
     static const char *names[] = {"tokenizer.json", "tokenizer_config.json"};
     ds_status s = DS_OK;
     for (int i = 0; !s && i < 2; i++) {
-        char *src = ckpt_join(o->tokenizer_dir, names[i]), *dst = ckpt_join(o->out_dir, names[i]);
+        char *src = ckpt_join(o->tokenizer_dir, names[i]);
         struct stat sb;
-        if (!src || !dst) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
-        else if (stat(src, &sb) == 0) s = convert_copy_file(outs, src, dst);
+        if (!src) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        else if (stat(src, &sb) == 0) s = convert_copy_file(t, src, names[i]);
         else if (i == 0) s = ds_errorf(DS_ERR_IO, "%s: no tokenizer.json in --tokenizer directory", o->tokenizer_dir);
         free(src);
-        free(dst);
     }
     return s;
 }
@@ -387,24 +384,23 @@ ds_status synth_checkpoint(const synth_opts *o)
     int n_sh = assign_shards(&l, o->shard_bytes ? o->shard_bytes : (4ull << 30));
     uint64_t total = 0;
     for (size_t i = 0; i < l.n; i++) total += l.v[i].nbytes;
-    convert_outs outs = {0};
+    out_txn *t = NULL;
     uint8_t *buf = malloc(BUF_BYTES);
     if (!buf) s = ds_errorf(DS_ERR_NOMEM, "out of memory for the %u MiB generation buffer", BUF_BYTES >> 20);
-    if (!s) s = convert_mkdirs(&outs, o->out_dir);
+    if (!s) s = txn_begin(&t, o->out_dir, "--out");
     progress pb;
     progress_init(&pb, "synth", total, o->progress);
-    for (int sh = 0; !s && sh < n_sh; sh++) s = write_shard(o, &l, sh, n_sh, buf, &pb, &outs);
+    for (int sh = 0; !s && sh < n_sh; sh++) s = write_shard(o, &l, sh, n_sh, buf, &pb, t);
     progress_done(&pb);
-    if (!s) s = write_index(o, &l, n_sh, &outs);
+    if (!s) s = write_index(&l, n_sh, t);
     if (!s) {
-        char *text = synth_hf_config(&c), *path = ckpt_join(o->out_dir, "config.json");
-        s = text && path ? convert_write_file(&outs, path, text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+        char *text = synth_hf_config(&c);
+        s = text ? convert_write_file(t, "config.json", text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
         free(text);
-        free(path);
     }
-    if (!s && o->tokenizer_dir) s = copy_tokenizer(o, &outs);
-    if (s) convert_outs_rollback(&outs);
-    convert_outs_free(&outs);
+    if (!s && o->tokenizer_dir) s = copy_tokenizer(o, t);
+    if (!s) s = txn_commit(t);
+    else txn_abort(t);
     free(buf);
     free(l.v);
     return s;
