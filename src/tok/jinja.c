@@ -8,6 +8,8 @@
  * runaway template into an error instead of a hang or a crash. */
 #include "tok/jinja.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -232,10 +234,15 @@ static ds_status lex_tag(ctx *c, const char **pp, const char *close, bool *strip
             s = lex_string(c, &p, line);
         } else if ((*p >= '0' && *p <= '9')) {
             char *end;
+            errno = 0;
             long long iv = strtoll(p, &end, 10);
+            int range_err = errno == ERANGE;
             if (*end == '.' && end[1] >= '0' && end[1] <= '9') {
                 double f = strtod(p, &end);
                 s = push_tok(c, (token){T_FLOAT, p, (size_t)(end - p), 0, f, line});
+            } else if (range_err) {
+                return ds_errorf(DS_ERR_FORMAT, "template: line %d: integer literal %.*s is outside the 64-bit range",
+                                 line, (int)(end - p > 40 ? 40 : end - p), p);
             } else {
                 s = push_tok(c, (token){T_INT, p, (size_t)(end - p), iv, 0, line});
             }
@@ -1446,6 +1453,11 @@ static ds_status concat(ctx *c, node *n, str a, str b, value *out)
     return sb_done(&sb, n, &out->s);
 }
 
+static ds_status int_overflow(node *n, const char *op)
+{
+    return rt_err(n, "integer overflow in '%s': the result is outside the 64-bit range this engine's integers have", op);
+}
+
 static ds_status binop(ctx *c, node *n, value a, value b, value *out)
 {
     const char *op = n->op;
@@ -1496,13 +1508,20 @@ static ds_status binop(ctx *c, node *n, value a, value b, value *out)
     if (!num(a, &x) || !num(b, &y))
         return rt_err(n, "unsupported operand types for %s: %s and %s", op, kind_name(a.k), kind_name(b.k));
     bool ints = a.k != V_FLOAT && b.k != V_FLOAT;
-    long long i = a.k == V_INT ? a.i : (long long)x, j = b.k == V_INT ? b.i : (long long)y;
+    /* Integers are 64-bit here (Python's are unbounded): a result outside
+     * that range is an error, never a wrapped value or a trap. */
+    long long i = ints ? (a.k == V_INT ? a.i : (long long)x) : 0, j = ints ? (b.k == V_INT ? b.i : (long long)y) : 0;
     if (!strcmp(op, "/")) {
         if (y == 0) return rt_err(n, "division by zero");
         *out = (value){.k = V_FLOAT, .f = x / y};
     } else if (!strcmp(op, "//") || !strcmp(op, "%")) {
         if (y == 0) return rt_err(n, "division by zero");
         if (ints) {
+            if (i == LLONG_MIN && j == -1) {
+                if (op[1]) return int_overflow(n, op);
+                *out = vint(0);
+                return DS_OK;
+            }
             long long q = i / j, r = i % j;
             if (r && ((r < 0) != (j < 0))) {
                 q--;
@@ -1514,15 +1533,21 @@ static ds_status binop(ctx *c, node *n, value a, value b, value *out)
             *out = (value){.k = V_FLOAT, .f = op[1] ? q : x - q * y};
         }
     } else if (!strcmp(op, "**")) {
-        if (ints && j >= 0 && j < 64) {
-            long long r = 1;
-            for (long long k = 0; k < j; k++) r *= i;
+        if (ints && j >= 0) {
+            /* |i| >= 2 overflows within 63 steps; 0, 1 and -1 are closed forms */
+            long long r = i == 0 ? (j == 0) : i == 1 ? 1 : i == -1 ? (j % 2 ? -1 : 1) : 1;
+            for (long long k = 0; (i < -1 || i > 1) && k < j; k++)
+                if (__builtin_mul_overflow(r, i, &r)) return int_overflow(n, op);
             *out = vint(r);
         } else {
             *out = (value){.k = V_FLOAT, .f = pow(x, y)};
         }
     } else if (ints) {
-        *out = vint(op[0] == '+' ? i + j : op[0] == '-' ? i - j : i * j);
+        long long r;
+        bool ovf = op[0] == '+' ? __builtin_add_overflow(i, j, &r)
+                   : op[0] == '-' ? __builtin_sub_overflow(i, j, &r) : __builtin_mul_overflow(i, j, &r);
+        if (ovf) return int_overflow(n, op);
+        *out = vint(r);
     } else {
         *out = (value){.k = V_FLOAT, .f = op[0] == '+' ? x + y : op[0] == '-' ? x - y : x * y};
     }
@@ -1571,8 +1596,13 @@ static ds_status slice(ctx *c, node *n, value obj, value *ab, value *out)
         if (k == 0) lo = v;
         else hi = v;
     }
+    /* lo and hi lie in [-1, len]: the count needs no loop that could step past LLONG_MAX */
     size_t cnt = 0;
-    for (long long i = lo; step > 0 ? i < hi : i > hi; i += step) cnt++;
+    if (step > 0 ? lo < hi : lo > hi) {
+        unsigned long long span = step > 0 ? (unsigned long long)(hi - lo) : (unsigned long long)(lo - hi);
+        unsigned long long st = step > 0 ? (unsigned long long)step : 0ULL - (unsigned long long)step;
+        cnt = (size_t)(span / st + (span % st != 0));
+    }
     if (obj.k == V_STR && step == 1) {
         *out = vstr(substr(obj.s, cp_offset(obj.s, (size_t)lo), cp_offset(obj.s, (size_t)(hi > lo ? hi : lo))));
         return DS_OK;
@@ -1580,15 +1610,16 @@ static ds_status slice(ctx *c, node *n, value obj, value *ab, value *out)
     if (obj.k == V_STR) {
         sbuf sb;
         sb_init(&sb, c);
-        for (long long i = lo; step > 0 ? i < hi : i > hi; i += step)
-            sb_add(&sb, substr(obj.s, cp_offset(obj.s, (size_t)i), cp_offset(obj.s, (size_t)i + 1)));
+        for (size_t k = 0; k < cnt; k++) {
+            size_t i = (size_t)(lo + (long long)k * step);
+            sb_add(&sb, substr(obj.s, cp_offset(obj.s, i), cp_offset(obj.s, i + 1)));
+        }
         out->k = V_STR;
         return sb_done(&sb, n, &out->s);
     }
     list *l = list_new(c, cnt);
     if (!l) return nomem();
-    size_t k = 0;
-    for (long long i = lo; step > 0 ? i < hi : i > hi; i += step) l->v[k++] = obj.l->v[i];
+    for (size_t k = 0; k < cnt; k++) l->v[k] = obj.l->v[lo + (long long)k * step];
     *out = (value){.k = V_LIST, .l = l};
     return DS_OK;
 }
@@ -2006,8 +2037,12 @@ static ds_status apply_filter(ctx *c, node *n, value v, args *a, value *out)
         } else if (!num(v, &d)) {
             d = 0;
         }
-        if (f.p[0] == 'i') *out = vint((long long)d);
+        if (f.p[0] == 'i' && v.k == V_INT) *out = v;
+        else if (f.p[0] == 'i' && !(d > -9223372036854775808.0 && d < 9223372036854775808.0))
+            return d != d ? (*out = vint(0), DS_OK) : int_overflow(n, "int");
+        else if (f.p[0] == 'i') *out = vint((long long)d);
         else if (f.p[0] == 'f') *out = (value){.k = V_FLOAT, .f = d};
+        else if (v.k == V_INT && v.i == LLONG_MIN) return int_overflow(n, "abs");
         else *out = v.k == V_INT ? vint(v.i < 0 ? -v.i : v.i) : (value){.k = V_FLOAT, .f = fabs(d)};
         return DS_OK;
     }
@@ -2157,7 +2192,8 @@ static ds_status eval(ctx *c, node *n, value *out)
     }
     case E_NEG: case E_POS:
         if ((s = eval(c, n->a, &a))) break;
-        if (a.k == V_INT) *out = vint(n->k == E_NEG ? -a.i : a.i);
+        if (a.k == V_INT && n->k == E_NEG && a.i == LLONG_MIN) s = int_overflow(n, "-");
+        else if (a.k == V_INT) *out = vint(n->k == E_NEG ? -a.i : a.i);
         else if (a.k == V_FLOAT) *out = (value){.k = V_FLOAT, .f = n->k == E_NEG ? -a.f : a.f};
         else s = rt_err(n, "bad operand type for unary %c: %s", n->k == E_NEG ? '-' : '+', kind_name(a.k));
         break;

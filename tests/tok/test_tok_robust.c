@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "test.h"
+#include "tok/jinja.h"
 #include "tok/tokenizer.h"
 #include "tokdir.h"
 
@@ -154,8 +155,49 @@ static void check_bad_dirs(void)
     t_system("rm -rf '%s'", d);
 }
 
+/* Integer arithmetic in templates is 64-bit and checked: overflow is an
+ * error naming the operator, never SIGFPE or a wrapped value (a checkpoint's
+ * own tokenizer_config.json can carry such a template). */
+static void check_template_ints(void)
+{
+    static const struct { const char *tmpl, *want; } cases[] = {
+        {"{{ (-9223372036854775807 - 1) // -1 }}", NULL},
+        {"{{ (-9223372036854775807 - 1) % -1 }}", "0"},
+        {"{{ 9223372036854775807 + 1 }}", NULL},
+        {"{{ -9223372036854775807 - 2 }}", NULL},
+        {"{{ 9223372036854775807 * 2 }}", NULL},
+        {"{{ -(-9223372036854775807 - 1) }}", NULL},
+        {"{{ (-9223372036854775807 - 1) | abs }}", NULL},
+        {"{{ 2 ** 63 }}", NULL},
+        {"{{ 2 ** 62 }}", "4611686018427387904"},
+        {"{{ (-1) ** 9223372036854775807 }}", "-1"},
+        {"{{ 1 ** 9223372036854775807 }}", "1"},
+        {"{{ 0 ** 0 }}", "1"},
+        {"{{ 99999999999999999999 }}", NULL},
+        {"{{ (10.0 ** 300) | int }}", NULL},
+        {"{{ 9223372036854775807 | int }}", "9223372036854775807"},
+        {"{{ 'abc'[::9223372036854775807] }}", "a"},
+        {"{{ 'abc'[::-9223372036854775807] }}", "c"},
+        {"{{ [1, 2, 3][::-9223372036854775807] | length }}", "1"},
+        {"{{ 7 // -2 }} {{ 7 % -2 }}", "-4 -1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        ds_status s = jinja_render(cases[i].tmpl, NULL, NULL, NULL, &out, NULL, &len);
+        if (cases[i].want)
+            CHECK_MSG(s == DS_OK && out && !strcmp(out, cases[i].want), "%s: got %s (%s)", cases[i].tmpl,
+                      out ? out : "error", s ? ds_last_error() : "");
+        else
+            CHECK_MSG(s != DS_OK && (strstr(ds_last_error(), "overflow") || strstr(ds_last_error(), "range")),
+                      "%s: want an overflow error, got %s", cases[i].tmpl, s ? ds_last_error() : out);
+        free(out);
+    }
+}
+
 int main(void)
 {
+    check_template_ints();
     tok_tokenizer *t = NULL;
     CHECK_OK(tok_load(&t, tok_test_dir()));
     if (!t) return t_done("test_tok_robust");
