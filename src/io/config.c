@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/file.h"
+
 void config_defaults(ds_config *c)
 {
     *c = (ds_config){
@@ -150,11 +152,12 @@ static ds_status parse_hf(ds_config *c, json_t *root, const char *label)
     return DS_OK;
 }
 
-ds_status config_parse(ds_config *c, const char *text, const char *label)
+/* Parses len bytes of JSON: a NUL inside is an error, not the end of the text. */
+static ds_status parse_buf(ds_config *c, const char *text, size_t len, const char *label)
 {
     config_defaults(c);
     json_error_t e;
-    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
     if (!root) return ds_errorf(DS_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", label, e.text, e.line);
     ds_status s;
     if (!json_is_object(root)) s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", label);
@@ -164,56 +167,73 @@ ds_status config_parse(ds_config *c, const char *text, const char *label)
     return s ? s : config_validate(c, label);
 }
 
+ds_status config_parse(ds_config *c, const char *text, const char *label)
+{
+    return parse_buf(c, text, strlen(text), label);
+}
+
 ds_status config_load(ds_config *c, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open config", path);
-    char *buf = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n + 4096 > cap) {
-            if (cap > (16u << 20)) {
-                free(buf);
-                fclose(f);
-                return ds_errorf(DS_ERR_FORMAT, "%s: config larger than 16 MiB", path);
-            }
-            char *nb = realloc(buf, cap = cap * 2 + 8192);
-            if (!nb) break;
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        free(buf);
-        return ds_errorf(DS_ERR_IO, "%s: cannot read config", path);
-    }
-    buf[n] = 0;
-    ds_status s = config_parse(c, buf, path);
+    char *buf;
+    size_t n;
+    ds_status s = file_read(path, FILE_MAX_CONFIG, "config", &buf, &n);
+    if (s) return s;
+    s = parse_buf(c, buf, n, path);
     free(buf);
     return s;
 }
 
-#define POS(f) if (c->f <= 0) return ds_errorf(DS_ERR_FORMAT, "%s: \"" #f "\" is %d but must be positive", label, c->f)
-#define NONNEG(f) if (c->f < 0) return ds_errorf(DS_ERR_FORMAT, "%s: \"" #f "\" is %d but must be >= 0", label, c->f)
+/* The range of every integer field. The upper bounds are far above any
+ * DeepSeek model (V3: vocab 129280, dim 7168, 61 layers, 256 experts, 128
+ * heads) and keep every product the loader, synth and the KV cache form of
+ * two or three fields well inside 64 bits (vocab*dim <= 2^40 elements;
+ * layers*experts*dim*moe_inter_dim <= 2^62), so a hostile config is refused
+ * here instead of overflowing a size later. */
+typedef struct { const char *name; size_t off; int lo, hi; } int_range;
+#define R(f, lo, hi) {#f, offsetof(ds_config, f), lo, hi}
+static const int_range k_ranges[] = {
+    R(max_batch_size, 1, 1 << 16), R(max_seq_len, 1, 1 << 24), R(vocab_size, 1, 1 << 24),
+    R(dim, 1, 1 << 16), R(inter_dim, 1, 1 << 20), R(moe_inter_dim, 1, 1 << 20), R(n_layers, 1, 1024),
+    R(n_dense_layers, 0, 1024), R(n_heads, 1, 1024), R(n_routed_experts, 0, 1 << 16),
+    R(n_shared_experts, 0, 1024), R(n_activated_experts, 0, 1 << 16), R(n_expert_groups, 1, 1 << 16),
+    R(n_limited_groups, 1, 1 << 16), R(q_lora_rank, 0, 1 << 16), R(kv_lora_rank, 1, 1 << 16),
+    R(qk_nope_head_dim, 1, 4096), R(qk_rope_head_dim, 1, 4096), R(v_head_dim, 1, 4096),
+    R(original_seq_len, 1, 1 << 24), R(beta_fast, 1, 1 << 16), R(beta_slow, 1, 1 << 16),
+};
+#undef R
+
+/* The range of every float field: finite, and small enough that the
+ * attention and routing scales stay finite in float32. */
+typedef struct { const char *name; size_t off; double lo, hi; bool lo_open; } float_range;
+#define R(f, lo, hi, open) {#f, offsetof(ds_config, f), lo, hi, open}
+static const float_range k_franges[] = {
+    R(route_scale, 0, 1000, true), R(rope_theta, 1, 1e12, true), R(rope_factor, 0, 1e6, true),
+    R(mscale, 0, 100, false),
+};
+#undef R
 
 ds_status config_validate(const ds_config *c, const char *label)
 {
-    POS(max_batch_size); POS(max_seq_len); POS(vocab_size); POS(dim); POS(inter_dim);
-    POS(moe_inter_dim); POS(n_layers); POS(n_heads); POS(kv_lora_rank); POS(qk_nope_head_dim);
-    POS(qk_rope_head_dim); POS(v_head_dim); POS(original_seq_len); POS(n_expert_groups);
-    POS(n_limited_groups);
-    NONNEG(n_dense_layers); NONNEG(n_routed_experts); NONNEG(n_shared_experts);
-    NONNEG(n_activated_experts); NONNEG(q_lora_rank);
+    for (size_t i = 0; i < sizeof k_ranges / sizeof *k_ranges; i++) {
+        const int_range *r = &k_ranges[i];
+        int v = *(const int *)((const char *)c + r->off);
+        if (v < r->lo || v > r->hi)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"%s\" is %d but must be in [%d, %d]", label, r->name, v, r->lo, r->hi);
+    }
+    for (size_t i = 0; i < sizeof k_franges / sizeof *k_franges; i++) {
+        const float_range *r = &k_franges[i];
+        double v = *(const double *)((const char *)c + r->off);
+        if (!(r->lo_open ? v > r->lo : v >= r->lo) || !(v <= r->hi))
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"%s\" is %g but must be in %c%g, %g]", label, r->name, v,
+                             r->lo_open ? '(' : '[', r->lo, r->hi);
+    }
     if (c->n_dense_layers > c->n_layers)
         return ds_errorf(DS_ERR_FORMAT, "%s: \"n_dense_layers\" is %d but n_layers is %d", label,
                          c->n_dense_layers, c->n_layers);
     if (c->n_dense_layers < c->n_layers) {
-        POS(n_routed_experts);
-        POS(n_activated_experts);
+        if (c->n_routed_experts < 1 || c->n_activated_experts < 1)
+            return ds_errorf(DS_ERR_FORMAT, "%s: \"n_routed_experts\" (%d) and \"n_activated_experts\" (%d) must be "
+                             ">= 1 when there are MoE layers", label, c->n_routed_experts, c->n_activated_experts);
         if (c->n_activated_experts > c->n_routed_experts)
             return ds_errorf(DS_ERR_FORMAT, "%s: \"n_activated_experts\" is %d but n_routed_experts is %d",
                              label, c->n_activated_experts, c->n_routed_experts);
@@ -232,15 +252,6 @@ ds_status config_validate(const ds_config *c, const char *label)
     if (c->qk_rope_head_dim % 2)
         return ds_errorf(DS_ERR_FORMAT, "%s: \"qk_rope_head_dim\" is %d but must be even (rotary pairs)",
                          label, c->qk_rope_head_dim);
-    if (!(c->route_scale > 0) || !isfinite(c->route_scale))
-        return ds_errorf(DS_ERR_FORMAT, "%s: \"route_scale\" must be a positive number", label);
-    if (!(c->rope_theta > 1) || !isfinite(c->rope_theta))
-        return ds_errorf(DS_ERR_FORMAT, "%s: \"rope_theta\" must be > 1", label);
-    if (!(c->rope_factor > 0) || !isfinite(c->rope_factor))
-        return ds_errorf(DS_ERR_FORMAT, "%s: \"rope_factor\" must be positive", label);
-    if (!isfinite(c->mscale)) return ds_errorf(DS_ERR_FORMAT, "%s: \"mscale\" must be finite", label);
-    if (c->beta_fast <= 0 || c->beta_slow <= 0)
-        return ds_errorf(DS_ERR_FORMAT, "%s: \"beta_fast\" and \"beta_slow\" must be positive", label);
     return DS_OK;
 }
 

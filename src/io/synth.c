@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/checked.h"
 #include "base/numeric.h"
 #include "base/progress.h"
 #include "base/rng.h"
@@ -24,6 +25,7 @@
 #include "io/safetensors.h"
 
 #define CHUNK_ELEMS (1u << 16)
+#define SYNTH_MAX_TENSORS (4u << 20) /* the tensor list then takes at most ~0.8 GB */
 #define BUF_BYTES (64u << 20)
 #define FP8_UNIFORM_STD 258.6437f /* std of uniform(-448, 448): 448/sqrt(3) */
 
@@ -49,6 +51,9 @@ typedef struct {
 static ds_status add(syn_list *l, const char *name, st_dtype dt, int ndim, int64_t d0, int64_t d1,
                      gen_kind k, float amp)
 {
+    if (l->n == SYNTH_MAX_TENSORS)
+        return ds_errorf(DS_ERR_RANGE, "the config has over %u tensors (DeepSeek-V3 has 91k): refusing to synthesise it",
+                         SYNTH_MAX_TENSORS);
     if (l->n == l->cap) {
         size_t cap = l->cap ? 2 * l->cap : 256;
         syn_tensor *v = realloc(l->v, cap * sizeof *v);
@@ -65,7 +70,10 @@ static ds_status add(syn_list *l, const char *name, st_dtype dt, int ndim, int64
     t->shape[1] = d1;
     t->kind = k;
     t->amp = amp;
-    t->nbytes = (uint64_t)d0 * (uint64_t)(ndim > 1 ? d1 : 1) * st_dtype_size(dt);
+    size_t nb;
+    if (!ck_mul3(&nb, d0, ndim > 1 ? d1 : 1, (int64_t)st_dtype_size(dt)))
+        return ds_errorf(DS_ERR_RANGE, "tensor '%s': size %lld x %lld overflows", name, (long long)d0, (long long)d1);
+    t->nbytes = nb;
     return DS_OK;
 }
 
@@ -383,7 +391,8 @@ ds_status synth_checkpoint(const synth_opts *o)
     pthread_once(&g_fp8_once, init_fp8_mag);
     int n_sh = assign_shards(&l, o->shard_bytes ? o->shard_bytes : (4ull << 30));
     uint64_t total = 0;
-    for (size_t i = 0; i < l.n; i++) total += l.v[i].nbytes;
+    for (size_t i = 0; !s && i < l.n; i++)
+        if (!ck_add_u64(&total, total, l.v[i].nbytes)) s = ds_errorf(DS_ERR_RANGE, "the checkpoint's size overflows");
     out_txn *t = NULL;
     uint8_t *buf = malloc(BUF_BYTES);
     if (!buf) s = ds_errorf(DS_ERR_NOMEM, "out of memory for the %u MiB generation buffer", BUF_BYTES >> 20);

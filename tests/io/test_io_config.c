@@ -108,6 +108,24 @@ static void test_errors(void)
     bad("{\"model_type\": \"deepseek_v3\", \"hidden_size\": \"x\"}", "hidden_size");
     bad("{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 0}", "n_layers");
     bad("{\"model_type\": \"deepseek_v3\", \"scoring_func\": \"relu\"}", "score_func");
+    /* every field is range-checked; the message names the field, the value and the range */
+    static const char *hostile[][2] = {
+        {"{\"n_layers\": 2147483647}", "\"n_layers\" is 2147483647 but must be in [1, 1024]"},
+        {"{\"vocab_size\": 2147483647}", "vocab_size"}, {"{\"dim\": 2147483647}", "dim"},
+        {"{\"inter_dim\": 1073741824}", "inter_dim"}, {"{\"moe_inter_dim\": 2000000}", "moe_inter_dim"},
+        {"{\"n_heads\": 1048576}", "n_heads"}, {"{\"max_seq_len\": 2147483647}", "max_seq_len"},
+        {"{\"max_batch_size\": 2147483647}", "max_batch_size"}, {"{\"n_routed_experts\": 1000000}", "n_routed_experts"},
+        {"{\"n_shared_experts\": 2000000}", "n_shared_experts"}, {"{\"kv_lora_rank\": 1000000}", "kv_lora_rank"},
+        {"{\"q_lora_rank\": 1000000}", "q_lora_rank"}, {"{\"qk_nope_head_dim\": 100000}", "qk_nope_head_dim"},
+        {"{\"v_head_dim\": -1}", "v_head_dim"}, {"{\"original_seq_len\": 0}", "original_seq_len"},
+        {"{\"beta_fast\": 2147483647}", "beta_fast"},
+        {"{\"mscale\": 1e308}", "\"mscale\" is 1e+308 but must be in [0, 100]"},
+        {"{\"route_scale\": 1e308}", "route_scale"}, {"{\"rope_factor\": 1e308}", "rope_factor"},
+        {"{\"rope_theta\": 1e300}", "rope_theta"}, {"{\"mscale\": -1}", "mscale"},
+        {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 2147483647}", "n_layers"},
+        {"{\"model_type\": \"deepseek_v3\", \"rope_scaling\": {\"mscale\": 1e308}}", "mscale"},
+    };
+    for (size_t i = 0; i < sizeof hostile / sizeof *hostile; i++) bad(hostile[i][0], hostile[i][1]);
     ds_config c;
     CHECK(config_load(&c, "/nonexistent/config.json") == DS_ERR_IO);
     CHECK(strstr(ds_last_error(), "/nonexistent/config.json"));
