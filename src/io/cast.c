@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "base/numeric.h"
 #include "base/progress.h"
 #include "io/ckpt.h"
@@ -70,20 +71,30 @@ static ds_status find_scale(const ds_ckpt *c, const st_tensor *t, const cast_opt
     return DS_OK;
 }
 
-/* Dequantises t with scale s into w, chunk by chunk. */
+/* Dequantises t with scale s into w, chunk by chunk. The scales are copied
+ * out first: safetensors data offsets need not be 4-aligned, so the mapping
+ * cannot be read as float directly. */
 static ds_status write_dequant(st_writer *w, const st_file *f, const st_tensor *t, const st_tensor *s,
                                uint16_t *buf, int64_t chunk_rows)
 {
+    float *sc = malloc(s->nbytes ? s->nbytes : 1);
+    if (!sc) return ds_errorf(DS_ERR_NOMEM, "out of memory for the %llu-byte scale of '%s'",
+                              (unsigned long long)s->nbytes, t->name);
+    memcpy(sc, s->data, s->nbytes);
     int64_t rows = t->shape[0], cols = t->shape[1];
     for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
         int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
         #pragma omp parallel for schedule(static) if ((r1 - r0) * cols >= (1 << 18))
         for (int64_t r = r0; r < r1; r++)
-            cast_dequant_rows(t->data, s->data, buf + (r - r0) * cols, rows, cols, r, r + 1);
+            cast_dequant_rows(t->data, sc, buf + (r - r0) * cols, rows, cols, r, r + 1);
         ds_status st = st_writer_write(w, buf, (size_t)((r1 - r0) * cols) * 2);
-        if (st) return st;
+        if (st) {
+            free(sc);
+            return st;
+        }
         convert_release(f, (const uint8_t *)t->data + r0 * cols, (size_t)((r1 - r0) * cols));
     }
+    free(sc);
     return DS_OK;
 }
 
@@ -151,11 +162,10 @@ static ds_status write_index(const ds_ckpt *c, const cast_opts *o, json_t *dropp
     struct stat sb;
     if (!ip) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     else if (stat(ip, &sb) == 0) {
-        json_error_t e;
-        root = json_load_file(ip, JSON_REJECT_DUPLICATES, &e);
+        s = ckpt_load_json(ip, FILE_MAX_INDEX, "checkpoint index", JSON_REJECT_DUPLICATES, &root);
         wm = json_object_get(root, "weight_map");
-        if (!json_is_object(wm)) s = ds_errorf(DS_ERR_FORMAT, "%s: no \"weight_map\" object", ip);
-        else wm = json_deep_copy(wm);
+        if (!s && !json_is_object(wm)) s = ds_errorf(DS_ERR_FORMAT, "%s: no \"weight_map\" object", ip);
+        wm = s ? NULL : json_deep_copy(wm);
     } else {
         wm = json_object();
         for (size_t fi = 0; wm && fi < c->n_files; fi++) {
@@ -191,10 +201,10 @@ static ds_status write_config(const cast_opts *o, out_txn *t)
     struct stat sb;
     if (!ip) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     else if (stat(ip, &sb) == 0) {
-        json_error_t e;
-        json_t *root = json_load_file(ip, 0, &e);
-        if (!json_is_object(root)) s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", ip);
-        else {
+        json_t *root = NULL;
+        s = ckpt_load_json(ip, FILE_MAX_CONFIG, "config", 0, &root);
+        if (!s && !json_is_object(root)) s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", ip);
+        else if (!s) {
             json_object_del(root, "quantization_config");
             char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
             s = text ? convert_write_file(t, "config.json", text, strlen(text))

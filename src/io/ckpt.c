@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/file.h"
 #include "base/strmap.h"
 
 typedef struct {
@@ -118,11 +119,25 @@ ds_status ckpt_open_files(ds_ckpt **out, const char *const *paths, size_t n)
 
 /* Reads the index's weight_map: the distinct shard names (in first-seen order)
  * and the name -> shard pairs to verify after opening. */
+ds_status ckpt_load_json(const char *path, size_t max, const char *what, size_t flags, json_t **out)
+{
+    char *buf;
+    size_t n;
+    *out = NULL;
+    ds_status s = file_read(path, max, what, &buf, &n);
+    if (s) return s;
+    json_error_t e;
+    *out = json_loadb(buf, n, flags, &e);
+    free(buf);
+    if (!*out) return ds_errorf(DS_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", path, e.text, e.line);
+    return DS_OK;
+}
+
 static ds_status read_index(const char *path, json_t **map_out)
 {
-    json_error_t e;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
-    if (!root) return ds_errorf(DS_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", path, e.text, e.line);
+    json_t *root;
+    ds_status s = ckpt_load_json(path, FILE_MAX_INDEX, "checkpoint index", JSON_REJECT_DUPLICATES, &root);
+    if (s) return s;
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
         json_decref(root);

@@ -7,6 +7,8 @@
 #ifndef DS_CKPT_H
 #define DS_CKPT_H
 
+#include <jansson.h>
+
 #include "io/safetensors.h"
 
 typedef struct {
@@ -31,6 +33,10 @@ ds_status ckpt_list_shards(const char *dir, char ***names, size_t *n);
 
 /* True if the file name is a plain name inside a directory: no '/', not "." or "..". */
 int ckpt_safe_name(const char *name);
+
+/* Loads a JSON file through file_read (regular file, at most max bytes; what
+ * names it in messages) with jansson flags. */
+ds_status ckpt_load_json(const char *path, size_t max, const char *what, size_t flags, json_t **out);
 
 /* dir + "/" + name into a new string. */
 char *ckpt_join(const char *dir, const char *name);

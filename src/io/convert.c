@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/file.h"
 #include "base/progress.h"
 #include "base/strmap.h"
 #include "io/ckpt.h"
@@ -57,8 +58,12 @@ ds_status convert_copy_tokenizer(out_txn *t, const char *src_dir)
         if (e->d_name[0] == '.' || !strstr(e->d_name, "token")) continue;
         char *src = ckpt_join(src_dir, e->d_name);
         struct stat sb;
+        /* links are followed (Hugging Face snapshots link into a blob store);
+         * directories are skipped; a FIFO or device is an error, not a hang */
         if (!src) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
-        else if (lstat(src, &sb) == 0 && S_ISREG(sb.st_mode)) s = convert_copy_file(t, src, e->d_name);
+        else if (stat(src, &sb) == 0 && S_ISREG(sb.st_mode)) s = convert_copy_file(t, src, e->d_name);
+        else if (stat(src, &sb) == 0 && !S_ISDIR(sb.st_mode))
+            s = ds_errorf(DS_ERR_IO, "%s: tokenizer file is %s, not a regular file", src, file_kind(sb.st_mode));
         free(src);
     }
     closedir(d);
@@ -186,11 +191,11 @@ static ds_status read_hf_config(const char *dir, int *n_layers, int *n_routed)
     struct stat sb;
     ds_status s = DS_OK;
     if (stat(path, &sb) == 0) {
-        json_error_t e;
-        json_t *root = json_load_file(path, 0, &e);
-        if (!json_is_object(root)) {
-            s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object (%s)", path, root ? "" : e.text);
-        } else {
+        json_t *root = NULL;
+        s = ckpt_load_json(path, FILE_MAX_CONFIG, "config", 0, &root);
+        if (!s && !json_is_object(root)) {
+            s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", path);
+        } else if (!s) {
             json_t *l = json_object_get(root, "num_hidden_layers"), *x = json_object_get(root, "n_routed_experts");
             if (l && (!json_is_integer(l) || json_integer_value(l) < 0 || json_integer_value(l) > 1000000))
                 s = ds_errorf(DS_ERR_FORMAT, "%s: \"num_hidden_layers\" must be a non-negative integer", path);

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/checked.h"
+#include "base/file.h"
 #include "base/strmap.h"
 
 static const struct { const char *name; size_t size; } k_dtypes[ST_N_DTYPES] = {
@@ -279,12 +281,14 @@ ds_status st_parse(st_file **out, const uint8_t *buf, size_t len, const char *la
 
 ds_status st_open(st_file **out, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat refuses it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) return ds_errorf(DS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        ds_status s = ds_errorf(DS_ERR_IO, "%s: %s, not a regular file", path, file_kind(sb.st_mode));
         close(fd);
-        return ds_errorf(DS_ERR_IO, "%s: not a regular file", path);
+        return s;
     }
     st_file *f;
     ds_status s = new_file(&f, path);
@@ -449,13 +453,15 @@ ds_status st_writer_add(st_writer *w, const char *name, st_dtype dt, int ndim, c
     if (w->begun) return ds_errorf(DS_ERR_INTERNAL, "%s: tensor '%s' declared after data began", w->path, name);
     if (!strcmp(name, "__metadata__") || json_object_get(w->header, name))
         return ds_errorf(DS_ERR_ARG, "%s: duplicate or reserved tensor name '%s'", w->path, name);
-    uint64_t numel = 1;
+    uint64_t numel = 1, nb, end;
+    if (ndim < 0 || ndim > ST_MAX_DIMS) return ds_errorf(DS_ERR_ARG, "%s: tensor '%s' has %d dimensions", w->path, name, ndim);
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] < 0 || !ck_mul_u64(&numel, numel, (uint64_t)shape[i]))
+            return ds_errorf(DS_ERR_ARG, "%s: tensor '%s': shape is negative or its size overflows", w->path, name);
+    if (!ck_mul_u64(&nb, numel, st_dtype_size(dt)) || !ck_add_u64(&end, w->declared, nb) || end > (uint64_t)INT64_MAX)
+        return ds_errorf(DS_ERR_ARG, "%s: tensor '%s': byte size overflows", w->path, name);
     json_t *js = json_array();
-    for (int i = 0; i < ndim; i++) {
-        numel *= (uint64_t)shape[i];
-        json_array_append_new(js, json_integer(shape[i]));
-    }
-    uint64_t nb = numel * st_dtype_size(dt);
+    for (int i = 0; i < ndim; i++) json_array_append_new(js, json_integer(shape[i]));
     json_t *e = json_object(), *jo = json_array();
     json_object_set_new(e, "dtype", json_string(st_dtype_name(dt)));
     json_object_set_new(e, "shape", js);
@@ -490,8 +496,13 @@ ds_status st_writer_write(st_writer *w, const void *data, size_t n)
     if (n > w->declared - w->written)
         return ds_errorf(DS_ERR_INTERNAL, "%s: %zu bytes written past the declared %llu", w->path, n,
                          (unsigned long long)w->declared);
-    if (fwrite(data, 1, n, w->fp) != n)
+    if (fwrite(data, 1, n, w->fp) != n) {
+        /* EFAULT: the bytes come from a mapping whose file shrank under us */
+        if (errno == EFAULT)
+            return ds_errorf(DS_ERR_IO, "%s: the input data could not be read: the file it is mapped from "
+                             "changed while in use", w->path);
         return ds_errorf(DS_ERR_IO, "%s: write failed: %s", w->tmp, strerror(errno));
+    }
     w->written += n;
     return DS_OK;
 }

@@ -16,13 +16,16 @@
 #include "tok/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <errno.h>
 #include <jansson.h>
 #include <pcre2.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "base/file.h"
 #include "tok/utf8.h"
 
 /* ---- hash maps ---- */
@@ -166,43 +169,12 @@ static void byte_chars(uint32_t map[256])
     }
 }
 
-static ds_status read_file(const char *path, char **buf, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open", path);
-    char *b = NULL;
-    size_t n = 0, cap = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? cap * 2 : 1 << 16;
-            char *nb = realloc(b, cap);
-            if (!nb) {
-                free(b);
-                fclose(f);
-                return ds_errorf(DS_ERR_NOMEM, "%s: out of memory", path);
-            }
-            b = nb;
-        }
-        size_t r = fread(b + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (err) {
-        free(b);
-        return ds_errorf(DS_ERR_IO, "%s: read error", path);
-    }
-    *buf = b;
-    *len = n;
-    return DS_OK;
-}
-
-static ds_status load_json(const char *path, json_t **out)
+/* max and what: the file's size cap and kind (base/file.h). */
+static ds_status load_json(const char *path, size_t max, const char *what, json_t **out)
 {
     char *buf = NULL;
     size_t n = 0;
-    ds_status s = read_file(path, &buf, &n);
+    ds_status s = file_read(path, max, what, &buf, &n);
     if (s) return s;
     json_error_t e;
     *out = json_loadb(buf, n, JSON_ALLOW_NUL, &e);
@@ -576,15 +548,14 @@ static char *dup_token_field(json_t *v)
 
 static ds_status parse_config(tok_tokenizer *t, const char *path)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    struct stat sb;
+    if (stat(path, &sb) && errno == ENOENT) { /* optional; anything else there is checked by load_json */
         t->bos = strdup("");
         t->eos = strdup("");
         return t->bos && t->eos ? DS_OK : ds_errorf(DS_ERR_NOMEM, "tokenizer: out of memory");
     }
-    fclose(f);
     json_t *cfg;
-    ds_status s = load_json(path, &cfg);
+    ds_status s = load_json(path, FILE_MAX_TOK_CONFIG, "tokenizer config", &cfg);
     if (s) return s;
     if (!json_is_object(cfg)) {
         json_decref(cfg);
@@ -631,7 +602,7 @@ ds_status tok_load(tok_tokenizer **out, const char *dir)
     }
     snprintf(path, dl + 32, "%s/tokenizer.json", dir);
     json_t *root = NULL;
-    ds_status s = load_json(path, &root);
+    ds_status s = load_json(path, FILE_MAX_TOKENIZER, "tokenizer", &root);
     if (!s && !json_is_object(root)) s = ds_errorf(DS_ERR_FORMAT, "%s: not a JSON object", path);
     if (!s) {
         json_t *norm = json_object_get(root, "normalizer");

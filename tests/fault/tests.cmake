@@ -2,3 +2,4 @@
 # concurrent writers, in-place use, closed descriptors, write errors, FIFOs.
 set(FAULT_TEST_DIR ${CMAKE_CURRENT_LIST_DIR})
 dsv3_script_test(fault_txn ${FAULT_TEST_DIR}/test_fault_txn.sh)
+dsv3_script_test(fault_inputs ${FAULT_TEST_DIR}/test_fault_inputs.sh)
