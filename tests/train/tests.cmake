@@ -1,0 +1,12 @@
+# Tests of the trained checkpoint models/dsv3-mini (made by tools/train/train.py):
+# the engine's logits against the PyTorch model's, its tokenizer against
+# @huggingface/tokenizers (the tok tests' differential test, which needs
+# `npm ci --prefix tests/tok/node`), and the CLI on it.
+set(DSV3_TRAINED_DIR ${CMAKE_CURRENT_LIST_DIR}/../../models/dsv3-mini)
+dsv3_unit_test(train_trained ${CMAKE_CURRENT_LIST_DIR}/test_trained.c)
+target_compile_definitions(train_trained PRIVATE DSV3_TRAINED_DIR="${DSV3_TRAINED_DIR}")
+add_test(NAME train_tok_diff COMMAND test_tok_diff)
+dsv3_script_test(train_cli ${CMAKE_CURRENT_LIST_DIR}/test_trained_cli.sh)
+set_tests_properties(train_tok_diff train_cli PROPERTIES
+  ENVIRONMENT "DSV3_TOKENIZER=${DSV3_TRAINED_DIR};DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};${DSV3_TEST_ENV}")
+set_tests_properties(train_trained train_tok_diff train_cli PROPERTIES LABELS train TIMEOUT 300)
