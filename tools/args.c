@@ -129,3 +129,18 @@ int args_fail(const char *cmd)
     fprintf(stderr, "dsv3 %s: %s\n", cmd, ds_last_error());
     return 1;
 }
+
+int args_fail_dist(ds_dist *d, const char *cmd)
+{
+    if (ds_dist_world_size(d) == 1) return args_fail(cmd);
+    if (ds_dist_failure_agreed(d)) {
+        if (ds_dist_rank(d) == 0) fprintf(stderr, "dsv3 %s: %s\n", cmd, ds_last_error());
+        return 1;
+    }
+    fprintf(stderr, "dsv3 %s: rank %d of %d: %s; stopping all ranks\n", cmd, ds_dist_rank(d), ds_dist_world_size(d),
+            ds_last_error());
+    fflush(stderr);
+    fflush(stdout);
+    ds_dist_abort(d, 1);
+    return 1;
+}

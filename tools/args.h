@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "dsv3.h"
+
 typedef enum { ARG_STR, ARG_INT, ARG_FLOAT, ARG_BOOL, ARG_U64 } arg_kind;
 
 typedef struct {
@@ -32,5 +34,12 @@ int args_int_list(const char *s, int **out);
 
 /* Reports a failed library call: "dsv3 <cmd>: <message>" to stderr; returns exit code 1. */
 int args_fail(const char *cmd);
+
+/* The error path of a command that may run over several processes (d NULL:
+ * alone): prints "dsv3 <cmd>: <message>" (once, from rank 0, for a failure
+ * every rank knows of; with this rank's number otherwise) and, unless the
+ * failure was agreed, ends the whole job with exit code 1 so that no peer waits
+ * in a collective. Returns 1 (the exit code) otherwise. */
+int args_fail_dist(ds_dist *d, const char *cmd);
 
 #endif

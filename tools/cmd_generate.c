@@ -2,8 +2,8 @@
  * (a >>> prompt with /clear and /exit, multi-turn history through the chat
  * template, KV cache reused across turns) or batch (--input-file: one prompt
  * per line, Prompt:/Completion: per line, in batches of max_batch_size).
- * Completions stream in interactive mode; tokens/s go to stderr. */
-#include <jansson.h>
+ * Completions stream in interactive mode; tokens/s go to stderr. A client of
+ * dsv3.h like any other. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,11 +11,7 @@
 
 #include "args.h"
 #include "cmds.h"
-#include "device.h"
-#include "dist/dist.h"
-#include "dist/nccl_comm.h"
-#include "model/generate.h"
-#include "tok/tokenizer.h"
+#include "dsv3.h"
 
 #define USAGE "--ckpt-path DIR --config FILE (--interactive | --input-file FILE) [flags]"
 
@@ -25,88 +21,124 @@ typedef struct {
     int max_new, top_k, ctx, prefill_chunk;
     double temperature, top_p, rep_penalty;
     uint64_t seed;
-    ds_comm *comm;
-    tok_tokenizer *tok;
-    ds_model *m;
-    ds_gen *g;
+    ds_dist *dist;
+    const ds_tokenizer *tok;
+    ds_engine *e;
 } gen_ctx;
 
-/* Streams decoded text of sequence 0 to stdout. */
+/* Streams decoded text of the one sequence to stdout (rank 0). */
 typedef struct {
     gen_ctx *c;
-    tok_decoder *dec;
+    ds_text_stream *dec;
 } stream_state;
 
-static int print_token(void *ud, int seq, int32_t t)
+static int print_token(void *ud, int index, int32_t t)
 {
     stream_state *st = ud;
-    (void)seq;
-    if (dist_rank(st->c->comm) != 0 || t >= tok_vocab_size(st->c->tok)) return 0;
+    (void)index;
+    if (ds_dist_rank(st->c->dist) != 0 || t >= ds_tokenizer_n_vocab(st->c->tok)) return 0;
     const char *text;
     size_t len;
-    if (tok_decoder_push(st->dec, t, &text, &len) == DS_OK && len) {
+    if (ds_text_stream_push(st->dec, t, &text, &len) == DS_OK && len) {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
     return 0;
 }
 
-static void report_speed(const ds_gen *g)
+static void report_speed(const ds_engine *e)
 {
+    ds_engine_stats g;
+    ds_engine_get_stats(e, &g);
     fprintf(stderr, "prefill: %ld tokens in %.2f s (%.1f tokens/s); decode: %ld tokens in %.2f s (%.1f tokens/s)\n",
-            g->prefill_tokens, g->prefill_s, g->prefill_s > 0 ? g->prefill_tokens / g->prefill_s : 0.0,
-            g->decode_tokens, g->decode_s, g->decode_s > 0 ? g->decode_tokens / g->decode_s : 0.0);
-    if (g->prefill_shortened)
+            g.prefill_tokens, g.prefill_seconds, g.prefill_seconds > 0 ? g.prefill_tokens / g.prefill_seconds : 0.0,
+            g.decode_tokens, g.decode_seconds, g.decode_seconds > 0 ? g.decode_tokens / g.decode_seconds : 0.0);
+    if (g.prefill_shortened)
         fprintf(stderr, "prefill: out of memory %d time%s, passes shortened to %d tokens (--prefill-chunk sets them)\n",
-                g->prefill_shortened, g->prefill_shortened > 1 ? "s" : "", g->prefill_chunk);
+                g.prefill_shortened, g.prefill_shortened > 1 ? "s" : "", g.prefill_chunk);
 }
 
-/* Rank 0's line to every rank (length first); *line may be NULL for "stop". */
-static ds_status share_line(gen_ctx *c, char **line)
+/* A conversation: messages whose strings it owns. */
+typedef struct {
+    ds_chat_message *m;
+    size_t n, cap;
+} chat;
+
+static void chat_clear(chat *h)
 {
-    if (!c->comm) return DS_OK;
-    long long n = *line ? (long long)strlen(*line) : -1;
-    /* rank 0 may wait for a person here: no watchdog deadline, the others sleep */
-    ds_status s = dist_broadcast_untimed(c->comm, &n, sizeof n, 0);
-    if (s) return s;
-    if (dist_rank(c->comm) != 0) {
-        free(*line);
-        *line = NULL;
-        if (n < 0) return DS_OK;
-        if (!(*line = calloc((size_t)n + 1, 1))) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < h->n; i++) free((char *)h->m[i].content);
+    h->n = 0;
+}
+
+static void chat_drop_last(chat *h)
+{
+    if (h->n) free((char *)h->m[--h->n].content);
+}
+
+static ds_status chat_add(chat *h, const char *role, const char *content)
+{
+    if (h->n == h->cap) {
+        size_t cap = h->cap ? 2 * h->cap : 8;
+        ds_chat_message *m = realloc(h->m, sizeof *m * cap);
+        if (!m) return DS_ERR_NOMEM;
+        h->m = m;
+        h->cap = cap;
     }
-    return n > 0 ? c->comm->broadcast(c->comm, *line, (size_t)n, 0) : DS_OK;
+    char *c = strdup(content);
+    if (!c) return DS_ERR_NOMEM;
+    h->m[h->n++] = (ds_chat_message){.role = role, .content = c};
+    return DS_OK;
 }
 
-static json_t *new_messages(const gen_ctx *c)
+static ds_status chat_start(const gen_ctx *c, chat *h)
 {
-    json_t *msgs = json_array();
-    if (c->system_prompt) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", c->system_prompt));
-    return msgs;
+    chat_clear(h);
+    return c->system_prompt ? chat_add(h, "system", c->system_prompt) : DS_OK;
 }
 
-static ds_status encode_messages(gen_ctx *c, json_t *msgs, int32_t **ids, size_t *n)
+static ds_status encode_chat(const gen_ctx *c, const chat *h, int32_t **ids, size_t *n)
 {
-    char *js = json_dumps(msgs, JSON_COMPACT);
-    if (!js) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    tok_chat_opts o = {.add_generation_prompt = 1, .parse_all = c->parse_special};
-    ds_status s = tok_encode_chat(c->tok, js, &o, ids, n, NULL);
-    free(js);
+    ds_chat_params p = ds_chat_default_params();
+    p.add_generation_prompt = true;
+    p.parse_special = c->parse_special;
+    return ds_chat_apply(c->tok, h->m, h->n, &p, NULL, ids, n);
+}
+
+static ds_status new_sampler(const gen_ctx *c, uint64_t seed, ds_token_sampler **out)
+{
+    ds_sampler_params p = ds_sampler_default_params();
+    p.temperature = (float)c->temperature;
+    p.top_k = c->top_k;
+    p.top_p = (float)c->top_p;
+    p.repetition_penalty = (float)c->rep_penalty;
+    p.seed = seed;
+    return ds_sampler_new(&p, ds_engine_n_vocab(c->e), out);
+}
+
+/* The completion's text without ids past the tokenizer's and without special tokens. */
+static ds_status completion_text(const gen_ctx *c, const ds_completion *o, char **text)
+{
+    int32_t *kept = malloc(sizeof(int32_t) * (size_t)(o->n_tokens + 1));
+    if (!kept) return DS_ERR_NOMEM;
+    int k = 0;
+    for (int j = 0; j < o->n_tokens; j++)
+        if (o->tokens[j] < ds_tokenizer_n_vocab(c->tok)) kept[k++] = o->tokens[j];
+    size_t len;
+    ds_status s = ds_detokenize(c->tok, kept, (size_t)k, DS_DETOKENIZE_SKIP_SPECIAL, text, &len);
+    free(kept);
     return s;
-}
-
-static ds_status init_sampler(gen_ctx *c, ds_sampler *s, uint64_t seed)
-{
-    ds_sampling p = {(float)c->temperature, c->top_k, (float)c->top_p, (float)c->rep_penalty};
-    return sampler_init(s, &p, seed, c->m->cfg.vocab_size);
 }
 
 static int interactive(gen_ctx *c)
 {
-    json_t *msgs = new_messages(c);
-    ds_sampler smp;
-    if (init_sampler(c, &smp, c->seed)) return dist_fail(c->comm, "generate");
-    int rank = dist_rank(c->comm), rc = 0;
+    chat h = {0};
+    ds_token_sampler *smp = NULL;
+    if (chat_start(c, &h) || new_sampler(c, c->seed, &smp)) {
+        chat_clear(&h);
+        free(h.m);
+        return args_fail_dist(c->dist, "generate");
+    }
+    int rank = ds_dist_rank(c->dist), rc = 0;
     char *line = NULL;
     size_t cap = 0;
     for (;;) {
@@ -122,8 +154,8 @@ static int interactive(gen_ctx *c)
                 in = strdup(line);
             }
         }
-        if (share_line(c, &in)) {
-            rc = dist_fail(c->comm, "generate");
+        if (ds_dist_broadcast_line(c->dist, &in)) {
+            rc = args_fail_dist(c->dist, "generate");
             break;
         }
         if (!in || !strcmp(in, "/exit")) {
@@ -131,157 +163,180 @@ static int interactive(gen_ctx *c)
             break;
         }
         if (!strcmp(in, "/clear")) {
-            json_decref(msgs);
-            msgs = new_messages(c);
             free(in);
+            if (chat_start(c, &h)) {
+                rc = args_fail_dist(c->dist, "generate");
+                break;
+            }
             continue;
         }
         if (!in[0]) {
             free(in);
             continue;
         }
-        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", in));
+        ds_status s = chat_add(&h, "user", in);
         free(in);
-        int32_t *ids = NULL, *out = NULL;
+        if (s) {
+            rc = args_fail_dist(c->dist, "generate");
+            break;
+        }
+        int32_t *ids = NULL;
         size_t n = 0;
-        int n_out = 0;
+        ds_completion out = {0};
         stream_state st = {c, NULL};
-        ds_status s = encode_messages(c, msgs, &ids, &n);
-        if (!s) s = tok_decoder_new(c->tok, TOK_SKIP_SPECIAL, &st.dec);
+        s = encode_chat(c, &h, &ids, &n);
+        if (!s) s = ds_text_stream_new(c->tok, DS_DETOKENIZE_SKIP_SPECIAL, &st.dec);
         if (!s) {
             const int32_t *p = ids;
             int len = (int)n;
-            s = gen_run(c->g, 1, &p, &len, c->max_new, tok_eos_id(c->tok), &smp, print_token, &st, &out, &n_out);
+            ds_generate_params gp = ds_generate_default_params();
+            gp.max_new_tokens = c->max_new;
+            gp.on_token = print_token;
+            gp.on_token_user = &st;
+            s = ds_generate(c->e, 1, NULL, &p, &len, &smp, &gp, &out);
         }
         if (!s) {
             const char *tail;
             size_t tl;
-            if (tok_decoder_finish(st.dec, &tail, &tl) == DS_OK && tl && rank == 0) fwrite(tail, 1, tl, stdout);
+            if (ds_text_stream_finish(st.dec, &tail, &tl) == DS_OK && tl && rank == 0) fwrite(tail, 1, tl, stdout);
             if (rank == 0) printf("\n");
             char *text = NULL;
-            size_t text_len;
-            int k = 0;
-            for (int i = 0; i < n_out; i++)
-                if (out[i] < tok_vocab_size(c->tok)) out[k++] = out[i];
-            s = tok_decode(c->tok, out, (size_t)k, TOK_SKIP_SPECIAL, &text, &text_len);
-            if (!s) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "assistant", "content", text));
-            free(text);
+            s = completion_text(c, &out, &text);
+            if (!s) s = chat_add(&h, "assistant", text);
+            ds_free(text);
         }
         if (s) {
             /* the turn failed: report it, drop the message, and prompt again */
             if (rank == 0) fprintf(stderr, "error: %s\n", ds_last_error());
-            json_array_remove(msgs, json_array_size(msgs) - 1);
-            if (s == DS_ERR_COMM) {
-                rc = 1;
-                free(ids);
-                free(out);
-                tok_decoder_free(st.dec);
-                break;
-            }
+            chat_drop_last(&h);
+            if (s == DS_ERR_COMM) rc = 1;
         }
-        free(ids);
-        free(out);
-        tok_decoder_free(st.dec);
+        ds_free(ids);
+        ds_free(out.tokens);
+        ds_text_stream_free(st.dec);
+        if (rc) break;
     }
     free(line);
-    json_decref(msgs);
-    sampler_free(&smp);
-    if (rank == 0) report_speed(c->g);
+    chat_clear(&h);
+    free(h.m);
+    ds_sampler_free(smp);
+    if (rank == 0) report_speed(c->e);
     return rc;
 }
 
-/* The prompts of the input file: one per non-blank line. */
-static ds_status read_prompts(const char *path, char ***out, int *n)
+/* The prompts of the input file: one per non-blank line, with their line numbers. */
+static ds_status read_prompts(const char *path, char ***out, int **lines, int *n)
 {
     FILE *f = fopen(path, "rb");
     if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open input file", path);
     char **v = NULL, *line = NULL;
+    int *ln = NULL;
     size_t cap = 0;
     ssize_t r;
-    int cnt = 0;
+    int cnt = 0, at = 0;
+    ds_status s = DS_OK;
     while ((r = getline(&line, &cap, f)) >= 0) {
+        at++;
         while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
         if (strspn(line, " \t") == (size_t)r) continue;
         char **nv = realloc(v, sizeof(char *) * (size_t)(cnt + 1));
-        if (!nv) break;
-        v = nv;
-        v[cnt++] = strdup(line);
+        if (nv) v = nv;
+        int *nl = nv ? realloc(ln, sizeof(int) * (size_t)(cnt + 1)) : NULL;
+        if (nl) ln = nl;
+        if (!nv || !nl || !(v[cnt] = strdup(line))) {
+            s = ds_errorf(DS_ERR_NOMEM, "%s: out of memory reading the prompts", path);
+            break;
+        }
+        ln[cnt++] = at;
     }
     free(line);
     fclose(f);
-    if (cnt == 0) {
+    if (!s && cnt == 0) s = ds_errorf(DS_ERR_ARG, "%s: the input file has no prompts (one prompt per line expected)", path);
+    if (s) {
+        for (int i = 0; i < cnt; i++) free(v[i]);
         free(v);
-        return ds_errorf(DS_ERR_ARG, "%s: the input file has no prompts (one prompt per line expected)", path);
+        free(ln);
+        return s;
     }
     *out = v;
+    *lines = ln;
     *n = cnt;
     return DS_OK;
 }
 
-static int batch(gen_ctx *c)
+static int batch(gen_ctx *c, char **prompts, const int *lines, int n)
 {
-    char **prompts = NULL;
-    int n = 0, rc = 1, rank = dist_rank(c->comm);
-    if (read_prompts(c->input_file, &prompts, &n)) return dist_fail(c->comm, "generate");
-    int B = c->g->n_seq;
-    int32_t **ids = calloc((size_t)B, sizeof *ids), **out = calloc((size_t)B, sizeof *out);
-    int *lens = calloc((size_t)B, sizeof(int)), *n_out = calloc((size_t)B, sizeof(int));
-    ds_sampler *smp = calloc((size_t)B, sizeof *smp);
-    ds_status s = ids && out && lens && n_out && smp ? DS_OK : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    int rank = ds_dist_rank(c->dist);
+    int B = ds_engine_n_seq(c->e);
+    int32_t **ids = calloc((size_t)B, sizeof *ids);
+    int *lens = calloc((size_t)B, sizeof(int));
+    ds_completion *out = calloc((size_t)B, sizeof *out);
+    ds_token_sampler **smp = calloc((size_t)B, sizeof *smp);
+    chat h = {0};
+    ds_status s = ids && out && lens && smp ? DS_OK : ds_errorf(DS_ERR_NOMEM, "out of memory");
     for (int b0 = 0; !s && b0 < n; b0 += B) {
         int nb = n - b0 < B ? n - b0 : B;
         for (int i = 0; !s && i < nb; i++) {
-            json_t *msgs = new_messages(c);
-            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompts[b0 + i]));
             size_t len = 0;
-            s = encode_messages(c, msgs, &ids[i], &len);
+            if (!(s = chat_start(c, &h)) && !(s = chat_add(&h, "user", prompts[b0 + i])))
+                s = encode_chat(c, &h, &ids[i], &len);
             lens[i] = (int)len;
-            json_decref(msgs);
-            if (s) ds_error_prefix(s, "prompt %d", b0 + i + 1);
-            else s = init_sampler(c, &smp[i], c->seed + (uint64_t)(b0 + i));
+            if (s) ds_error_prefix(s, "%s line %d", c->input_file, lines[b0 + i]);
+            else s = new_sampler(c, c->seed + (uint64_t)(b0 + i), &smp[i]);
         }
-        if (!s) s = gen_run(c->g, nb, (const int32_t *const *)ids, lens, c->max_new, tok_eos_id(c->tok), smp, NULL,
-                            NULL, out, n_out);
-        if (s) ds_error_prefix(s, "prompts %d-%d", b0 + 1, b0 + nb);
+        ds_generate_params gp = ds_generate_default_params();
+        gp.max_new_tokens = c->max_new;
+        if (!s) {
+            s = ds_generate(c->e, nb, NULL, (const int32_t *const *)ids, lens, smp, &gp, out);
+            if (s) ds_error_prefix(s, "prompts %d-%d", b0 + 1, b0 + nb);
+        }
         for (int i = 0; !s && i < nb; i++) {
             char *text = NULL;
-            size_t tl;
-            int k = 0;
-            int32_t *kept = malloc(sizeof(int32_t) * (size_t)(n_out[i] + 1));
-            for (int j = 0; kept && j < n_out[i]; j++)
-                if (out[i][j] < tok_vocab_size(c->tok)) kept[k++] = out[i][j];
-            s = kept ? tok_decode(c->tok, kept, (size_t)k, TOK_SKIP_SPECIAL, &text, &tl) : DS_ERR_NOMEM;
-            free(kept);
+            s = completion_text(c, &out[i], &text);
             if (!s && rank == 0) {
                 printf("Prompt: %s\nCompletion: %s\n", prompts[b0 + i], text);
                 if (c->print_ids) {
                     printf("Ids:");
-                    for (int j = 0; j < n_out[i]; j++) printf(" %d", out[i][j]);
+                    for (int j = 0; j < out[i].n_tokens; j++) printf(" %d", out[i].tokens[j]);
                     printf("\n");
                 }
                 printf("\n");
                 fflush(stdout);
             }
-            free(text);
+            ds_free(text);
         }
         for (int i = 0; i < nb; i++) {
-            free(ids[i]);
-            free(out[i]);
-            ids[i] = out[i] = NULL;
-            sampler_free(&smp[i]);
+            ds_free(ids[i]);
+            ds_free(out[i].tokens);
+            ids[i] = NULL;
+            out[i].tokens = NULL;
+            ds_sampler_free(smp[i]);
+            smp[i] = NULL;
         }
     }
-    if (!s) rc = 0;
-    else rc = dist_fail(c->comm, "generate");
-    if (!s && rank == 0) report_speed(c->g);
-    for (int i = 0; i < n; i++) free(prompts[i]);
-    free(prompts);
+    int rc = s ? args_fail_dist(c->dist, "generate") : 0;
+    if (!s && rank == 0) report_speed(c->e);
+    chat_clear(&h);
+    free(h.m);
     free(ids);
     free(out);
     free(lens);
-    free(n_out);
     free(smp);
     return rc;
+}
+
+/* A usage error (exit code 2) when a sampling flag is out of range. */
+static int check_sampling(const gen_ctx *c)
+{
+    const char *bad = !(c->temperature >= 0)                 ? "--temperature must be >= 0 (0 is greedy)"
+                      : c->top_k < 0                         ? "--top-k must be >= 0 (0 is off)"
+                      : !(c->top_p > 0 && c->top_p <= 1)     ? "--top-p must be in (0, 1] (1 is off)"
+                      : !(c->rep_penalty > 0)                ? "--repetition-penalty must be > 0 (1 is off)"
+                      : c->prefill_chunk < 0                 ? "--prefill-chunk must be >= 1"
+                      : c->max_new < 1                       ? "--max-new-tokens must be >= 1"
+                                                             : NULL;
+    if (bad) fprintf(stderr, "dsv3 generate: %s\n", bad);
+    return bad ? 2 : 0;
 }
 
 int cmd_generate(int argc, char **argv)
@@ -316,56 +371,46 @@ int cmd_generate(int argc, char **argv)
         fprintf(stderr, "dsv3 generate: give exactly one of --interactive or --input-file\n");
         return 2;
     }
-    if (c.prefill_chunk < 0) {
-        fprintf(stderr, "dsv3 generate: --prefill-chunk must be >= 1\n");
-        return 2;
-    }
-    if (c.max_new < 1) {
-        fprintf(stderr, "dsv3 generate: --max-new-tokens must be >= 1\n");
-        return 2;
-    }
-    ds_model_opts o = {.attn = strcmp(c.attn, "naive") ? DS_ATTN_ABSORB : DS_ATTN_NAIVE,
-                       .gemm = strcmp(c.gemm, "fp8") ? DS_GEMM_BF16 : DS_GEMM_FP8,
-                       .tune = {.prefill_chunk = c.prefill_chunk}};
+    if ((rc = check_sampling(&c))) return rc;
     if ((strcmp(c.attn, "absorb") && strcmp(c.attn, "naive")) || (strcmp(c.gemm, "bf16") && strcmp(c.gemm, "fp8"))) {
         fprintf(stderr, "dsv3 generate: --attn-impl is absorb|naive and --gemm-impl is bf16|fp8\n");
         return 2;
     }
-    ds_config cfg;
+    ds_engine_params p = ds_engine_default_params();
+    p.config_path = c.config;
+    p.tokenizer_dir = c.tokenizer_dir;
+    p.device = c.device;
+    p.ref_kernels = c.ref_kernels;
+    p.attention = strcmp(c.attn, "naive") ? DS_ATTENTION_ABSORB : DS_ATTENTION_NAIVE;
+    p.matmul = strcmp(c.gemm, "fp8") ? DS_MATMUL_BF16 : DS_MATMUL_FP8;
+    p.prefill_chunk = c.prefill_chunk;
+    char **prompts = NULL;
+    int *lines = NULL, n = 0;
+    ds_model_info_buf info;
     rc = 1;
-    if (dist_init(&argc, &argv, &c.comm) || tool_backend(c.device, c.ref_kernels, &o.ops) || dist_attach_device(c.comm, o.ops) || config_load(&cfg, c.config) ||
-        tok_load(&c.tok, c.tokenizer_dir ? c.tokenizer_dir : c.ckpt))
-        goto fail;
-    o.comm = c.comm;
-    if (tok_vocab_size(c.tok) > cfg.vocab_size) {
-        ds_errorf(DS_ERR_FORMAT, "the tokenizer has %d tokens but the model's vocab_size is %d", tok_vocab_size(c.tok),
-                  cfg.vocab_size);
+    if (ds_dist_init(&argc, &argv, &c.dist) || ds_read_model_info(c.ckpt, c.config, &info)) goto fail;
+    p.dist = c.dist;
+    if (c.ctx < 0 || c.ctx > info.info.max_seq_len) {
+        ds_errorf(DS_ERR_ARG, "--ctx-size must be in [1, max_seq_len=%d]", info.info.max_seq_len);
         goto fail;
     }
-    if (!c.ctx) c.ctx = cfg.max_seq_len < 4096 ? cfg.max_seq_len : 4096;
-    if (c.ctx < 1 || c.ctx > cfg.max_seq_len) {
-        ds_errorf(DS_ERR_ARG, "--ctx-size must be in [1, max_seq_len=%d]", cfg.max_seq_len);
-        goto fail;
-    }
-    int n_seq = 1;
+    p.n_ctx = c.ctx;
+    p.n_seq = 1;
     if (c.input_file) {
-        char **p;
-        int n;
-        if (read_prompts(c.input_file, &p, &n)) goto fail;
-        for (int i = 0; i < n; i++) free(p[i]);
-        free(p);
-        n_seq = n < cfg.max_batch_size ? n : cfg.max_batch_size;
+        if (read_prompts(c.input_file, &prompts, &lines, &n)) goto fail;
+        p.n_seq = n < info.info.max_batch_size ? n : info.info.max_batch_size;
     }
-    if (model_load(&c.m, c.ckpt, &cfg, &o) || gen_new(&c.g, c.m, n_seq, c.ctx)) goto fail;
-    rc = c.interactive ? interactive(&c) : batch(&c);
+    if (ds_engine_load(c.ckpt, &p, &c.e)) goto fail;
+    c.tok = ds_engine_tokenizer(c.e);
+    rc = c.interactive ? interactive(&c) : batch(&c, prompts, lines, n);
     goto done;
 fail:
-    rc = dist_fail(c.comm, "generate");
+    rc = args_fail_dist(c.dist, "generate");
 done:
-    gen_free(c.g);
-    model_free(c.m);
-    tool_backend_release(o.ops);
-    tok_free(c.tok);
-    dist_finish(c.comm);
+    for (int i = 0; i < n; i++) free(prompts[i]);
+    free(prompts);
+    free(lines);
+    ds_engine_free(c.e);
+    ds_dist_finish(c.dist);
     return rc;
 }

@@ -6,7 +6,7 @@
 
 #include "args.h"
 #include "cmds.h"
-#include "tok/tokenizer.h"
+#include "dsv3.h"
 
 static const char usage[] =
     "--tokenizer DIR (--text S | --chat FILE [--add-generation-prompt]) [--pieces]";
@@ -59,53 +59,56 @@ int cmd_tokenize(int argc, char **argv)
         args_usage(argv[0], usage, specs, n_specs);
         return 2;
     }
-    tok_tokenizer *t;
-    if (tok_load(&t, dir)) return args_fail(argv[0]);
+    ds_tokenizer *t;
+    if (ds_tokenizer_load(dir, &t)) return args_fail(argv[0]);
     int32_t *ids = NULL;
     size_t n = 0;
     ds_status s;
     char *tmpl = NULL;
     if (text) {
-        s = tok_encode(t, text, strlen(text), plain ? 0 : TOK_PARSE_SPECIAL, &ids, &n);
+        s = ds_tokenize(t, text, strlen(text), plain ? 0 : DS_TOKENIZE_PARSE_SPECIAL, &ids, &n);
     } else {
         size_t len;
         char *msgs = slurp(chat, &len);
         if (!msgs) {
             fprintf(stderr, "dsv3 tokenize: --chat %s: cannot read the file\n", chat);
-            tok_free(t);
+            ds_tokenizer_free(t);
             return 1;
         }
         if (tmpl_path && !(tmpl = slurp(tmpl_path, &len))) {
             fprintf(stderr, "dsv3 tokenize: --template %s: cannot read the file\n", tmpl_path);
             free(msgs);
-            tok_free(t);
+            ds_tokenizer_free(t);
             return 1;
         }
-        tok_chat_opts o = {.add_generation_prompt = gen, .extra_vars_json = vars, .template_text = tmpl,
-                           .parse_all = parse_all};
+        ds_chat_params o = ds_chat_default_params();
+        o.add_generation_prompt = gen;
+        o.extra_vars = vars;
+        o.template_text = tmpl;
+        o.parse_special = parse_all;
         char *out = NULL;
-        s = tok_encode_chat(t, msgs, &o, &ids, &n, render_only ? &out : NULL);
+        s = ds_chat_apply_json(t, msgs, &o, render_only ? &out : NULL, &ids, &n);
         if (!s && render_only) fputs(out, stdout);
-        free(out);
+        ds_free(out);
         free(msgs);
         if (!s && render_only) {
-            free(ids);
+            ds_free(ids);
             free(tmpl);
-            tok_free(t);
+            ds_tokenizer_free(t);
             return 0;
         }
     }
     free(tmpl);
     if (s) {
         rc = args_fail(argv[0]);
-        tok_free(t);
+        ds_tokenizer_free(t);
         return rc;
     }
     for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     putchar('\n');
     if (pieces)
-        for (size_t i = 0; i < n; i++) printf("%d\t%s\n", ids[i], tok_id_to_piece(t, ids[i]));
-    free(ids);
-    tok_free(t);
+        for (size_t i = 0; i < n; i++) printf("%d\t%s\n", ids[i], ds_token_piece(t, ids[i]));
+    ds_free(ids);
+    ds_tokenizer_free(t);
     return 0;
 }

@@ -86,6 +86,10 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     if (!sq || !pos || !want) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     double t0 = now_s();
     for (int i = keep; !s && i < n;) {
+        if (g->cancel && g->cancel(g->cancel_ud)) {
+            g->cancelled = true;
+            break;
+        }
         int c = n - i < g->prefill_chunk ? n - i : g->prefill_chunk;
         for (int j = 0; j < c; j++) {
             sq[j] = seq;
@@ -108,7 +112,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
         }
     }
     g->prefill_s += now_s() - t0;
-    g->prefill_tokens += n - keep;
+    g->prefill_tokens += g->n_cached[seq] - keep;
     free(sq);
     free(pos);
     free(want);
@@ -146,69 +150,96 @@ ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const
     return s;
 }
 
-ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *lens, int max_new, int32_t eos_id,
-                  ds_sampler *samplers, gen_token_fn on_token, void *ud, int32_t **out, int *n_out)
+ds_status gen_run(ds_gen *g, int n, const int *seqs, const int32_t *const *prompts, const int *lens,
+                  ds_sampler *const *samplers, const gen_opts *o, int32_t **out, int *n_out, gen_finish *why)
 {
     ds_status s = DS_OK;
-    int *active = malloc(sizeof(int) * (size_t)n);
+    int max_new = o->max_new;
+    int *active = malloc(sizeof(int) * (size_t)n), *row = malloc(sizeof(int) * (size_t)n);
     int32_t *next = malloc(sizeof(int32_t) * (size_t)n);
-    if (!active || !next) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    if (!active || !row || !next) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         out[i] = malloc(sizeof(int32_t) * (size_t)(max_new > 0 ? max_new : 1));
         n_out[i] = 0;
+        if (why) why[i] = GEN_CANCELLED;
         if (!out[i]) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        if (row) row[i] = seqs ? seqs[i] : i;
     }
-    for (int i = 0; !s && i < n; i++) s = gen_prefill(g, i, prompts[i], lens[i]);
+    g->cancel = o->cancel;
+    g->cancel_ud = o->cancel_ud;
+    g->cancelled = false;
+    for (int i = 0; !s && !g->cancelled && i < n; i++) s = gen_prefill(g, row[i], prompts[i], lens[i]);
     int n_active = 0;
-    for (int i = 0; i < n; i++) active[n_active++] = i;
+    for (int i = 0; i < n && !g->cancelled; i++) active[n_active++] = i;
     /* Where the backend picks on the device (one rank), or no sequence has top-k,
      * top-p or a penalty: the steps return the next tokens themselves (no logits
      * downloaded where the backend picks). Each sequence's uniform for its next
      * pick is drawn with the step, from the same stream and in the same order as
      * sampler_pick would; its penalty goes with the step as the distinct tokens of
-     * its history, the token fed included. */
+     * its history, the token fed included. The presence and frequency penalties
+     * are the host sampler's alone. */
     bool pick = true, device = g->m->ops->pick_rows && g->m->world_size == 1;
-    for (int i = 0; i < n; i++)
-        pick &= device || (samplers[i].p.top_k == 0 && samplers[i].p.top_p >= 1 &&
-                           samplers[i].p.repetition_penalty == 1.0f);
+    for (int i = 0; i < n; i++) {
+        const ds_sampling *p = &samplers[i]->p;
+        pick &= samplers[i]->presence == 0 && samplers[i]->frequency == 0 &&
+                (device || (p->top_k == 0 && p->top_p >= 1 && p->repetition_penalty == 1.0f));
+    }
     int hcap = g->ctx < g->vocab ? g->ctx : g->vocab; /* distinct tokens of a history */
     ds_pick *pk = pick ? malloc(sizeof(ds_pick) * (size_t)n) : NULL;
     int32_t *hist = pick ? malloc(sizeof(int32_t) * (size_t)n * hcap) : NULL;
-    if (pick && (!pk || !hist)) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    int *rows = malloc(sizeof(int) * (size_t)n);
+    if ((pick && (!pk || !hist)) || !rows) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
     double t0 = now_s();
     for (int step = 0; !s && step < max_new && n_active > 0; step++) {
         int k = 0;
         for (int a = 0; a < n_active; a++) {
-            int i = active[a];
-            int32_t t = g->next_ok[i] ? g->next[i]
-                                      : sampler_pick(&samplers[i], g->logits + (size_t)i * g->vocab, g->cached[i],
-                                                     g->n_cached[i]);
-            if (t == eos_id) continue;
+            int i = active[a], r = row[i];
+            int32_t t = g->next_ok[r] ? g->next[r]
+                                      : sampler_pick(samplers[i], g->logits + (size_t)r * g->vocab, g->cached[r],
+                                                     g->n_cached[r]);
+            if (t == o->eos_id) {
+                if (why) why[i] = GEN_EOS;
+                continue;
+            }
             out[i][n_out[i]++] = t;
-            int stop = on_token ? on_token(ud, i, t) : 0;
-            if (stop || n_out[i] >= max_new || g->n_cached[i] >= g->ctx) continue;
+            int stop = o->on_token ? o->on_token(o->ud, i, t) : 0;
+            gen_finish w = stop ? GEN_STOPPED : n_out[i] >= max_new ? GEN_LENGTH : g->n_cached[r] >= g->ctx ? GEN_CONTEXT
+                                                                                                            : GEN_CANCELLED;
+            if (w != GEN_CANCELLED) {
+                if (why) why[i] = w;
+                continue;
+            }
             active[k] = i;
             next[k++] = t;
         }
         n_active = k;
+        if (n_active && g->cancel && g->cancel(g->cancel_ud)) {
+            g->cancelled = true;
+            break;
+        }
+        for (int a = 0; a < n_active; a++) rows[a] = row[active[a]];
         for (int a = 0; pick && a < n_active; a++) {
-            int i = active[a];
-            ds_sampler *sm = &samplers[i];
+            int i = active[a], r = rows[a];
+            ds_sampler *sm = samplers[i];
             pk[a] = (ds_pick){sm->p.temperature, sm->p.top_k, sm->p.top_p,
                               sm->p.temperature > 0 ? rng_uniform(&sm->rng) : 0.0, sm->p.repetition_penalty, 0, NULL};
             if (sm->p.repetition_penalty != 1.0f) { /* the fed token in its slot (gen_step keeps it there) */
-                g->cached[i][g->n_cached[i]] = next[a];
+                g->cached[r][g->n_cached[r]] = next[a];
                 pk[a].hist = hist + (size_t)a * hcap;
-                pk[a].n_hist = sampler_distinct(sm, g->cached[i], g->n_cached[i] + 1, hist + (size_t)a * hcap);
+                pk[a].n_hist = sampler_distinct(sm, g->cached[r], g->n_cached[r] + 1, hist + (size_t)a * hcap);
             }
         }
-        if (n_active) s = gen_step(g, n_active, active, next, pk);
+        if (n_active) s = gen_step(g, n_active, rows, next, pk);
     }
     g->decode_s += now_s() - t0;
+    g->cancel = NULL;
+    g->cancel_ud = NULL;
     free(pk);
     free(hist);
+    free(rows);
+    free(row);
     free(active);
     free(next);
     return s;

@@ -23,6 +23,11 @@ typedef struct {
      * out of memory (one process only: ranks must run the same passes) */
     int prefill_chunk;
     int prefill_shortened; /* passes retried shorter */
+    /* asked before every forward pass of gen_prefill and gen_run (NULL: never);
+     * non-zero stops them and sets cancelled */
+    int (*cancel)(void *ud);
+    void *cancel_ud;
+    bool cancelled;
     /* statistics for the tokens/s report */
     long prefill_tokens, decode_tokens;
     double prefill_s, decode_s;
@@ -43,14 +48,28 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n);
  * pick[i]'s settings, in g->next (next_ok set) instead of its logits. */
 ds_status gen_step(ds_gen *g, int n, const int *seqs, const int32_t *toks, const ds_pick *pick);
 
-/* Called for each new token of sequence seq; return non-zero to stop it. */
-typedef int (*gen_token_fn)(void *ud, int seq, int32_t tok);
+/* Called for each new token of the i-th sequence of gen_run; return non-zero to stop it. */
+typedef int (*gen_token_fn)(void *ud, int i, int32_t tok);
 
-/* Generates for n prompts at once (n <= n_seq): prefill each, then decode in
- * lockstep until every sequence has produced eos_id or max_new tokens, or
- * reached the context end. out[i] receives the completion (eos excluded,
- * malloc'ed), n_out[i] its length. */
-ds_status gen_run(ds_gen *g, int n, const int32_t *const *prompts, const int *lens, int max_new, int32_t eos_id,
-                  ds_sampler *samplers, gen_token_fn on_token, void *ud, int32_t **out, int *n_out);
+/* Why a sequence of gen_run ended (the order of the public ds_finish). */
+typedef enum { GEN_EOS, GEN_LENGTH, GEN_CONTEXT, GEN_STOPPED, GEN_CANCELLED } gen_finish;
+
+typedef struct {
+    int max_new;            /* tokens per sequence at most (>= 1) */
+    int32_t eos_id;         /* -1: none */
+    gen_token_fn on_token;  /* NULL: none */
+    void *ud;
+    int (*cancel)(void *ud); /* asked before every forward pass (NULL: never) */
+    void *cancel_ud;
+} gen_opts;
+
+/* Generates for n prompts at once in rows seqs[0..n) (distinct; NULL: 0..n-1):
+ * prefill each (gen_prefill), then decode in lockstep until every sequence has
+ * produced eos_id or max_new tokens, reached the context end, or been stopped
+ * by on_token; a cancel stops them all (DS_OK). samplers[i] picks sequence i's
+ * tokens. out[i] receives the completion (eos excluded, malloc'ed), n_out[i]
+ * its length, why[i] (may be NULL) the reason it ended. */
+ds_status gen_run(ds_gen *g, int n, const int *seqs, const int32_t *const *prompts, const int *lens,
+                  ds_sampler *const *samplers, const gen_opts *o, int32_t **out, int *n_out, gen_finish *why);
 
 #endif

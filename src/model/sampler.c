@@ -31,6 +31,17 @@ ds_status sampler_init(ds_sampler *s, const ds_sampling *p, uint64_t seed, int v
     return DS_OK;
 }
 
+ds_status sampler_set_counts(ds_sampler *s, float presence, float frequency)
+{
+    if (!isfinite(presence) || !isfinite(frequency))
+        return ds_errorf(DS_ERR_ARG, "presence and frequency penalties must be finite numbers");
+    if ((presence != 0 || frequency != 0) && !s->count && !(s->count = calloc((size_t)s->vocab, sizeof(int))))
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for a sampler over %d tokens", s->vocab);
+    s->presence = presence;
+    s->frequency = frequency;
+    return DS_OK;
+}
+
 void sampler_free(ds_sampler *s)
 {
     free(s->probs);
@@ -39,6 +50,8 @@ void sampler_free(ds_sampler *s)
     free(s->stamp);
     free(s->hcount);
     free(s->hmass);
+    free(s->count);
+    s->count = NULL;
     s->probs = NULL;
     s->order = NULL;
     s->cand = NULL;
@@ -266,8 +279,26 @@ int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u)
     return last;
 }
 
+/* logit[t] -= presence + frequency * count(t) for each distinct valid t of the
+ * history (s->cand lists them; s->count is zero again afterwards). */
+static void penalise_counts(ds_sampler *s, float *logits, const int32_t *history, int n_history)
+{
+    int n = 0;
+    for (int i = 0; i < n_history; i++) {
+        int t = history[i];
+        if (t < 0 || t >= s->vocab) continue;
+        if (s->count[t]++ == 0) s->cand[n++] = t;
+    }
+    for (int i = 0; i < n; i++) {
+        int t = s->cand[i];
+        logits[t] -= s->presence + s->frequency * (float)s->count[t];
+        s->count[t] = 0;
+    }
+}
+
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history)
 {
     if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
+    if (s->presence != 0 || s->frequency != 0) penalise_counts(s, logits, history, n_history);
     return sampler_pick_u(s, logits, s->p.temperature > 0 ? rng_uniform(&s->rng) : 0.0);
 }

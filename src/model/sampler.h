@@ -43,6 +43,11 @@ typedef struct {
     float *probs;             /* scratch (vocab) */
     int *order, *cand;        /* scratch (vocab) */
     uint32_t *stamp, epoch;   /* repetition penalty: stamp[t] == epoch once t is done */
+    /* OpenAI's penalties, after the repetition penalty: logit[t] -= presence
+     * (once) + frequency * (occurrences of t in the history); 0: off
+     * (sampler_set_counts). Host only: a device pick (ds_pick) carries neither. */
+    float presence, frequency;
+    int *count;               /* occurrences (vocab), zero between picks; NULL while both are off */
     int *hcount;              /* top-k / top-p histogram (SAMPLER_BUCKETS) */
     double *hmass;
 } ds_sampler;
@@ -52,8 +57,11 @@ typedef struct {
 ds_status sampler_init(ds_sampler *s, const ds_sampling *p, uint64_t seed, int vocab);
 void sampler_free(ds_sampler *s);
 
+/* Sets the presence and frequency penalties (finite; 0: off). */
+ds_status sampler_set_counts(ds_sampler *s, float presence, float frequency);
+
 /* Picks a token. logits (vocab) may be modified. history: tokens seen so far
- * in this sequence (for the repetition penalty). */
+ * in this sequence (for the penalties). */
 int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n_history);
 
 /* The distinct ids of history that are valid tokens (0 <= id < vocab), in the

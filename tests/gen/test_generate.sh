@@ -131,9 +131,18 @@ out=$(printf 'this prompt is certainly longer than sixteen tokens once wrapped\n
       --config "$tmp/short.json" --interactive --max-new-tokens 1 2>"$tmp/e"); rc=$?
 [ $rc = 0 ] && grep -q 'exceeds' "$tmp/e" && [ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 3 ] && ok \
   || bad "REPL: long prompt should give a message and the next prompt ($rc, $(cat "$tmp/e"))"
-printf 'caf\xe9 \xff\xfe invalid utf-8\n' > "$tmp/bad_utf8.txt"
-"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/bad_utf8.txt" --max-new-tokens 2 >/dev/null 2>"$tmp/e" \
-  && ok || bad "invalid UTF-8 prompt should be encoded by the replacement rule: $(cat "$tmp/e")"
+# a prompt line that is not UTF-8 is an error naming its line, never a prompt silently left out
+printf 'good line\n\ncaf\xe9 \xff\xfe invalid utf-8\n' > "$tmp/bad_utf8.txt"
+"$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --input-file "$tmp/bad_utf8.txt" --max-new-tokens 2 >/dev/null 2>"$tmp/e"
+[ $? = 1 ] && grep -q 'bad_utf8.txt line 3: .*not valid UTF-8' "$tmp/e" && ok || bad "invalid UTF-8 prompt: $(cat "$tmp/e")"
+out=$(printf 'caf\xe9\nhi\n' | "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --interactive --max-new-tokens 1 2>"$tmp/e"); rc=$?
+[ $rc = 0 ] && grep -q 'not valid UTF-8' "$tmp/e" && [ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 3 ] && ok \
+  || bad "REPL: invalid UTF-8 should give a message and the next prompt ($rc, $(cat "$tmp/e"))"
+# sampling flags out of range are usage errors (exit 2) naming the flag
+for f in "--temperature -1" "--top-p 0" "--top-p 1.5" "--top-k -2" "--repetition-penalty 0"; do
+  "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --interactive $f </dev/null >/dev/null 2>"$tmp/e"
+  [ $? = 2 ] && grep -q -- "${f%% *}" "$tmp/e" && ok || bad "generate $f: $(cat "$tmp/e")"
+done
 mkdir "$tmp/notok"
 "$bin" generate --ckpt-path "$tmp/m" --config "$cfg" --tokenizer "$tmp/notok" --interactive 2>"$tmp/e" </dev/null >/dev/null
 [ $? -ne 0 ] && grep -q 'tokenizer.json' "$tmp/e" && ok || bad "missing tokenizer: $(cat "$tmp/e")"

@@ -1,0 +1,59 @@
+/* api.h - the public API's objects (include/dsv3.h) over the internals.
+ *
+ * A ds_engine is a loaded model (model/model.h) on a backend chosen through
+ * backend/registry.h, with a ds_gen (model/generate.h) that owns the KV cache
+ * and remembers which tokens each slot holds: ds_decode and the sequence calls
+ * keep that record, so ds_generate's prefix reuse sees what they did. */
+#ifndef DS_API_INTERNAL_H
+#define DS_API_INTERNAL_H
+
+#include "dsv3.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "tok/tokenizer.h"
+
+struct ds_tokenizer {
+    tok_tokenizer *tok;
+};
+
+struct ds_text_stream {
+    const tok_tokenizer *tok;
+    int flags;
+    tok_decoder *dec;
+};
+
+struct ds_token_sampler {
+    ds_sampler_params params;
+    ds_sampler s;
+};
+
+struct ds_engine {
+    ds_config cfg;
+    ds_model_info info;
+    char name[64];
+    const ds_ops *ops;
+    ds_comm *comm;
+    ds_model *m;
+    ds_gen *g;
+    ds_tokenizer *tok;     /* NULL: none loaded */
+    float *logits;         /* the last ds_decode's wanted rows (n_logits, vocab) */
+    int n_logits, cap_logits;
+};
+
+/* Whether ops runs in host memory: the CPU backend's tables are named "cpu-...". */
+bool api_ops_on_host(const ds_ops *ops);
+
+/* The model info of cfg, named after the checkpoint directory dir. */
+void api_model_info(const ds_config *cfg, const char *dir, ds_model_info *info, char *name, size_t name_cap);
+
+/* Loads the config at path, or dir/config.json when path is NULL. */
+ds_status api_config_load(ds_config *cfg, const char *dir, const char *path);
+
+/* Each token of b's sequence and position (appended in order) into sq and pos,
+ * after checking the sequences, the ids and the room left in each slot. */
+ds_status api_place_batch(const ds_engine *e, const ds_batch *b, int *sq, int *pos);
+/* After a successful pass: the batch's tokens become part of their slots. */
+void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int *pos);
+
+#endif

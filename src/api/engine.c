@@ -1,0 +1,356 @@
+/* engine.c - ds_engine: load a checkpoint onto a device, the sequences (KV
+ * slots) with fork and truncate, batched evaluation, and ds_generate.
+ *
+ * A slot's KV rows are only ever read at positions below the slot's length
+ * (each token attends to positions 0..pos of its own sequence), so truncating
+ * is bookkeeping, and rows past the length written by a failed pass are
+ * overwritten before anything reads them. Fork copies rows with the backend's
+ * copy_rows, so the copy stays in device memory. */
+#include "api/api.h"
+
+#include <limits.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/registry.h"
+#include "dist/dist.h"
+#include "dist/nccl_comm.h"
+
+bool api_ops_on_host(const ds_ops *ops) { return !strncmp(ops->name, "cpu", 3); }
+
+void api_model_info(const ds_config *c, const char *dir, ds_model_info *info, char *name, size_t name_cap)
+{
+    size_t n = dir ? strlen(dir) : 0;
+    while (dir && n > 1 && dir[n - 1] == '/') n--; /* "m/" names m */
+    const char *base = dir;
+    for (size_t i = 0; dir && i + 1 < n; i++)
+        if (dir[i] == '/') base = dir + i + 1;
+    snprintf(name, name_cap, "%.*s", dir ? (int)(n - (size_t)(base - dir)) : 0, dir ? base : "");
+    *info = (ds_model_info){.name = name,
+                            .n_vocab = c->vocab_size,
+                            .max_seq_len = c->max_seq_len,
+                            .max_batch_size = c->max_batch_size,
+                            .n_layers = c->n_layers,
+                            .n_dense_layers = c->n_dense_layers,
+                            .dim = c->dim,
+                            .n_heads = c->n_heads,
+                            .n_routed_experts = c->n_routed_experts,
+                            .n_activated_experts = c->n_activated_experts,
+                            .n_shared_experts = c->n_shared_experts,
+                            .kv_lora_rank = c->kv_lora_rank,
+                            .qk_nope_head_dim = c->qk_nope_head_dim,
+                            .qk_rope_head_dim = c->qk_rope_head_dim,
+                            .v_head_dim = c->v_head_dim,
+                            .fp8 = c->dtype == DS_DTYPE_FP8};
+}
+
+ds_status api_config_load(ds_config *cfg, const char *dir, const char *path)
+{
+    if (path) return config_load(cfg, path);
+    if (!dir) return ds_errorf(DS_ERR_ARG, "no checkpoint directory and no config given");
+    size_t n = strlen(dir) + sizeof "/config.json";
+    char *p = malloc(n);
+    if (!p) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    snprintf(p, n, "%s/config.json", dir);
+    ds_status s = config_load(cfg, p);
+    free(p);
+    return s;
+}
+
+ds_status ds_read_model_info(const char *ckpt_dir, const char *config_path, ds_model_info_buf *out)
+{
+    ds_config cfg;
+    ds_status s = api_config_load(&cfg, ckpt_dir, config_path);
+    if (s) return s;
+    api_model_info(&cfg, ckpt_dir, &out->info, out->name_buf, sizeof out->name_buf);
+    return DS_OK;
+}
+
+ds_engine_params ds_engine_default_params(void)
+{
+    return (ds_engine_params){.device = "auto", .attention = DS_ATTENTION_ABSORB, .matmul = DS_MATMUL_BF16};
+}
+
+static ds_status check_params(const ds_engine_params *p)
+{
+    if (p->n_threads < 0) return ds_errorf(DS_ERR_ARG, "n_threads must be >= 0 (0: the default), got %d", p->n_threads);
+    if (p->n_ctx < 0) return ds_errorf(DS_ERR_ARG, "n_ctx must be >= 0 (0: the default), got %d", p->n_ctx);
+    if (p->n_seq < 0) return ds_errorf(DS_ERR_ARG, "n_seq must be >= 0 (0: one sequence), got %d", p->n_seq);
+    if (p->prefill_chunk < 0) return ds_errorf(DS_ERR_ARG, "prefill_chunk must be >= 1 (0: the backend's choice)");
+    if (p->expand_min < 0) return ds_errorf(DS_ERR_ARG, "expand_min must be >= 0");
+    if (p->attention != DS_ATTENTION_ABSORB && p->attention != DS_ATTENTION_NAIVE)
+        return ds_errorf(DS_ERR_ARG, "attention must be DS_ATTENTION_ABSORB or DS_ATTENTION_NAIVE");
+    if (p->matmul != DS_MATMUL_BF16 && p->matmul != DS_MATMUL_FP8)
+        return ds_errorf(DS_ERR_ARG, "matmul must be DS_MATMUL_BF16 or DS_MATMUL_FP8");
+    return DS_OK;
+}
+
+ds_status ds_engine_load(const char *dir, const ds_engine_params *pp, ds_engine **out)
+{
+    ds_engine_params p = pp ? *pp : ds_engine_default_params();
+    *out = NULL;
+    if (!dir) return ds_errorf(DS_ERR_ARG, "no checkpoint directory given");
+    ds_status s = check_params(&p);
+    if (s) return s;
+    ds_engine *e = calloc(1, sizeof *e);
+    if (!e) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    e->comm = p.dist;
+    ds_backend_opts bo = backend_default_opts();
+    bo.device = p.device;
+    if (p.ref_kernels) bo.cpu.isa = CPU_ISA_SCALAR;
+    if ((s = backend_open(&bo, &e->ops)) || (s = dist_attach_device(e->comm, e->ops)) ||
+        (s = api_config_load(&e->cfg, dir, p.config_path)))
+        goto fail;
+    if (!p.no_tokenizer) {
+        if (!(e->tok = calloc(1, sizeof *e->tok))) {
+            s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        if ((s = tok_load(&e->tok->tok, p.tokenizer_dir ? p.tokenizer_dir : dir))) goto fail;
+        if (tok_vocab_size(e->tok->tok) > e->cfg.vocab_size) {
+            s = ds_errorf(DS_ERR_FORMAT, "the tokenizer has %d tokens but the model's vocab_size is %d",
+                          tok_vocab_size(e->tok->tok), e->cfg.vocab_size);
+            goto fail;
+        }
+    }
+    int ctx = p.n_ctx ? p.n_ctx : e->cfg.max_seq_len < 4096 ? e->cfg.max_seq_len : 4096;
+    if (ctx > e->cfg.max_seq_len) {
+        s = ds_errorf(DS_ERR_RANGE, "a context of %d positions exceeds max_seq_len %d", ctx, e->cfg.max_seq_len);
+        goto fail;
+    }
+    if (p.n_threads) omp_set_num_threads(p.n_threads);
+    ds_model_opts mo = {.attn = p.attention == DS_ATTENTION_NAIVE ? DS_ATTN_NAIVE : DS_ATTN_ABSORB,
+                        .gemm = p.matmul == DS_MATMUL_FP8 ? DS_GEMM_FP8 : DS_GEMM_BF16,
+                        .ops = e->ops,
+                        .comm = e->comm,
+                        .tune = {.prefill_chunk = p.prefill_chunk, .expand_min = p.expand_min, .no_graphs = p.no_graphs}};
+    if ((s = model_load(&e->m, dir, &e->cfg, &mo)) || (s = gen_new(&e->g, e->m, p.n_seq ? p.n_seq : 1, ctx))) goto fail;
+    api_model_info(&e->cfg, dir, &e->info, e->name, sizeof e->name);
+    *out = e;
+    return DS_OK;
+fail:
+    ds_engine_free(e);
+    return s;
+}
+
+void ds_engine_free(ds_engine *e)
+{
+    if (!e) return;
+    gen_free(e->g);
+    model_free(e->m);
+    if (e->ops) backend_release(e->ops);
+    ds_tokenizer_free(e->tok);
+    free(e->logits);
+    free(e);
+}
+
+const ds_model_info *ds_engine_info(const ds_engine *e) { return &e->info; }
+int ds_engine_n_ctx(const ds_engine *e) { return e->g->ctx; }
+int ds_engine_n_seq(const ds_engine *e) { return e->g->n_seq; }
+int ds_engine_n_vocab(const ds_engine *e) { return e->cfg.vocab_size; }
+int32_t ds_engine_eos(const ds_engine *e) { return e->tok ? tok_eos_id(e->tok->tok) : -1; }
+int32_t ds_engine_bos(const ds_engine *e) { return e->tok ? tok_bos_id(e->tok->tok) : -1; }
+const char *ds_engine_device_name(const ds_engine *e) { return e->ops->name; }
+bool ds_engine_on_host(const ds_engine *e) { return api_ops_on_host(e->ops); }
+const ds_tokenizer *ds_engine_tokenizer(const ds_engine *e) { return e->tok; }
+ds_dist *ds_engine_dist(const ds_engine *e) { return e->comm; }
+ds_status ds_engine_check(ds_engine *e) { return backend_status(e->ops); }
+
+void ds_engine_get_stats(const ds_engine *e, ds_engine_stats *out)
+{
+    const ds_gen *g = e->g;
+    *out = (ds_engine_stats){g->prefill_tokens, g->decode_tokens, g->prefill_s, g->decode_s, g->prefill_shortened,
+                             g->prefill_chunk};
+}
+
+/* ---- sequences */
+
+static ds_status check_seq(const ds_engine *e, int seq, const char *what)
+{
+    if (seq < 0 || seq >= e->g->n_seq)
+        return ds_errorf(DS_ERR_RANGE, "%s: sequence %d is outside [0, %d)", what, seq, e->g->n_seq);
+    return DS_OK;
+}
+
+int ds_seq_len(const ds_engine *e, int seq) { return check_seq(e, seq, "ds_seq_len") ? -1 : e->g->n_cached[seq]; }
+
+const int32_t *ds_seq_tokens(const ds_engine *e, int seq)
+{
+    return check_seq(e, seq, "ds_seq_tokens") ? NULL : e->g->cached[seq];
+}
+
+ds_status ds_seq_truncate(ds_engine *e, int seq, int len)
+{
+    ds_status s = check_seq(e, seq, "ds_seq_truncate");
+    if (s) return s;
+    if (len < 0 || len > e->g->n_cached[seq])
+        return ds_errorf(DS_ERR_RANGE, "ds_seq_truncate: length %d is outside [0, %d] (sequence %d)", len,
+                         e->g->n_cached[seq], seq);
+    e->g->n_cached[seq] = len;
+    e->g->next_ok[seq] = false;
+    return DS_OK;
+}
+
+int ds_seq_common_prefix(const ds_engine *e, int seq, const int32_t *toks, int n)
+{
+    if (check_seq(e, seq, "ds_seq_common_prefix")) return 0;
+    int k = 0, have = e->g->n_cached[seq];
+    while (k < have && k < n && e->g->cached[seq][k] == toks[k]) k++;
+    return k;
+}
+
+/* The float rows of one position in each of a layer's two caches. */
+static void kv_row_sizes(const ds_engine *e, size_t *a, size_t *b)
+{
+    const ds_kvcache *kv = e->g->kv;
+    const ds_model *m = e->m;
+    *a = kv->attn == DS_ATTN_ABSORB ? (size_t)e->cfg.kv_lora_rank : (size_t)m->n_local_heads * m->qk_head_dim;
+    *b = kv->attn == DS_ATTN_ABSORB ? (size_t)e->cfg.qk_rope_head_dim : (size_t)m->n_local_heads * e->cfg.v_head_dim;
+}
+
+static float *kv_part(const ds_kvcache *kv, int li, int part)
+{
+    return kv->attn == DS_ATTN_ABSORB ? (part ? kv->pe[li] : kv->kv[li]) : (part ? kv->v[li] : kv->k[li]);
+}
+
+ds_status ds_seq_fork(ds_engine *e, int dst, int src, int len)
+{
+    ds_status s;
+    if ((s = check_seq(e, dst, "ds_seq_fork")) || (s = check_seq(e, src, "ds_seq_fork"))) return s;
+    ds_gen *g = e->g;
+    if (len < 0 || len > g->n_cached[src])
+        return ds_errorf(DS_ERR_RANGE, "ds_seq_fork: length %d is outside [0, %d] (sequence %d)", len,
+                         g->n_cached[src], src);
+    if (dst != src && len > 0) {
+        const ds_kvcache *kv = g->kv;
+        size_t w[2];
+        kv_row_sizes(e, &w[0], &w[1]);
+        for (int li = 0; li < kv->n_layers; li++)
+            for (int part = 0; part < 2; part++) {
+                float *base = kv_part(kv, li, part);
+                size_t slot = (size_t)kv->ctx * w[part];
+                e->ops->copy_rows(base + (size_t)dst * slot, (int)w[part], NULL, base + (size_t)src * slot, (int)w[part],
+                                  NULL, len, (int)w[part]);
+            }
+        if ((s = backend_status(e->ops))) return ds_error_prefix(s, "ds_seq_fork");
+        memcpy(g->cached[dst], g->cached[src], sizeof(int32_t) * (size_t)len);
+    }
+    g->n_cached[dst] = len;
+    g->next_ok[dst] = false;
+    return DS_OK;
+}
+
+/* xorshift64*: uniform floats in [-1, 1) */
+static float rnd(uint64_t *x)
+{
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    return (float)((*x * 2685821657736338717ull) >> 40) / 8388608.0f - 1.0f;
+}
+
+ds_status ds_seq_fill_random(ds_engine *e, int seq, int len, uint64_t seed)
+{
+    ds_status s = check_seq(e, seq, "ds_seq_fill_random");
+    if (s) return s;
+    ds_gen *g = e->g;
+    if (len < 0 || len > g->ctx)
+        return ds_errorf(DS_ERR_RANGE, "ds_seq_fill_random: length %d is outside [0, %d]", len, g->ctx);
+    size_t w[2];
+    kv_row_sizes(e, &w[0], &w[1]);
+    size_t most = (size_t)len * (w[0] > w[1] ? w[0] : w[1]);
+    float *h = most ? malloc(sizeof(float) * most) : NULL; /* the cache may be device memory: uploaded */
+    if (most && !h) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d positions of KV rows", len);
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    const ds_kvcache *kv = g->kv;
+    for (int li = 0; li < kv->n_layers && most; li++)
+        for (int part = 0; part < 2; part++) {
+            size_t cnt = (size_t)len * w[part];
+            for (size_t i = 0; i < cnt; i++) h[i] = rnd(&x);
+            e->ops->upload(kv_part(kv, li, part) + (size_t)seq * kv->ctx * w[part], h, sizeof(float) * cnt);
+        }
+    free(h);
+    for (int i = 0; i < len; i++) g->cached[seq][i] = -1;
+    g->n_cached[seq] = len;
+    g->next_ok[seq] = false;
+    return DS_OK;
+}
+
+/* ---- batches */
+
+/* Each token's sequence and position (appended in order) into sq and pos;
+ * checks the sequences, the ids and the room left in each slot. */
+ds_status api_place_batch(const ds_engine *e, const ds_batch *b, int *sq, int *pos)
+{
+    const ds_gen *g = e->g;
+    if (!b || b->n_tokens < 1 || !b->token) return ds_errorf(DS_ERR_ARG, "a batch needs at least one token");
+    int *len = malloc(sizeof(int) * (size_t)g->n_seq);
+    if (!len) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    memcpy(len, g->n_cached, sizeof(int) * (size_t)g->n_seq);
+    ds_status s = DS_OK;
+    for (int i = 0; !s && i < b->n_tokens; i++) {
+        int q = b->seq ? b->seq[i] : 0;
+        if (q < 0 || q >= g->n_seq)
+            s = ds_errorf(DS_ERR_RANGE, "batch token %d: sequence %d is outside [0, %d)", i, q, g->n_seq);
+        else if (b->token[i] < 0 || b->token[i] >= e->cfg.vocab_size)
+            s = ds_errorf(DS_ERR_RANGE, "token id %d is outside the vocabulary [0, %d)", b->token[i], e->cfg.vocab_size);
+        else if (len[q] >= g->ctx)
+            s = ds_errorf(DS_ERR_RANGE, "batch token %d: sequence %d is full (%d positions)", i, q, g->ctx);
+        else {
+            sq[i] = q;
+            pos[i] = len[q]++;
+        }
+    }
+    free(len);
+    return s;
+}
+
+/* The batch's tokens become part of their slots. */
+void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int *pos)
+{
+    ds_gen *g = e->g;
+    for (int i = 0; i < b->n_tokens; i++) {
+        g->cached[sq[i]][pos[i]] = b->token[i];
+        g->n_cached[sq[i]] = pos[i] + 1;
+        g->next_ok[sq[i]] = false;
+    }
+}
+
+ds_status ds_decode(ds_engine *e, const ds_batch *b)
+{
+    int n = b ? b->n_tokens : 0;
+    e->n_logits = 0;
+    int *sq = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1)), *pos = malloc(sizeof(int) * (size_t)(n > 0 ? n : 1));
+    bool *want = malloc((size_t)(n > 0 ? n : 1));
+    ds_status s = sq && pos && want ? api_place_batch(e, b, sq, pos) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    int rows = 0;
+    for (int i = 0; !s && i < n; i++) rows += want[i] = b->logits ? b->logits[i] : i == n - 1;
+    if (!s && rows > e->cap_logits) {
+        float *l = realloc(e->logits, sizeof(float) * (size_t)rows * e->cfg.vocab_size);
+        if (!l) s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of logits", rows);
+        else {
+            e->logits = l;
+            e->cap_logits = rows;
+        }
+    }
+    if (!s) s = model_forward(e->m, e->g->kv, n, b->token, sq, pos, want, e->logits);
+    if (!s) {
+        api_commit_batch(e, b, sq, pos);
+        e->n_logits = rows;
+    }
+    free(sq);
+    free(pos);
+    free(want);
+    return s;
+}
+
+const float *ds_logits(const ds_engine *e, int i)
+{
+    return i >= 0 && i < e->n_logits ? e->logits + (size_t)i * e->cfg.vocab_size : NULL;
+}
+
+int ds_n_logits(const ds_engine *e) { return e->n_logits; }
+
+int32_t ds_argmax(const float *x, int n) { return n >= 1 ? sampler_argmax(x, n) : -1; }
