@@ -133,11 +133,27 @@ ds_status ckpt_load_json(const char *path, size_t max, const char *what, size_t 
     return DS_OK;
 }
 
+static ds_status check_index(json_t *root, const char *path, json_t **map_out);
+
+ds_status ckpt_parse_index(const char *text, size_t len, const char *label, json_t **map_out)
+{
+    json_error_t e;
+    *map_out = NULL;
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &e);
+    if (!root) return ds_errorf(DS_ERR_FORMAT, "%s: not valid JSON: %s (line %d)", label, e.text, e.line);
+    return check_index(root, label, map_out);
+}
+
 static ds_status read_index(const char *path, json_t **map_out)
 {
     json_t *root;
     ds_status s = ckpt_load_json(path, FILE_MAX_INDEX, "checkpoint index", JSON_REJECT_DUPLICATES, &root);
-    if (s) return s;
+    return s ? s : check_index(root, path, map_out);
+}
+
+/* Takes root; on success *map_out holds a reference to its weight_map. */
+static ds_status check_index(json_t *root, const char *path, json_t **map_out)
+{
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) {
         json_decref(root);

@@ -38,6 +38,11 @@ int ckpt_safe_name(const char *name);
  * names it in messages) with jansson flags. */
 ds_status ckpt_load_json(const char *path, size_t max, const char *what, size_t flags, json_t **out);
 
+/* Parses an index's text (label names it in errors): *map_out gets its
+ * weight_map (tensor name -> shard file name), each value checked to be a
+ * plain file name. Caller json_decref()s it. */
+ds_status ckpt_parse_index(const char *text, size_t len, const char *label, json_t **map_out);
+
 /* dir + "/" + name into a new string. */
 char *ckpt_join(const char *dir, const char *name);
 
