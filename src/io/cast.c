@@ -23,6 +23,7 @@
 #include "io/convert.h"
 
 #define CHUNK_BYTES (16u << 20) /* output bytes per parallel chunk */
+#define CAST_MAX_THREADS 1024   /* more threads than any machine's cores only costs stacks */
 
 void cast_dequant_rows(const uint8_t *w, const float *s, uint16_t *out, int64_t rows, int64_t cols,
                        int64_t r0, int64_t r1)
@@ -224,7 +225,9 @@ static int cmp_path(const void *a, const void *b)
 
 ds_status cast_bf16_checkpoint(const cast_opts *o)
 {
-    if (o->threads < 0) return ds_errorf(DS_ERR_ARG, "--threads is %d but must be >= 0", o->threads);
+    if (o->threads < 0 || o->threads > CAST_MAX_THREADS)
+        return ds_errorf(DS_ERR_ARG, "--threads is %d but must be in [0, %d] (0: one per core)", o->threads,
+                         CAST_MAX_THREADS);
     if (o->threads > 0) omp_set_num_threads(o->threads);
     if (!o->in_place && txn_same_file(o->in_dir, o->out_dir))
         return ds_errorf(DS_ERR_ARG, "--output-bf16-hf-path is the input directory %s: pass --in-place to "

@@ -365,8 +365,11 @@ static ds_status stream_data(st_writer **w, int mp, const plan *p, progress *pb)
 
 static ds_status check_opts(const convert_opts *o, int n_routed)
 {
-    if (o->mp < 1) return ds_errorf(DS_ERR_ARG, "--model-parallel is %d but must be >= 1", o->mp);
-    if (o->n_experts < 1) return ds_errorf(DS_ERR_ARG, "--n-experts is %d but must be >= 1", o->n_experts);
+    /* one open output file per rank; 1024 is the usual descriptor limit */
+    if (o->mp < 1 || o->mp > 1024)
+        return ds_errorf(DS_ERR_ARG, "--model-parallel is %d but must be in [1, 1024]", o->mp);
+    if (o->n_experts < 1 || o->n_experts > (1 << 16))
+        return ds_errorf(DS_ERR_ARG, "--n-experts is %d but must be in [1, 65536] (as n_routed_experts)", o->n_experts);
     if (o->n_experts % o->mp)
         return ds_errorf(DS_ERR_ARG, "--n-experts %d is not divisible by --model-parallel %d", o->n_experts, o->mp);
     if (n_routed >= 0 && n_routed != o->n_experts)

@@ -69,6 +69,10 @@ for kv in '"n_layers": 2147483647' '"vocab_size": 2147483647' '"dim": 2147483647
 done
 [ -e "$tmp/o" ] && bad "a refused synth left its output"
 
+# ---- flag limits of the writers ----
+expect_err "cast-bf16 --threads 100000" "threads" "$bin" cast-bf16 --input-fp8-hf-path "$hf" --output-bf16-hf-path "$tmp/o" --threads 100000
+expect_err "convert --model-parallel 100000" "model-parallel" "$bin" convert --hf-ckpt-path "$hf" --save-path "$tmp/o" --n-experts 100000 --model-parallel 100000
+
 # ---- an F32 scale whose data offset is not 4-aligned (legal in safetensors) ----
 mkdir -p "$tmp/un"
 python3 - "$tmp/un/model.safetensors" <<'EOF'
