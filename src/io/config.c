@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/checked.h"
 #include "base/file.h"
 
 void config_defaults(ds_config *c)
@@ -252,6 +253,16 @@ ds_status config_validate(const ds_config *c, const char *label)
     if (c->qk_rope_head_dim % 2)
         return ds_errorf(DS_ERR_FORMAT, "%s: \"qk_rope_head_dim\" is %d but must be even (rotary pairs)",
                          label, c->qk_rope_head_dim);
+    /* The largest product formed from the fields, the KV cache
+     * (layers x batch x seq x (kv_lora_rank + rope) floats, doubled for any
+     * per-head layout), can leave 64 bits within the ranges above. */
+    size_t kv;
+    if (!ck_mul3(&kv, c->n_layers, c->max_batch_size, c->max_seq_len) ||
+        !ck_mul3(&kv, (int64_t)kv, (int64_t)c->kv_lora_rank + c->qk_rope_head_dim, 2 * (int64_t)sizeof(float)) ||
+        kv > (size_t)INT64_MAX)
+        return ds_errorf(DS_ERR_FORMAT, "%s: the KV cache of n_layers (%d) x max_batch_size (%d) x max_seq_len (%d) "
+                         "x %d values overflows 64 bits", label, c->n_layers, c->max_batch_size, c->max_seq_len,
+                         c->kv_lora_rank + c->qk_rope_head_dim);
     return DS_OK;
 }
 

@@ -123,6 +123,8 @@ static void test_errors(void)
         {"{\"route_scale\": 1e308}", "route_scale"}, {"{\"rope_factor\": 1e308}", "rope_factor"},
         {"{\"rope_theta\": 1e300}", "rope_theta"}, {"{\"mscale\": -1}", "mscale"},
         {"{\"model_type\": \"deepseek_v3\", \"num_hidden_layers\": 2147483647}", "n_layers"},
+        {"{\"n_layers\": 1024, \"max_batch_size\": 65536, \"max_seq_len\": 16777216, \"kv_lora_rank\": 65536}",
+         "KV cache"},
         {"{\"model_type\": \"deepseek_v3\", \"rope_scaling\": {\"mscale\": 1e308}}", "mscale"},
     };
     for (size_t i = 0; i < sizeof hostile / sizeof *hostile; i++) bad(hostile[i][0], hostile[i][1]);
