@@ -35,6 +35,7 @@ struct out_txn {
     char *lock;    /* the lock file */
     int lock_fd;
     bool existed;  /* dest existed at begin */
+    mode_t mode;   /* the mode the published directory gets */
 };
 
 /* What the signal handler may touch: fixed buffers, filled before the state
@@ -134,9 +135,18 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return 0;
 }
 
-/* rm -rf without following links. */
+static int open_dir(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)ftw;
+    if (flag == FTW_D || flag == FTW_DNR) chmod(path, (sb->st_mode & 07777) | 0700);
+    return 0;
+}
+
+/* rm -rf without following links; directories are first made writable (a
+ * published output may have had a read-only mode). */
 static void remove_tree(const char *path)
 {
+    nftw(path, open_dir, 16, FTW_PHYS);
     nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
@@ -282,16 +292,15 @@ static ds_status make_tmp(out_txn *t)
         return s;
     }
     t->tmp = tmpl;
-    /* the published directory gets the mode it had, or a new directory's mode */
+    /* the published directory gets the mode it had, or a new directory's
+     * mode; set at publish time, as it may not let us write */
     struct stat sb;
-    mode_t mode;
-    if (t->existed && stat(t->dest, &sb) == 0) mode = sb.st_mode & 07777;
+    if (t->existed && stat(t->dest, &sb) == 0) t->mode = sb.st_mode & 07777;
     else {
         mode_t um = umask(0);
         umask(um);
-        mode = 0777 & ~um;
+        t->mode = 0777 & ~um;
     }
-    chmod(t->tmp, mode);
     return DS_OK;
 }
 
@@ -418,20 +427,23 @@ static ds_status carry_dest(const out_txn *t)
 
 static ds_status publish(out_txn *t)
 {
-    if (fsync_path(t->tmp)) return ds_errorf(DS_ERR_IO, "%s: fsync failed: %s", t->tmp, strerror(errno));
     struct stat sb;
     bool exists = lstat(t->dest, &sb) == 0;
     if (exists != t->existed)
         return ds_errorf(DS_ERR_IO, "%s: %s while being written", t->dest, exists ? "appeared" : "disappeared");
+    if (exists) {
+        ds_status s = carry_dest(t);
+        if (s) return s;
+    }
+    /* last, as the mode may not let us write */
+    if (chmod(t->tmp, t->mode) || fsync_path(t->tmp))
+        return ds_errorf(DS_ERR_IO, "%s: cannot finish the output directory: %s", t->tmp, strerror(errno));
     if (!exists) {
         /* NOREPLACE: never over a directory that appeared; plain rename where unsupported */
         int rc = (int)syscall(SYS_renameat2, AT_FDCWD, t->tmp, AT_FDCWD, t->dest, 1 /* RENAME_NOREPLACE */);
         if (rc && (errno == ENOSYS || errno == EINVAL)) rc = rename(t->tmp, t->dest);
         if (rc) return ds_errorf(DS_ERR_IO, "%s: cannot rename the output into place: %s", t->dest, strerror(errno));
     } else {
-        ds_status s = carry_dest(t);
-        if (s) return s;
-        if (fsync_path(t->tmp)) return ds_errorf(DS_ERR_IO, "%s: fsync failed: %s", t->tmp, strerror(errno));
         if (syscall(SYS_renameat2, AT_FDCWD, t->tmp, AT_FDCWD, t->dest, 2 /* RENAME_EXCHANGE */))
             return ds_errorf(DS_ERR_IO, "%s: cannot swap the new output in (renameat2 RENAME_EXCHANGE): %s",
                              t->dest, strerror(errno));
