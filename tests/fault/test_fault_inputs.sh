@@ -161,4 +161,13 @@ EOF
 "$bin" cast-bf16 --input-fp8-hf-path "$tmp/ms" --output-bf16-hf-path "$tmp/ms-closed" --allow-missing-scale <&- >&- 2>&-
 [ "$(dirsum "$tmp/ms-closed")" = "$(dirsum "$tmp/ms-ref")" ] && ok "cast-bf16 warning with descriptors 0-2 closed" \
     || bad "cast-bf16 with descriptors 0-2 closed: the warning went into an output file"
+# the REPL with stdin closed: stdin is /dev/null, so it ends at once (it looped on EBADF)
+tokdir="$(dirname "$golden")/../.cache/tokenizer"
+gcfg="$(dirname "$golden")/gen/config_gen.json"
+if [ -f "$tokdir/tokenizer.json" ] && [ -f "$gcfg" ]; then
+    "$bin" synth --config "$gcfg" --out "$tmp/gm" --dtype fp8 --seed 7 --tokenizer "$tokdir" >/dev/null 2>&1
+    timeout 60 "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --max-new-tokens 3 --interactive <&- >/dev/null 2>&1
+    rc=$?
+    [ $rc = 0 ] && ok "generate --interactive with stdin closed ends" || bad "generate --interactive with stdin closed: exit $rc"
+fi
 exit $fail
