@@ -25,9 +25,9 @@
 # each kernel's activations come from DRAM, unlike in a real step).
 # GPU_CHECK_HF=0 skips hf_bench. GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) then also synthesises
 # the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
-# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it. BENCH_AB="default;PDL=0;..." (passed
-# through to bench_cuda_model) adds a table of the decode figures for each variant of the CUDA
-# backend's DSV3_CUDA_* switches, measured in the same process (tests/cuda/bench_cuda_model.c).
+# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it. BENCH_AB="default;attn_tc=0;..." (passed
+# through to bench_cuda_model) adds a table of the decode figures for each tuning of the CUDA
+# backend (fields of cuda_tuning, src/backend/cuda/cuda_backend.h), measured in the same process.
 # A build directory over the device tool's 64 MiB can travel as a copy holding only dsv3 and
 # tests/{test_cuda_ops,test_cuda_golden,bench_cuda_ops,bench_cuda_model}.
 # Exit status: the number of failing programs (0: all passed).
@@ -72,8 +72,14 @@ if [ -n "$model_cfg" ]; then
     synth_pid=$!
   fi
 fi
-run_prog() { # label name [wrapper...]
+run_prog() { # label name [wrapper...] [-- args...]
   local label=$1 name=$2; shift 2
+  local pre=() post=() seen=0 a
+  for a in "$@"; do
+    if [ $seen = 0 ] && [ "$a" = "--" ]; then seen=1
+    elif [ $seen = 1 ]; then post+=("$a")
+    else pre+=("$a"); fi
+  done
   local bin; bin=$(find_prog "$name")
   if [ -z "$bin" ]; then
     results+=("$(printf '%-26s %-8s %s' "$label" MISSING "not in $build")")
@@ -82,7 +88,7 @@ run_prog() { # label name [wrapper...]
   fi
   echo "== $label"
   local log=$logdir/$label.log t0=$EPOCHREALTIME rc
-  "$@" "$bin" >"$log" 2>&1
+  ${pre[@]+"${pre[@]}"} "$bin" ${post[@]+"${post[@]}"} >"$log" 2>&1
   rc=$?
   local secs; secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   cat "$log"
@@ -97,13 +103,13 @@ run_prog test_cuda_ops test_cuda_ops
 run_prog test_cuda_golden test_cuda_golden
 # the same with every scratch buffer filled with NaN bytes: no reader relies on what it did
 # not write (the backend leaves scratch unfilled by default)
-run_prog test_cuda_golden.nan_scratch test_cuda_golden env DSV3_CUDA_SCRATCH_FILL=-1
+run_prog test_cuda_golden.nan_scratch test_cuda_golden -- nan-scratch
 # every contiguous pass of 16+ tokens in the expanded attention form (by default only where it
 # counts fewer multiply-adds: s200 and s40 from position 0)
-run_prog test_cuda_golden.expanded test_cuda_golden env DSV3_CUDA_EXPAND=-1
+run_prog test_cuda_golden.expanded test_cuda_golden -- expanded
 # every decode step of 1..8 tokens in mla_attend's long form (by default only one token past
 # position 1024, which the golden sequences never reach)
-run_prog test_cuda_golden.attend_long test_cuda_golden env DSV3_CUDA_ATTEND=0 DSV3_CUDA_ATTEND_LONG=8
+run_prog test_cuda_golden.attend_long test_cuda_golden -- attend-long
 run_prog bench_cuda_ops bench_cuda_ops
 # what one dependent step of a chain costs: a kernel boundary (plain, PDL) against a grid
 # barrier (optional: a copied build may leave it out)

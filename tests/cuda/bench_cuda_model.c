@@ -15,6 +15,7 @@
  * step are compared with the eager ones. BENCH_GEMM=fp8 runs the model with the
  * reference's gemm_impl fp8. Not a test: prints figures. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,41 +156,57 @@ static void fill_cache(const ds_model *m, ds_kvcache *kv, int rows)
     free(h);
 }
 
-/* BENCH_AB="spec;spec;...": the decode figures again for each variant of the CUDA
- * backend's switches in this one process (a spec: "default", or NAME=V,NAME=V with
- * NAME one of PDL, GEMV2, MOE_DEDUP, ATTN2, MOE_SWAP, GEMV8W, HEADS2, COMBINE2, COMBINE3, MOE_SHARED,
- * GATE, MANY, HEADS_PF, ATTN_HG, MLA_PRO, NORM4, ATTN_PF, ATTN_DIRECT, HG_CHUNK,
- * MOE_DOWN256, MOE_SHFIRST, EVF, MOE_DEVSORT, SCRATCH_FILL for DSV3_CUDA_NAME; unnamed ones at their defaults),
- * each on a new KV cache (so new graphs), with its graph vs eager logits check. */
+/* The fields of cuda_tuning that a BENCH_AB spec may set, by name. */
+#define TUNE_FIELD(f, b) {#f, offsetof(cuda_tuning, f), b}
+static const struct {
+    const char *name;
+    size_t off;
+    bool is_bool;
+} k_fields[] = {
+    TUNE_FIELD(gemm_bf16, true),       TUNE_FIELD(grouped_wgmma, true),   TUNE_FIELD(fp8_mma, true),
+    TUNE_FIELD(fp8_wgmma, true),       TUNE_FIELD(attn_tc, true),         TUNE_FIELD(tc_tiles, false),
+    TUNE_FIELD(attend_max_pos, false), TUNE_FIELD(attend_max_tokens, false), TUNE_FIELD(attend_long, false),
+    TUNE_FIELD(attend_cluster, false), TUNE_FIELD(expand_min, false),    TUNE_FIELD(flash, false),
+    TUNE_FIELD(flash_kc, false),       TUNE_FIELD(dense_chunk, false),   TUNE_FIELD(scratch_fill, false),
+};
+
+/* t with spec's "field=value,field=value" applied (cuda_tuning's field names); false on a
+ * name it does not know. */
+static bool tuning_parse(cuda_tuning *t, const char *spec)
+{
+    char sb[256];
+    snprintf(sb, sizeof sb, "%s", spec);
+    for (char *s2 = NULL, *kv = strtok_r(sb, ",", &s2); kv; kv = strtok_r(NULL, ",", &s2)) {
+        char *eq = strchr(kv, '=');
+        if (!eq) return false;
+        *eq = 0;
+        size_t i = 0, n = sizeof k_fields / sizeof *k_fields;
+        while (i < n && strcmp(k_fields[i].name, kv)) i++;
+        if (i == n) return false;
+        char *at = (char *)t + k_fields[i].off;
+        if (k_fields[i].is_bool) *(bool *)at = atoi(eq + 1) != 0;
+        else *(int *)at = atoi(eq + 1);
+    }
+    return true;
+}
+
+/* BENCH_AB="spec;spec;...": the decode figures again for each tuning of the CUDA backend
+ * in this one process (a spec: "default", or field=value,... of cuda_tuning, the other
+ * fields at their defaults), each on a new KV cache (so new graphs), with its graph vs
+ * eager logits check. */
 static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
 {
-    static const char *names[] = {"PDL",      "GEMV2",    "MOE_DEDUP", "ATTN2", "MOE_SWAP", "GEMV8W",  "HEADS2",
-                                  "COMBINE2", "COMBINE3", "MOE_SHARED", "GATE", "MANY",     "HEADS_PF",
-                                  "ATTN_HG",  "MLA_PRO",  "NORM4",      "ATTN_PF", "ATTN_DIRECT", "HG_CHUNK",
-                                  "MOE_DOWN256", "MOE_SHFIRST", "EVF", "MOE_DEVSORT", "SCRATCH_FILL", "MOE_WARP", "HG_DEPTH", "MOE_EARLY",
-                                  "PRELOAD",  "ATTEND",   "ATTEND_N", "GEMV_MMA", "WGMMA", "ATTN_TC", "TC_TILES", "FP8MMA", "KSPLIT", "WGMMA_Q", "HEADS_T3", "GATE_CL", "MOE_XS", "NFOLD", "LO8", "SHARED_GR", "EXPAND", "ATTEND_LONG", "ATTEND_C", "SHARED_MERGE", "FLASH", "FLASH_KC"};
-    const int n_names = (int)(sizeof names / sizeof *names);
-    char buf[512], var[64];
+    char buf[512];
     snprintf(buf, sizeof buf, "%s", list);
     printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %8s %9s %9s\n", reps,
            "variant", "b1", "b1 eager", "b8", "d4096", "b8 d4096", "pf512", "b1 roof", "g-e diff");
     for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
-        for (int i = 0; i < n_names; i++) {
-            snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
-            unsetenv(var);
+        cuda_tuning t = cuda_tuning_default();
+        if (strcmp(spec, "default") && !tuning_parse(&t, spec)) {
+            fprintf(stderr, "BENCH_AB: %s: not field=value of cuda_tuning\n", spec);
+            return -1;
         }
-        if (strcmp(spec, "default")) {
-            char sb[256];
-            snprintf(sb, sizeof sb, "%s", spec);
-            for (char *s2 = NULL, *kv = strtok_r(sb, ",", &s2); kv; kv = strtok_r(NULL, ",", &s2)) {
-                char *eq = strchr(kv, '=');
-                if (!eq) continue;
-                *eq = 0;
-                snprintf(var, sizeof var, "DSV3_CUDA_%s", kv);
-                setenv(var, eq + 1, 1);
-            }
-        }
-        cuda_reload_variants();
+        cuda_backend_set_tuning(&t);
         ds_kvcache *kv = NULL;
         if (kvcache_new(&kv, m, 8, ctx)) return -1;
         double t1 = decode(m, kv, 1, 0, reps, logits);
@@ -208,11 +225,8 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3,
                t4k * 1e3, t84k * 1e3, tpf * 1e3, 100 * roof / t1, gerr);
     }
-    for (int i = 0; i < n_names; i++) {
-        snprintf(var, sizeof var, "DSV3_CUDA_%s", names[i]);
-        unsetenv(var);
-    }
-    cuda_reload_variants();
+    cuda_tuning t = cuda_tuning_default();
+    cuda_backend_set_tuning(&t);
     return 0;
 }
 

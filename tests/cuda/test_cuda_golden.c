@@ -10,6 +10,15 @@
  * fp8gemm rows, as on the CPU (FP8 activations make this random net chaotic).
  * On s40 (absorb) also model_forward_pick, picked on the device, against the host
  * sampler on the same step's logits (pick_check.h).
+ *
+ *   test_cuda_golden [default | nan-scratch | expanded | attend-long]
+ *
+ * The argument picks the backend's tuning for the whole run: nan-scratch fills
+ * every new scratch buffer with NaN bytes (no reader relies on what it did not
+ * write), expanded takes every contiguous pass of 16+ tokens in the expanded
+ * attention form, attend-long every decode step of 1..8 tokens in mla_attend's
+ * long form (by default only single tokens past position 1024, which the golden
+ * sequences never reach). scripts/gpu_check.sh runs all four.
  * Exits 0 with "skipped: no GPU" when there is no CUDA device. */
 #include <jansson.h>
 #include <string.h>
@@ -72,14 +81,29 @@ static void compare_close(const char *label, const float *got, const float *ref,
     CHECK_MSG(bad_arg == 0, "%s: %d rows with a different argmax", label, bad_arg);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    const char *mode = argc > 1 ? argv[1] : "default";
+    cuda_tuning tune = cuda_tuning_default();
+    if (!strcmp(mode, "nan-scratch")) {
+        tune.scratch_fill = -1;
+    } else if (!strcmp(mode, "expanded")) {
+        tune.expand_min = -1;
+    } else if (!strcmp(mode, "attend-long")) {
+        tune.attend_max_pos = 0;
+        tune.attend_long = 8;
+    } else if (strcmp(mode, "default") != 0) {
+        fprintf(stderr, "usage: test_cuda_golden [default | nan-scratch | expanded | attend-long]\n");
+        return 2;
+    }
     if (cuda_device_count() == 0) {
         printf("test_cuda_golden: skipped: no GPU\n");
         return 0;
     }
     const ds_ops *ops = cuda_backend();
     CHECK_MSG(ops != NULL, "cuda_backend: %s", ds_last_error());
+    cuda_backend_set_tuning(&tune);
+    printf("tuning: %s\n", mode);
     ds_config cfg;
     CHECK_OK(config_load(&cfg, t_golden("config_tiny.json")));
     st_file *ref = NULL;

@@ -76,25 +76,30 @@ static double rel_err(const float *got, const float *ref, size_t n)
     return r > 0 ? sqrt(e / r) : sqrt(e);
 }
 
+/* One field of the backend's tuning set (TUNE) or put back to its default (TUNE_RESET),
+ * the others as they are. */
+#define TUNE(field, value)                                                                                            \
+    do {                                                                                                              \
+        cuda_tuning t_ = cuda_backend_tuning();                                                                       \
+        t_.field = (value);                                                                                           \
+        cuda_backend_set_tuning(&t_);                                                                                 \
+    } while (0)
+#define TUNE_RESET(field) TUNE(field, cuda_tuning_default().field)
+
 /* Prefill products on the tensor cores split the activations into high + low
  * parts (bf16: ~16 bits; f16 of x scaled per 64-column chunk for FP8 weights: ~22
- * bits; the default) or, with DSV3_CUDA_GEMM=bf16, round them once.
+ * bits; the default) or, with the tuning's gemm_bf16, round them once.
  * Error bound for the latter: one bf16 rounding of each operand gives
  * ~1e-3..4e-3 (L2, relative). */
-static bool split_mode(void)
-{
-    const char *e = getenv("DSV3_CUDA_GEMM");
-    return !(e && !strcmp(e, "bf16"));
-}
+static bool split_mode(void) { return !cuda_backend_tuning().gemm_bf16; }
 #define TC_TOL 8e-3
 #define SPLIT_TOL 5e-5
 /* The FP8 GEMM path's products of 16+ tokens on wgmma (gwq_kernel): Hopper's FP8
  * tensor cores keep fewer bits than float32 in their own sums (DeepSeek-V3's report:
  * about 14), as the reference's Triton fp8_gemm does on the same GPUs. Measured RMS
- * relative errors against the CPU's float32 sums: 4.1e-5 with a float32 add per
- * instruction (DSV3_CUDA_WGMMA_Q=2, the default), 1.1e-4 per 128-code step (=1). */
-#define WGMMA_Q_TOL2 1e-4
-#define WGMMA_Q_TOL1 3e-4
+ * relative error against the CPU's float32 sums, with a float32 add per instruction:
+ * 4.1e-5. */
+#define WGMMA_Q_TOL 1e-4
 /* The experts on the FP8 GEMM path: h is quantised again before w2, so a difference in
  * the last bits of h (the CPU's float32 sums against the tensor cores', or against the
  * decode kernels' sums in another order) can move a code of h by one e4m3 step (1/16 to
@@ -103,14 +108,12 @@ static bool split_mode(void)
  * the other cases). A wrong routing, scale or tile gives errors of order 1. */
 #define FP8Q_MOE_TOL 1e-2
 
-/* How the FP8 GEMM path's products may run on wgmma: DSV3_CUDA_WGMMA_Q (default 2),
- * 0 when it or DSV3_CUDA_FP8MMA is 0. An sm_90a image then takes gwq_kernel, others
- * gq_kernel (exact). */
-static int wgmma_q_mode(void)
+/* Whether the FP8 GEMM path's products may run on wgmma (the tuning's fp8_mma and
+ * fp8_wgmma). An sm_90a image then takes gwq_kernel, others gq_kernel (exact). */
+static bool wgmma_q_mode(void)
 {
-    const char *a = getenv("DSV3_CUDA_FP8MMA"), *b = getenv("DSV3_CUDA_WGMMA_Q");
-    if (a && !strcmp(a, "0")) return 0;
-    return b && *b ? atoi(b) : 2;
+    cuda_tuning t = cuda_backend_tuning();
+    return t.fp8_mma && t.fp8_wgmma;
 }
 
 static void compare(const char *label, const float *got, const float *ref, size_t n, double tol)
@@ -185,7 +188,7 @@ static void test_matmul(ds_wfmt fmt, int rows, int cols, int n, int row0, int nr
     bool tc = n >= 16 && !(gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) && (fmt == DS_W_BF16 || fmt == DS_W_FP8);
     double tol = tc ? (split_mode() ? (fmt == DS_W_BF16 ? 1e-5 : SPLIT_TOL) : TC_TOL) : 1e-5;
     if (n >= 16 && gemm == DS_GEMM_FP8 && fmt == DS_W_FP8 && wgmma_q_mode())
-        tol = wgmma_q_mode() == 1 ? WGMMA_Q_TOL1 : WGMMA_Q_TOL2;
+        tol = WGMMA_Q_TOL;
     size_t ny = (size_t)n * nrows;
     if (host_io) {
         float *y = malloc(sizeof(float) * ny);
@@ -488,9 +491,8 @@ static void test_fp8_golden(void)
     if (t_failures > before) return;
     /* fp8_gemm's bar, as a fraction of the largest output: 1e-4 (float32 sums: the
      * CUDA-core and emulated-mma paths 5e-8; wgmma with a float32 add per instruction,
-     * the default, 4.2e-5 / 5.3e-5), or 5e-4 for DSV3_CUDA_WGMMA_Q=1, whose tensor-core
-     * sums of 128 codes keep fewer bits (1.3e-4 / 2.2e-4; see WGMMA_Q_TOL1) */
-    float bar = wgmma_q_mode() == 1 ? 5e-4f : 1e-4f;
+     * 4.2e-5 / 5.3e-5) */
+    float bar = 1e-4f;
     const st_tensor *tx = get(f, "x");
     const char *fmts[2] = {"default", "ue8m0"};
     for (int fi = 0; fi < 2 && tx; fi++) {
@@ -597,10 +599,10 @@ static void test_attention_dense(int H, int R, int rope, int n, int pos0)
     C->attention(&a, DS_ATTN_ABSORB);
     a.q_c = gqc, a.q_pe = gqp, a.kv_cache = gkv, a.pe_cache = gpe, a.out = gout;
     G->attention(&a, DS_ATTN_ABSORB);
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
-    snprintf(label, sizeof label, "attention absorb dense H=%d rank=%d rope=%d n=%d pos0=%d%s%s", H, R, rope, n, pos0,
-             ce ? " chunk " : "", ce ? ce : "");
-    /* tensor cores: both operands bf16 hi + lo (three terms), or bf16 once in DSV3_CUDA_GEMM=bf16 mode */
+    int chunk = cuda_backend_tuning().dense_chunk;
+    snprintf(label, sizeof label, "attention absorb dense H=%d rank=%d rope=%d n=%d pos0=%d%s%.0d", H, R, rope, n,
+             pos0, chunk ? " chunk " : "", chunk);
+    /* tensor cores: both operands bf16 hi + lo (three terms), or bf16 once with gemm_bf16 */
     compare(label, gout, ref, th * R, split_mode() ? SPLIT_TOL : TC_TOL);
     check_guard(label, gout, th * R);
     G->free(gqc), G->free(gqp), G->free(gkv), G->free(gpe), G->free(gout);
@@ -769,7 +771,7 @@ static void test_moe_shape(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm
     /* n > 8: BF16 experts, and FP8 ones outside the FP8 GEMM path, on the tensor
      * cores (grouped mma kernels when dim, inter % 16 == 0, else grouped cuBLAS
      * for BF16 and the per-expert loop for FP8), activations hi + lo, or
-     * bf16 once in DSV3_CUDA_GEMM=bf16 mode */
+     * bf16 once with gemm_bf16 */
     double tol = 1e-5;
     if (n > 8 && (fmt == DS_W_BF16 || (fmt == DS_W_FP8 && gemm == DS_GEMM_BF16)))
         tol = split_mode() ? SPLIT_TOL : TC_TOL;
@@ -808,14 +810,12 @@ static void test_moe(ds_wfmt fmt, int n, bool sigmoid, int groups, ds_gemm_impl 
 }
 
 
-static void set_variant(const char *name, const char *value);
 
 /* A prefill's shared experts as pseudo-experts of the routed experts' width in their
- * grouped launches (DSV3_CUDA_SHARED_MERGE; FP8 by default, BF16 in passes of up to 1024
- * tokens, 1 BF16 always): two and four parts, several token tiles each; and what keeps
- * them apart (FP8 experts not whole 128-row scale blocks, a shared width not a multiple of
- * the routed one, BF16 passes longer than 1024 by default). Where gr_kernel does not run
- * (DSV3_CUDA_WGMMA 0, 1), all of them run apart. */
+ * grouped launches (FP8, and BF16 in passes of up to 1024 tokens): two and four parts,
+ * several token tiles each; and what keeps them apart (FP8 experts not whole 128-row scale
+ * blocks, a shared width not a multiple of the routed one, BF16 passes longer than 1024).
+ * Where gr_kernel does not run (grouped_wgmma off, no sm_90a), all of them run apart. */
 static void test_shared_merge(void)
 {
     g_moe_shared = 1;
@@ -824,20 +824,17 @@ static void test_shared_merge(void)
     test_moe_shape(DS_W_FP8, 40, true, 4, DS_GEMM_BF16, 256, 144); /* apart */
     test_moe_shape(DS_W_BF16, 90, true, 4, DS_GEMM_BF16, 128, 64);
     test_moe_shape(DS_W_BF16, 1030, false, 1, DS_GEMM_BF16, 128, 64); /* apart */
-    set_variant("SHARED_MERGE", "1");
-    test_moe_shape(DS_W_BF16, 1030, false, 1, DS_GEMM_BF16, 128, 64);
     test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
     test_moe_shape(DS_W_BF16, 130, false, 1, DS_GEMM_BF16, 272, 80);
     g_moe_shared = 3;
     test_moe_shape(DS_W_BF16, 70, true, 4, DS_GEMM_BF16, 144, 48);
-    set_variant("SHARED_MERGE", NULL);
     test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_BF16, 256, 128);
     g_moe_shared = 2;
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 128); /* apart */
     g_moe_shared = 0;
 }
 
-/* The products that take the tensor cores at prefill, in the mode DSV3_CUDA_GEMM selects. */
+/* The products that take the tensor cores at prefill, in the mode the tuning's gemm_bf16 selects. */
 static void test_prefill_products(void)
 {
     printf("-- prefill products, %s activations\n", split_mode() ? "hi + lo" : "rounded once");
@@ -850,10 +847,10 @@ static void test_prefill_products(void)
     test_heads(DS_W_FP8, 2, 64, 32, 256, 20);    /* heads across scale blocks: the kernels */
     test_attention_dense(4, 128, 32, 40, 0);
     test_attention_dense(3, 160, 16, 17, 25);
-    setenv("DSV3_CUDA_ATTN_CHUNK", "7", 1); /* several chunks: the values product per segment */
+    TUNE(dense_chunk, 7); /* several chunks: the values product per segment */
     test_attention_dense(3, 160, 16, 17, 25);
     test_attention_dense(2, 96, 0, 33, 0);
-    unsetenv("DSV3_CUDA_ATTN_CHUNK");
+    TUNE_RESET(dense_chunk);
     test_route_ties(5, 64, 6, false, 1, 1);     /* 16B */
     test_route_ties(3, 256, 8, true, 8, 4);     /* V3 */
     test_route_ties(2, 1024, 32, true, 16, 8);  /* the most experts and choices */
@@ -866,15 +863,7 @@ static void test_prefill_products(void)
     test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
     test_moe_shape(DS_W_BF16, 23, false, 1, DS_GEMM_BF16, 100, 60); /* not % 16: the fallback */
     test_shared_merge();
-    /* session 24: the up product reads x by token (DSV3_CUDA_XROW, on); off, a split copy per row */
-    set_variant("XROW", "0");
-    test_moe_shape(DS_W_FP8, 301, false, 1, DS_GEMM_BF16, 400, 144);
-    test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
-    g_moe_shared = 1;
-    test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_BF16, 256, 128);
-    g_moe_shared = 0;
-    set_variant("XROW", NULL);
-    /* session 25: the device grouping over several chunks of 1024 pairs with many local
+    /* the device grouping over several chunks of 1024 pairs with many local
      * experts (its scans take runs of experts a lane): 100 of 160 from expert 17, and all
      * 256 of V3's routing shape */
     g_moe_E = 160, g_moe_K = 6, g_moe_e0 = 17, g_moe_ne = 100;
@@ -917,31 +906,20 @@ static void test_moe_decode_cases(void)
     g_moe_shared = 0;
 }
 
-/* Sets DSV3_CUDA_<name> (value NULL: unset) and re-reads the backend's switches. */
-static void set_variant(const char *name, const char *value)
-{
-    char var[64];
-    snprintf(var, sizeof var, "DSV3_CUDA_%s", name);
-    if (value) setenv(var, value, 1);
-    else unsetenv(var);
-    cuda_reload_variants();
-}
-
-/* The FP8 GEMM path on the FP8 tensor cores (stage 15, DSV3_CUDA_FP8MMA, on by default and
- * so also run by the stages above) and off it (the older CUDA-core path): act_quant's codes
- * against the weight's, float32 sums per 32 codes inside the mma, the block scales per
- * 64-column step. The e4m3 products are exact, so the usual 1e-5 bar holds. Products of
- * 16 tokens and more, and the experts. */
+/* The FP8 GEMM path on the FP8 tensor cores (the tuning's fp8_mma, on by default and so
+ * also run by the cases above) and off them (the CUDA-core kernels, which take the shapes
+ * the tensor-core kernels refuse): act_quant's codes against the weight's, float32 sums
+ * per 32 codes inside the mma, the block scales per 64-column step. The e4m3 products are
+ * exact, so the usual 1e-5 bar holds. Products of 16 tokens and more, and the experts. */
 static void test_fp8mma(void)
 {
-    /* FP8MMA, WGMMA_Q: gwq_kernel (wgmma, where the GPU took an sm_90a image) adding each
-     * instruction's sums (the default) or each step's, gq_kernel, the CUDA cores */
-    static const char *const modes[][2] = {{"1", NULL}, {"1", "1"}, {"1", "0"}, {"0", NULL}};
-    for (int i = 0; i < 4; i++) {
-        printf("-- stage 15/16 FP8 GEMM path, DSV3_CUDA_FP8MMA=%s WGMMA_Q=%s\n", modes[i][0],
-               modes[i][1] ? modes[i][1] : "-");
-        set_variant("FP8MMA", modes[i][0]);
-        set_variant("WGMMA_Q", modes[i][1]);
+    /* fp8_mma, fp8_wgmma: gwq_kernel (wgmma, where the GPU took an sm_90a image), gq_kernel
+     * (mma.sync), the CUDA cores */
+    static const bool modes[][2] = {{true, true}, {true, false}, {false, false}};
+    for (int i = 0; i < 3; i++) {
+        printf("-- FP8 GEMM path, fp8_mma %d fp8_wgmma %d\n", modes[i][0], modes[i][1]);
+        TUNE(fp8_mma, modes[i][0]);
+        TUNE(fp8_wgmma, modes[i][1]);
         test_matmul(DS_W_FP8, 257, 385, 70, 1, 250, DS_GEMM_FP8, false, false); /* rows off the tiles, k % 16 != 0: the old path */
         test_matmul(DS_W_FP8, 300, 512, 16, 0, 300, DS_GEMM_FP8, false, false);
         test_matmul(DS_W_FP8, 384, 1024, 70, 128, 256, DS_GEMM_FP8, false, false);
@@ -954,77 +932,46 @@ static void test_fp8mma(void)
         test_moe_shape(DS_W_FP8, 70, true, 4, DS_GEMM_FP8, 208, 144); /* partial blocks on both sides */
         test_fp8_golden();
     }
-    set_variant("FP8MMA", NULL);
-    set_variant("WGMMA_Q", NULL);
+    TUNE_RESET(fp8_mma);
+    TUNE_RESET(fp8_wgmma);
 }
 
-/* Stage 7's decode kernels, on (the default, also run above) and off:
- * gemv with one row per block for short matrices and L2 prefetch (GEMV2), the
- * 4-row path at >= 264 blocks; MoE at 2..8 tokens reading each chosen expert once
- * (MOE_DEDUP, opt-in, both values: 8 tokens with K = 4 of 10 local experts share
- * experts) and pairs fastest in its grids (MOE_SWAP); decode attention with 1, 2 and
- * 4 positions per warp step (ATTN2, opt-in 2 and 4) and both split combines
- * (COMBINE2); gemv blocks of 8 warps (GEMV8W); per-head products with 16-byte loads
- * and 16-warp heads_t (HEADS2); all launched with PDL (PDL=0 in the off pass), and
- * stage 11's weights loaded into registers before the wait (PRELOAD=0 in the off pass). */
-static void test_stage7(void)
+/* The decode kernels at the shapes that pick their forms: gemvs of one row per block
+ * (short matrices) and of 4 rows at >= 264 blocks, 8-warp blocks, scalar loads; per-head
+ * products with 16-byte loads and without; the grouped MoE kernels at 1..8 tokens, the
+ * chosen experts shared between tokens (8 tokens with K = 4 of 10 local experts); decode
+ * attention over one and several splits, absorb and naive. */
+static void test_decode_products(void)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        const char *v = pass ? "0" : NULL;
-        printf("-- stage 7 switches %s\n", pass ? "off" : "on");
-        set_variant("PDL", v);
-        set_variant("PRELOAD", v); /* stage 11: weights into registers before the wait, heads_t 8 rows ahead */
-        set_variant("GEMV2", v);
-        set_variant("GEMV8W", v);
-        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
-            test_matmul((ds_wfmt)f, 64, 2048, 1, 0, 64, DS_GEMM_BF16, false, false);   /* the gate */
-            test_matmul((ds_wfmt)f, 600, 520, 1, 7, 577, DS_GEMM_BF16, false, false);  /* wkv_a-like, offset */
-            test_matmul((ds_wfmt)f, 600, 520, 5, 7, 577, DS_GEMM_BF16, false, false);
-            test_matmul((ds_wfmt)f, 1200, 136, 1, 0, 1200, DS_GEMM_BF16, false, false); /* 300 blocks of 4 rows */
-            test_matmul((ds_wfmt)f, 1100, 264, 8, 3, 1097, DS_GEMM_BF16, false, false);
-            test_matmul((ds_wfmt)f, 301, 333, 2, 0, 301, DS_GEMM_BF16, false, false);   /* scalar loads */
-        }
-        test_matmul(DS_W_FP8, 600, 520, 3, 7, 577, DS_GEMM_FP8, false, false);
-        test_matmul(DS_W_FP8, 64, 2048, 1, 0, 64, DS_GEMM_FP8, true, false);
-        set_variant("GEMV2", NULL);
-        set_variant("GEMV8W", NULL);
-        set_variant("HEADS2", v);
-        for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
-            test_heads((ds_wfmt)f, 3, 128, 128, 160, 1);
-            test_heads((ds_wfmt)f, 5, 48, 40, 208, 5);  /* heads across 128-row scale blocks, 2 token groups */
-            test_heads((ds_wfmt)f, 2, 64, 32, 200, 3);  /* FP8: 200 % 16 != 0, the scalar kernel */
-            test_heads((ds_wfmt)f, 16, 128, 128, 512, 1); /* 16B shapes */
-        }
-        set_variant("HEADS2", NULL);
-        set_variant("MOE_SWAP", v);
-        set_variant("MOE_WARP", "0"); /* the stage-9 kernels, which these switches shape */
-        for (int dd = 0; dd < 2; dd++) {
-            set_variant("MOE_DEDUP", dd ? "1" : "0");
-            test_moe(DS_W_BF16, 2, false, 1, DS_GEMM_BF16);
-            test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
-            test_moe_shape(DS_W_BF16, 5, false, 1, DS_GEMM_BF16, 200, 72);
-            test_moe_shape(DS_W_FP8, 8, true, 4, DS_GEMM_BF16, 208, 144);
-            test_moe_shape(DS_W_FP8, 3, false, 1, DS_GEMM_BF16, 400, 48);
-            test_moe_shape(DS_W_F32, 6, false, 1, DS_GEMM_BF16, 100, 36);
-            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 200, 72);
-        }
-        set_variant("MOE_DEDUP", NULL);
-        set_variant("MOE_SWAP", NULL);
-        set_variant("MOE_WARP", NULL);
-        for (int np = 0; np < (pass ? 1 : 3); np++) {
-            set_variant("ATTN2", pass ? "0" : np == 2 ? "4" : np ? "2" : NULL);
-            set_variant("COMBINE2", pass || np == 1 ? "0" : NULL);
-            test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 71);
-            test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1001);
-            test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197);
-            test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703);
-            test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77);
-        }
-        set_variant("ATTN2", NULL);
-        set_variant("COMBINE2", NULL);
+    printf("-- decode products\n");
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+        test_matmul((ds_wfmt)f, 64, 2048, 1, 0, 64, DS_GEMM_BF16, false, false);   /* the gate */
+        test_matmul((ds_wfmt)f, 600, 520, 1, 7, 577, DS_GEMM_BF16, false, false);  /* wkv_a-like, offset */
+        test_matmul((ds_wfmt)f, 600, 520, 5, 7, 577, DS_GEMM_BF16, false, false);
+        test_matmul((ds_wfmt)f, 1200, 136, 1, 0, 1200, DS_GEMM_BF16, false, false); /* 300 blocks of 4 rows */
+        test_matmul((ds_wfmt)f, 1100, 264, 8, 3, 1097, DS_GEMM_BF16, false, false);
+        test_matmul((ds_wfmt)f, 301, 333, 2, 0, 301, DS_GEMM_BF16, false, false);   /* scalar loads */
     }
-    set_variant("PDL", NULL);
-    set_variant("PRELOAD", NULL);
+    test_matmul(DS_W_FP8, 600, 520, 3, 7, 577, DS_GEMM_FP8, false, false);
+    test_matmul(DS_W_FP8, 64, 2048, 1, 0, 64, DS_GEMM_FP8, true, false);
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
+        test_heads((ds_wfmt)f, 3, 128, 128, 160, 1);
+        test_heads((ds_wfmt)f, 5, 48, 40, 208, 5);  /* heads across 128-row scale blocks, 2 token groups */
+        test_heads((ds_wfmt)f, 2, 64, 32, 200, 3);  /* FP8: 200 % 16 != 0, the scalar kernel */
+        test_heads((ds_wfmt)f, 16, 128, 128, 512, 1); /* 16B shapes */
+    }
+    test_moe(DS_W_BF16, 2, false, 1, DS_GEMM_BF16);
+    test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+    test_moe_shape(DS_W_BF16, 5, false, 1, DS_GEMM_BF16, 200, 72);
+    test_moe_shape(DS_W_FP8, 8, true, 4, DS_GEMM_BF16, 208, 144);
+    test_moe_shape(DS_W_FP8, 3, false, 1, DS_GEMM_BF16, 400, 48);
+    test_moe_shape(DS_W_F32, 6, false, 1, DS_GEMM_BF16, 100, 36);
+    test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 200, 72);
+    test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 71);
+    test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1001);
+    test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197);
+    test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703);
+    test_attention(DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77);
 }
 
 /* ---- matmul_many: each job against C->matmul */
@@ -1162,8 +1109,7 @@ static void test_norm_fold_case(const many_job *mj, int nj, int n, bool taken)
 
 static void test_norm_fold(void)
 {
-    printf("-- stage 20 the attention norm folded into its products (NFOLD=1)\n");
-    set_variant("NFOLD", "1"); /* unset: BF16 weights only */
+    printf("-- the attention norm folded into its products (BF16 weights)\n");
     for (int f = DS_W_BF16; f <= DS_W_FP8; f++) {
         ds_wfmt w = (ds_wfmt)f;
         many_job qkv[2] = {{w, 3072, 2048, 0, 3072}, {w, 576, 2048, 0, 576}};
@@ -1171,14 +1117,14 @@ static void test_norm_fold(void)
         many_job odd[2] = {{w, 600, 512, 7, 577}, {w, 64, 512, 0, 64}};
         many_job one[1] = {{w, 33, 256, 0, 33}};
         many_job ragged[1] = {{w, 70, 520, 0, 70}}; /* FP8: 520 bytes a row, no 16-byte loads */
-        test_norm_fold_case(qkv, 2, 1, true);
-        test_norm_fold_case(lora, 2, 1, true);
-        test_norm_fold_case(odd, 2, 1, true);
-        test_norm_fold_case(one, 1, 1, true);
-        test_norm_fold_case(ragged, 1, 1, w == DS_W_BF16);
+        bool bf = w == DS_W_BF16; /* FP8: matmul_carry only */
+        test_norm_fold_case(qkv, 2, 1, bf);
+        test_norm_fold_case(lora, 2, 1, bf);
+        test_norm_fold_case(odd, 2, 1, bf);
+        test_norm_fold_case(one, 1, 1, bf);
+        test_norm_fold_case(ragged, 1, 1, bf);
         test_norm_fold_case(odd, 2, 3, false);
     }
-    set_variant("NFOLD", NULL);
 }
 
 /* Stage 8 (MANY): the jobs of a decode step in one gemv launch, on and off. Shapes
@@ -1189,9 +1135,8 @@ static void test_norm_fold(void)
  * per job: mixed formats, FP8 on the act_quant path, n > 8, more than 4 jobs. */
 static void test_matmul_many(void)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- matmul_many, MANY %s\n", pass ? "off" : "on");
-        set_variant("MANY", pass ? "0" : NULL);
+    {
+        printf("-- matmul_many\n");
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             ds_wfmt w = (ds_wfmt)f;
             many_job qkv[2] = {{w, 3072, 2048, 0, 3072}, {w, 576, 2048, 0, 576}};
@@ -1228,7 +1173,6 @@ static void test_matmul_many(void)
         test_many_case(mixed + 0, 1, 3, DS_GEMM_BF16, true); /* staged host buffers */
         test_many_case(gate, 2, 2, DS_GEMM_BF16, true);
     }
-    set_variant("MANY", NULL);
 }
 
 /* moe_gate (the gate product and the routing) against matmul + moe_route of the CPU reference. */
@@ -1260,14 +1204,12 @@ static void test_gate(ds_wfmt fmt, int n, int E, int dim, int K, bool sigmoid, i
     free(x), free(bias), free(sc), free(rw), free(ri);
 }
 
-/* The gate and the routing: one launch (a cluster, GATE_CL, the default; or the last
- * block routing, GATE); past 8 tokens gate_tile_kernel; and matmul + moe_route. */
+/* The gate and the routing: one launch (a cluster where the gate fits its registers, else
+ * the last block routing); past 8 tokens gate_tile_kernel; and matmul + moe_route. */
 static void test_gates(void)
 {
-    for (int pass = 0; pass < 3; pass++) {
-        printf("-- stage 8 gate %s\n", pass == 2 ? "two launches" : pass ? "fused, last block routes" : "fused, cluster");
-        set_variant("GATE", pass == 2 ? "0" : "1");
-        set_variant("GATE_CL", pass == 1 ? "0" : NULL);
+    {
+        printf("-- gate and routing\n");
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             /* stage 19's cluster: E <= 128, rows of at most 16 chunks a lane, 1..8 tokens */
             test_gate((ds_wfmt)f, 8, 128, 1024, 8, true, 8, 3);
@@ -1292,171 +1234,78 @@ static void test_gates(void)
             if (f == DS_W_FP8) continue;
             test_gate((ds_wfmt)f, 512, 64, 2048, 6, false, 1, 1);  /* 16B prefill */
             test_gate((ds_wfmt)f, 1023, 64, 2048, 6, false, 1, 1); /* a partial last block */
-            if (pass < 2) test_gate((ds_wfmt)f, 300, 32, 8192, 8, true, 8, 4); /* 128 KB of shared memory */
+            test_gate((ds_wfmt)f, 300, 32, 8192, 8, true, 8, 4); /* 128 KB of shared memory */
         }
     }
-    set_variant("GATE", NULL);
-    set_variant("GATE_CL", NULL);
 }
 
-/* Stage 8: the shared experts inside the grouped MoE kernels (MOE_SHARED on, the
- * default, and off), decode sizes with the pairs both ways (MOE_SWAP), shapes the
- * grouped kernels cannot take (op-by-op shared experts after them), the dedup
- * variant (never fused), prefill sizes (tensor-core routed experts, then the shared). */
-static void test_stage8(void)
+/* The MoE layer's kernels: at decode sizes the shared experts inside the grouped kernels
+ * (g_moe_shared 1, 2) and shapes those cannot take (op-by-op shared experts after them),
+ * on both GEMM paths; moe_up reading x from shared memory (one FP8 token), several steps
+ * per row and tails; at prefill sizes the tensor-core routed experts with the shared
+ * experts apart or merged, and the combine of 4 and 1 columns a thread; the gates. */
+static void test_moe_layer(void)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- stage 8 shared experts %s\n", pass ? "op by op" : "fused");
-        set_variant("MOE_SHARED", pass ? "0" : NULL);
-        for (int mode = 1; mode <= 2; mode++) {
-            g_moe_shared = mode;
-            for (int sw = 0; sw < 2; sw++) {
-                set_variant("MOE_SWAP", sw ? "0" : NULL);
-                test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
-                test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
-                test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
-                test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
-                test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
-                test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
-            }
-            set_variant("MOE_SWAP", NULL);
-            /* act_quant path: grouped, x and h fake-quantised */
-            test_moe(DS_W_FP8, 3, true, 4, DS_GEMM_FP8);
-            test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_FP8, 208, 144);
-            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_FP8, 400, 48);
-            set_variant("MOE_DEDUP", "1");
-            test_moe_shape(DS_W_BF16, 6, false, 1, DS_GEMM_BF16, 200, 72);
-            test_moe_shape(DS_W_FP8, 6, false, 1, DS_GEMM_FP8, 208, 144);
-            set_variant("MOE_DEDUP", NULL);
-            test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
-            test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
-        }
-        g_moe_shared = 0;
-    }
-    set_variant("MOE_SHARED", NULL);
-    for (int pass = 0; pass < 2; pass++) { /* moe_down's block size forced both ways (default: by format) */
-        printf("-- stage 8 moe_down with %d threads for every format%s\n", pass ? 128 : 256,
-               pass ? "" : ", moe_up's shared blocks first");
-        set_variant("MOE_DOWN256", pass ? "0" : "1");
-        set_variant("MOE_SHFIRST", pass ? NULL : "1");
-        set_variant("MOE_WARP", "0");
-        test_moe_decode_cases();
-        set_variant("EVF", "0");
-        test_moe_decode_cases();
-        set_variant("EVF", NULL);
-    }
-    set_variant("MOE_DOWN256", NULL);
-    set_variant("MOE_SHFIRST", NULL);
-    set_variant("MOE_WARP", NULL);
-    printf("-- stage 9 routed experts loaded without the evict-first hint\n");
-    set_variant("EVF", "0"); /* on by default: every other test runs with it */
-    test_moe_decode_cases();
-    set_variant("EVF", NULL);
-    for (int pass = 0; pass < 2; pass++) {
-        /* MOE_WARP bits: 1 moe_up by warps, 2 moe_down pipelined one item ahead, 4 two ahead */
-        printf("-- stage 10 decode MoE: moe_up by warps, moe_down pipelined %d item(s) ahead\n", pass + 1);
-        set_variant("MOE_WARP", pass ? "5" : "3"); /* the default (unset) picks by token count */
-        test_moe_decode_cases();
-        set_variant("EVF", "0");
-        test_moe_decode_cases();
-        set_variant("EVF", NULL);
-        set_variant("MOE_WARP", pass ? "4" : "2"); /* moe_down's alone, beside the stage-9 moe_up */
-        test_moe_decode_cases();
-        set_variant("MOE_WARP", pass ? "5" : "3");
-        for (int th = 0; th < 2; th++) { /* moe_down's block size forced both ways (default: by format) */
-            set_variant("MOE_DOWN256", th ? "1" : "0");
-            test_moe_decode_cases();
-        }
-        set_variant("MOE_DOWN256", NULL);
-        for (int mode = 0; mode <= 1; mode++) { /* more shapes: several steps per row, tails */
-            g_moe_shared = mode;
-            test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
-            test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
-            test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
-            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
-            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 1040, 272);
-        }
-        g_moe_shared = 0;
-    }
-    set_variant("MOE_WARP", NULL);
-    printf("-- stage 11 decode MoE with the shared tiles after the PDL wait\n");
-    set_variant("MOE_EARLY", "0"); /* on by default: every other case runs with it */
-    test_moe_decode_cases();
-    g_moe_shared = 1;
-    test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
-    g_moe_shared = 0;
-    set_variant("MOE_EARLY", NULL);
-    for (int pass = 0; pass < 2; pass++) { /* x copied to shared memory, before and after the wait */
-        printf("-- stage 20 decode MoE: moe_up reads x from shared memory at 1..8 tokens%s\n",
-               pass ? ", shared tiles after the wait" : "");
-        set_variant("MOE_XS", "8");
-        set_variant("MOE_EARLY", pass ? "0" : NULL);
-        test_moe_decode_cases();
-        for (int mode = 0; mode <= 1; mode++) {
-            g_moe_shared = mode;
-            test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
-            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
-            test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 7168, 256); /* 224 KB of x */
-            test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 1040, 272);
-        }
-        g_moe_shared = 0;
-    }
-    set_variant("MOE_XS", NULL);
-    set_variant("MOE_EARLY", NULL);
-    printf("-- stage 9 prefill routing grouped on the host (downloaded)\n");
-    set_variant("MOE_DEVSORT", "0"); /* on by default: the prefill-size cases above run on the device */
-    test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
-    test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_BF16);
-    test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
-    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
-    set_variant("MOE_DEVSORT", NULL);
-    /* the combine four columns a thread (the default; two rounds of 8 pairs at K = 10) and
-     * one column a thread */
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- session 26 prefill MoE combine, %s\n", pass ? "one column a thread" : "four columns a thread");
-        set_variant("COMBINE4", pass ? "0" : NULL);
-        test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
-        g_moe_shared = 2;
+    printf("-- MoE layer, decode sizes\n");
+    for (int mode = 1; mode <= 2; mode++) {
+        g_moe_shared = mode;
+        test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16);
+        test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
+        test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
+        test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
+        test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
+        test_moe_shape(DS_W_F32, 2, false, 1, DS_GEMM_BF16, 100, 36);
+        /* act_quant path: grouped, x and h fake-quantised */
+        test_moe(DS_W_FP8, 3, true, 4, DS_GEMM_FP8);
+        test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_FP8, 208, 144);
+        test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_FP8, 400, 48);
+        test_moe(DS_W_BF16, 40, false, 1, DS_GEMM_BF16);
         test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
-        g_moe_shared = 0;
-        g_moe_E = 40, g_moe_K = 10, g_moe_e0 = 0, g_moe_ne = 40;
-        test_moe_shape(DS_W_BF16, 100, false, 1, DS_GEMM_BF16, 128, 64);
-        test_moe_shape(DS_W_FP8, 70, false, 1, DS_GEMM_BF16, 256, 128);
-        g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
     }
-    set_variant("COMBINE4", NULL);
+    g_moe_shared = 0;
+    test_moe_decode_cases();
+    for (int mode = 0; mode <= 1; mode++) { /* more shapes: several steps per row, tails, 224 KB of x */
+        g_moe_shared = mode;
+        test_moe_shape(DS_W_BF16, 3, false, 1, DS_GEMM_BF16, 200, 72);
+        test_moe_shape(DS_W_FP8, 1, true, 4, DS_GEMM_BF16, 208, 144);
+        test_moe_shape(DS_W_FP8, 5, false, 1, DS_GEMM_BF16, 400, 48);
+        test_moe_shape(DS_W_FP8, 8, false, 1, DS_GEMM_BF16, 1040, 208);
+        test_moe_shape(DS_W_FP8, 1, false, 1, DS_GEMM_BF16, 7168, 256);
+        test_moe_shape(DS_W_BF16, 1, true, 4, DS_GEMM_BF16, 1040, 272);
+    }
+    g_moe_shared = 0;
+    /* the prefill combine, four columns a thread (two rounds of 8 pairs at K = 10) */
+    printf("-- MoE layer, prefill combine\n");
+    test_moe_shape(DS_W_BF16, 301, true, 4, DS_GEMM_BF16, 272, 80);
+    g_moe_shared = 2;
+    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
+    g_moe_shared = 0;
+    g_moe_E = 40, g_moe_K = 10, g_moe_e0 = 0, g_moe_ne = 40;
+    test_moe_shape(DS_W_BF16, 100, false, 1, DS_GEMM_BF16, 128, 64);
+    test_moe_shape(DS_W_FP8, 70, false, 1, DS_GEMM_BF16, 256, 128);
+    g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
     test_gates();
 }
 
-/* Stage 8 (COMBINE3): decode attention whose last split block merges the splits, on
- * (the default) and off (a combine launch, COMBINE2 both ways). The stage 7 shapes at
- * 6 mixed positions, then at few tokens near the start (most splits empty: no po row,
- * never read) and at the end; successive calls reuse the tickets, so a ticket not
- * returned to 0 shows as a wrong or unwritten (poisoned) output in the next call. */
-static void test_combine3(void)
+/* Decode attention at the cache's ends: the shapes of test_decode_products at 6 mixed
+ * positions, few tokens near the start (most splits empty: no po row, never read) and at
+ * the end. */
+static void test_attention_positions(void)
 {
     static const struct { ds_attn_impl impl; int H, R, rope, nope, vdim, ctx; } cs[] = {
         {DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 71},    {DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1001},
         {DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4197}, {DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 703},
         {DS_ATTN_NAIVE, 3, 0, 8, 24, 40, 77},
     };
-    set_variant("ATTN_HG", "0"); /* the per-head kernel, the one that merges in place */
-    for (int pass = 0; pass < 3; pass++) {
-        printf("-- stage 8 attention merge: %s\n", pass == 0 ? "last split block" : pass == 1 ? "combine2" : "combine");
-        set_variant("COMBINE3", pass ? "0" : NULL);
-        set_variant("COMBINE2", pass == 2 ? "0" : NULL);
-        for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
-            int ctx = cs[i].ctx, seq[2] = {1, 0};
-            int at[][2] = {{0, 0}, {3, 1}, {ctx - 1, 0}, {1, ctx - 2}, {ctx / 3, 5}};
-            test_attention(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx);
-            for (int k = 0; k < 5; k++) /* one token (k < 3), then two */
-                test_attention_at(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx, k < 3 ? 1 : 2,
-                                  seq, at[k]);
-        }
+    printf("-- decode attention at the cache's ends\n");
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        int ctx = cs[i].ctx, seq[2] = {1, 0};
+        int at[][2] = {{0, 0}, {3, 1}, {ctx - 1, 0}, {1, ctx - 2}, {ctx / 3, 5}};
+        test_attention(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx);
+        for (int k = 0; k < 5; k++) /* one token (k < 3), then two */
+            test_attention_at(cs[i].impl, cs[i].H, cs[i].R, cs[i].rope, cs[i].nope, cs[i].vdim, ctx, k < 3 ? 1 : 2,
+                              seq, at[k]);
     }
-    set_variant("COMBINE3", NULL);
-    set_variant("COMBINE2", NULL);
-    set_variant("ATTN_HG", NULL);
 }
 
 /* mla_prologue (kv_norm into scattered cache rows, k_pe and q_pe rotated) against the
@@ -1494,9 +1343,9 @@ static void test_mla_prologue(int n, int H, int nope, int R, int rope)
     free(kvx), free(q), free(w), free(kv), free(pe), free(qp), free(ct), free(st), free(ids);
 }
 
-/* Decode attention with 4 heads per block sharing each cache row (ATTN_HG, on by
- * default, with and without the opt-in L2 prefetch of its rows and the direct output of
- * short depths, splits of 64 and 16 positions; off is the per-head kernel):
+/* Decode attention in the absorb form on the tensor cores (attn_tc_kernel, the default)
+ * and on the CUDA cores (attn_hg_kernel: 4 heads per block sharing each cache row, the
+ * fallback; the tuning's attn_tc off), splits of one, three and the default tiles:
  * latent widths 128 / 256 / 512, head counts not a multiple of 4, a rope part of 16, one
  * token at the cache's ends, 8 tokens of two sequences, short caches (one split) and
  * long ones (splits, empty ones among them). */
@@ -1506,25 +1355,16 @@ static void test_attn_hg(void)
         {16, 512, 64, 4197}, {5, 256, 64, 333}, {4, 128, 16, 1001}, {7, 128, 32, 40}, {16, 512, 64, 90},
         {20, 128, 8, 200},
     };
-    /* passes 0..3 with the tensor-core kernel off; 4..6 with it (stage 14): about one
-     * block per SM, splits of one 32-position tile, of three tiles with the short depths merged */
-    for (int pass = 0; pass < 7; pass++) {
-        printf("-- stage %s attention, %s\n", pass >= 4 ? "14" : "8",
-               pass == 6   ? "tensor cores, splits of 3 tiles, short depths merged"
-               : pass == 5 ? "tensor cores, splits of one tile"
-               : pass == 4 ? "tensor cores"
-               : pass == 3 ? "4 heads per block, one row ahead per warp (HG_DEPTH=1), splits of 32"
-               : pass == 2 ? "a head per block"
-               : pass      ? "4 heads per block, L2 prefetch, short depths merged, splits of 16"
-                           : "4 heads per block");
-        set_variant("ATTN_TC", pass >= 4 ? NULL : "0");
-        set_variant("TC_TILES", pass == 6 ? "3" : pass == 5 ? "1" : NULL);
-        set_variant("ATTN_HG", pass == 2 ? "0" : NULL);
-        set_variant("ATTN_PF", pass == 1 ? "1" : NULL);
-        set_variant("ATTN_DIRECT", pass == 1 || pass == 6 ? "0" : NULL);
-        set_variant("HG_CHUNK", pass == 1 ? "16" : pass == 3 ? "32" : NULL);
-        set_variant("HG_DEPTH", pass == 3 ? "1" : NULL);
-        set_variant("COMBINE2", pass == 2 ? "0" : NULL);
+    /* pass 0 on the CUDA cores; 1..3 on the tensor cores: about one block per SM, splits of
+     * one 32-position tile, of three tiles */
+    for (int pass = 0; pass < 4; pass++) {
+        printf("-- decode attention, %s\n",
+               pass == 3   ? "tensor cores, splits of 3 tiles"
+               : pass == 2 ? "tensor cores, splits of one tile"
+               : pass == 1 ? "tensor cores"
+                           : "4 heads per block on the CUDA cores");
+        TUNE(attn_tc, pass >= 1);
+        TUNE(tc_tiles, pass == 3 ? 3 : pass == 2 ? 1 : 0);
         for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
             int ctx = cs[i].ctx, seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0};
             int at[3][1] = {{0}, {ctx - 1}, {ctx / 2}}, pos8[8] = {0, 1, ctx - 1, ctx - 2, ctx / 3, 63 % ctx, 64 % ctx, ctx / 2};
@@ -1534,26 +1374,17 @@ static void test_attn_hg(void)
             test_attention_at(DS_ATTN_ABSORB, cs[i].H, cs[i].R, cs[i].rope, 0, 0, ctx, 8, seq8, pos8);
         }
     }
-    set_variant("ATTN_TC", NULL);
-    set_variant("TC_TILES", NULL);
-    set_variant("ATTN_HG", NULL);
-    set_variant("ATTN_PF", NULL);
-    set_variant("ATTN_DIRECT", NULL);
-    set_variant("HG_CHUNK", NULL);
-    set_variant("HG_DEPTH", NULL);
-    set_variant("COMBINE2", NULL);
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- stage 8 mla_prologue, %s\n", pass ? "three launches" : "one launch");
-        set_variant("MLA_PRO", pass ? "0" : NULL);
+    TUNE_RESET(attn_tc);
+    TUNE_RESET(tc_tiles);
+    {
+        printf("-- mla_prologue\n");
         test_mla_prologue(1, 16, 128, 512, 64); /* 16B */
         test_mla_prologue(3, 128, 128, 512, 64); /* V3: q_pe over 16 blocks */
         test_mla_prologue(8, 5, 24, 100, 16);
         test_mla_prologue(2, 3, 8, 40, 6);
     }
-    set_variant("MLA_PRO", NULL);
-    for (int pass = 0; pass < 2; pass++) { /* rmsnorm_rows: row in registers (NORM4) or not */
-        printf("-- stage 8 rmsnorm_rows, %s\n", pass ? "one float per thread" : "float4 rows in registers");
-        set_variant("NORM4", pass ? "0" : NULL);
+    { /* rmsnorm_rows: the row in registers, else (odd or long rows) the scalar kernel */
+        printf("-- rmsnorm_rows\n");
         test_rmsnorm_rows(1, 2048, 2048, 2048, 1, false, true);  /* 16B decode: h += y; x = norm(h) */
         test_rmsnorm_rows(3, 7168, 7168, 7168, 3, false, true);  /* V3: two float4 per thread */
         test_rmsnorm_rows(2, 512, 576, 512, 9, true, false);     /* kv_norm into scattered cache rows */
@@ -1561,7 +1392,6 @@ static void test_attn_hg(void)
         test_rmsnorm_rows(2, 203, 205, 203, 2, false, true);     /* odd: the scalar kernel */
         test_rmsnorm_rows(1, 16384, 16384, 16384, 1, false, false); /* over 8192: the scalar kernel */
     }
-    set_variant("NORM4", NULL);
 }
 
 /* mla_attend against the CPU's three steps (matmul_heads_t, attention, matmul_heads): n
@@ -1637,11 +1467,10 @@ static void test_gemv_mma(ds_wfmt fmt, int rows, int k, int n, int row0, int nro
     free_weight(&w);
 }
 
-static void test_stage12(void)
+static void test_few_tokens(void)
 {
-    for (int pass = 0; pass < 2; pass++) {
-        printf("-- stage 12 products of 2..8 tokens, %s\n", pass ? "CUDA cores (GEMV_MMA=0)" : "tensor cores");
-        set_variant("GEMV_MMA", pass ? "0" : NULL);
+    {
+        printf("-- products of 2..8 tokens on the tensor cores\n");
         for (int f = DS_W_BF16; f <= DS_W_FP8; f++)
             for (int n = 2; n <= 8; n += 3) {
                 test_gemv_mma((ds_wfmt)f, 300, 2048, n, 0, 300);
@@ -1649,9 +1478,8 @@ static void test_stage12(void)
                 test_gemv_mma((ds_wfmt)f, 64, 10944, n, 0, 64); /* the dense layer's w2 */
             }
     }
-    set_variant("GEMV_MMA", NULL);
-    printf("-- stage 12 absorb attention in one launch (mla_attend)\n");
-    set_variant("ATTEND_N", "8"); /* one token by default */
+    printf("-- absorb attention in one launch (mla_attend)\n");
+    TUNE(attend_max_tokens, 8); /* one token by default */
     static const struct { int H, nope, vd, R, rope; } sh[] = {
         {16, 128, 128, 512, 64}, /* 16B */
         {8, 32, 32, 128, 32},    /* the golden tiny model */
@@ -1667,12 +1495,12 @@ static void test_stage12(void)
             test_mla_attend((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 1030, 8, seq8, pos8);
         }
     test_mla_attend(DS_W_FP8, 128, 128, 128, 512, 64, 300, 1, seq1, at[2]); /* V3's heads */
-    /* not taken (nothing queued, the model falls back): past DSV3_CUDA_ATTEND, more tokens
-     * than DSV3_CUDA_ATTEND_N, a rank the kernel has no form for, switched off */
+    /* not taken (nothing queued, the model falls back): past attend_max_pos, more tokens
+     * than attend_max_tokens, a rank the kernel has no form for, switched off */
     ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512), w2 = make_weight(DS_W_BF16, 4 * 64, 320);
     int pos9[9] = {0}, seq9[9] = {0};
     float *buf = gbuf(9 * 16 * 576);
-    set_variant("ATTEND_LONG", "0"); /* these steps would take the long form (session 22) */
+    TUNE(attend_long, 0); /* these steps would take the long form */
     ds_attn_args a = {.n_tokens = 1, .seq = seq1, .pos = at[0], .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
                       .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 2000, .q_pe = buf, .kv_cache = buf,
                       .pe_cache = buf, .out = buf, .pos_bound = 1025};
@@ -1684,42 +1512,41 @@ static void test_stage12(void)
     a.n_tokens = 1, a.seq = seq1, a.pos = at[0], a.n_heads = 4, a.nope = 32, a.vdim = 32, a.kv_rank = 320;
     CHECK_MSG(!G->mla_attend(&a, &w2, buf, 96), "mla_attend took rank 320");
     a.n_heads = 16, a.nope = 128, a.vdim = 128, a.kv_rank = 512;
-    set_variant("ATTEND", "0");
-    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a step with DSV3_CUDA_ATTEND=0");
-    set_variant("ATTEND", NULL);
-    set_variant("ATTEND_N", NULL);
+    TUNE(attend_max_pos, 0);
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a step with attend_max_pos 0");
+    TUNE_RESET(attend_max_pos);
+    TUNE_RESET(attend_max_tokens);
     a.n_tokens = 2, a.seq = seq9, a.pos = pos9;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 2 tokens by default");
-    set_variant("ATTEND_LONG", NULL);
+    TUNE_RESET(attend_long);
     G->free(buf);
     free_weight(&w);
     free_weight(&w2);
 }
 
-/* Session 22: mla_attend's long form (q_c by heads_t, attn_tc_kernel's splits, then
+/* mla_attend's long form (q_c by heads_t, attn_tc_kernel's splits, then
  * attend_merge_kernel: the splits merged and W_v applied by a cluster per head) for
  * steps past the one-launch kernel's bound: 1..8 tokens deep in the cache. */
 static void test_attend_long_case(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n,
                                   const int *seq, const int *pos)
 {
     char label[192];
-    const char *tt = getenv("DSV3_CUDA_TC_TILES"), *cc = getenv("DSV3_CUDA_ATTEND_C");
-    snprintf(label, sizeof label, "mla_attend long %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s",
-             fmt_name(fmt), H, nope, vd, R, rope, n, pos[0], tt ? " tiles " : "", tt ? tt : "", cc ? " C " : "",
-             cc ? cc : "");
+    cuda_tuning t = cuda_backend_tuning();
+    snprintf(label, sizeof label, "mla_attend long %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d tiles %d C %d",
+             fmt_name(fmt), H, nope, vd, R, rope, n, pos[0], t.tc_tiles, t.attend_cluster);
     mla_attend_case(label, fmt, H, nope, vd, R, rope, ctx, n, seq, pos, false, 2e-5);
 }
 
 static void test_attend_long(void)
 {
-    printf("-- session 22 mla_attend's long form (splits merged with W_v in one cluster launch)\n");
+    printf("-- mla_attend's long form (splits merged with W_v in one cluster launch)\n");
     static const struct { int H, nope, vd, R, rope; } sh[] = {
         {16, 128, 128, 512, 64}, /* 16B */
         {8, 32, 32, 128, 32},    /* the golden tiny model */
         {5, 24, 40, 256, 8},     /* 5 rows per block, 32 columns per block */
         {3, 7, 9, 128, 0},       /* fewer rows than blocks, no rope part */
     };
-    set_variant("ATTEND_LONG", "8"); /* up to 8 tokens (the default takes one) */
+    TUNE(attend_long, 8); /* up to 8 tokens (the default takes one) */
     int seq1[1] = {1}, seq8[8] = {0, 1, 0, 1, 0, 1, 1, 0}, seq2[2] = {1, 0};
     int deep[3][1] = {{1025}, {4000}, {4099}}, pos8[8] = {0, 1, 4099, 500, 9, 2047, 64, 130}, pos2[2] = {1100, 3};
     for (int f = DS_W_F32; f <= DS_W_FP8; f++)
@@ -1731,21 +1558,18 @@ static void test_attend_long(void)
             test_attend_long_case((ds_wfmt)f, sh[i].H, sh[i].nope, sh[i].vd, sh[i].R, sh[i].rope, 1200, 2, seq2, pos2);
         }
     test_attend_long_case(DS_W_FP8, 128, 128, 128, 512, 64, 2100, 1, seq1, deep[0]); /* V3's heads */
-    setenv("DSV3_CUDA_TC_TILES", "2", 1); /* two tiles a split (the default: one, 129 splits at 4100) */
+    TUNE(tc_tiles, 2); /* two tiles a split (the default: one, 129 splits at 4100) */
     test_attend_long_case(DS_W_FP8, 16, 128, 128, 512, 64, 4100, 1, seq1, deep[1]);
     test_attend_long_case(DS_W_BF16, 8, 32, 32, 128, 32, 4100, 8, seq8, pos8);
-    unsetenv("DSV3_CUDA_TC_TILES");
-    cuda_reload_variants();
-    for (int c = 4; c >= 2; c /= 2) { /* clusters of 4 and 2 blocks (DSV3_CUDA_ATTEND_C) */
-        char cs[8];
-        snprintf(cs, sizeof cs, "%d", c);
-        set_variant("ATTEND_C", cs);
+    TUNE_RESET(tc_tiles);
+    for (int c = 4; c >= 2; c /= 2) { /* clusters of 4 and 2 blocks */
+        TUNE(attend_cluster, c);
         test_attend_long_case(DS_W_FP8, 16, 128, 128, 512, 64, 4100, 1, seq1, deep[1]);
         test_attend_long_case(DS_W_BF16, 8, 32, 32, 128, 32, 4100, 8, seq8, pos8);
         test_attend_long_case(DS_W_F32, 5, 24, 40, 256, 8, 1200, 2, seq2, pos2);
         test_attend_long_case(DS_W_FP8, 3, 7, 9, 128, 0, 4100, 1, seq1, deep[2]);
     }
-    set_variant("ATTEND_C", NULL);
+    TUNE_RESET(attend_cluster);
     /* not taken (the model falls back to its ops): 9 tokens, a rope part attn_tc_kernel has no
      * form for, one split only, several tokens at short depth, switched off */
     ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512);
@@ -1761,13 +1585,13 @@ static void test_attend_long(void)
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend long took one split");
     a.n_tokens = 2, a.seq = seq2, a.pos = pos9, a.ctx = 2000, a.pos_bound = 4;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took 2 tokens at pos_bound 4");
-    set_variant("ATTEND_LONG", NULL);
+    TUNE_RESET(attend_long);
     a.pos_bound = 2000;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend long took 2 tokens by default");
     a.n_tokens = 1, a.seq = seq1, a.pos = deep[0];
-    set_variant("ATTEND_LONG", "0");
-    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a deep step with DSV3_CUDA_ATTEND_LONG=0");
-    set_variant("ATTEND_LONG", NULL);
+    TUNE(attend_long, 0);
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend took a deep step with attend_long 0");
+    TUNE_RESET(attend_long);
     test_attend_long_case(DS_W_BF16, 16, 128, 128, 512, 64, 2000, 1, seq1, deep[0]); /* the default: one token */
     G->free(buf);
     free_weight(&w);
@@ -1778,12 +1602,11 @@ static void test_attend_long(void)
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
 {
     char label[192];
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK"), *fl = getenv("DSV3_CUDA_FLASH"), *fq = getenv("DSV3_CUDA_FLASH_Q");
-    const char *pp = getenv("DSV3_CUDA_FLASH_PP");
-    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%s%s%s%s%s",
-             fmt_name(fmt), H, nope, vd, R, rope, n, pos0, ce ? " chunk " : "", ce ? ce : "",
-             !fl ? "" : !strcmp(fl, "0") ? " flash off" : !strcmp(fl, "1") ? " flash mma.sync" : "",
-             fq ? " flash queries " : "", fq ? fq : "", pp ? " no ping-pong" : "");
+    cuda_tuning t = cuda_backend_tuning();
+    static const char *const fl[] = {" flash off", " flash mma.sync", " flash one warpgroup", ""};
+    snprintf(label, sizeof label, "mla_attend expanded %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d%s%.0d%s kc %d",
+             fmt_name(fmt), H, nope, vd, R, rope, n, pos0, t.dense_chunk ? " chunk " : "", t.dense_chunk,
+             fl[t.flash], t.flash_kc);
     int *seq = malloc(sizeof(int) * n), *pos = malloc(sizeof(int) * n);
     for (int i = 0; i < n; i++) {
         seq[i] = 1;
@@ -1798,21 +1621,16 @@ static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int r
 
 static void test_expanded(void)
 {
-    set_variant("EXPAND", "-16"); /* whatever the multiply-adds say */
+    TUNE(expand_min, -16); /* whatever the multiply-adds say */
     /* the scores, softmax and values in one launch where the head sizes are compiled in
-     * (192 + 128: the 16B model's, on warpgroup MMA by default, on mma.sync with
-     * DSV3_CUDA_FLASH=1; 64 + 32: the golden model's, mma.sync), then by cuBLAS products and
-     * a softmax launch per chunk (DSV3_CUDA_FLASH=0); the warpgroup form takes 128 queries
-     * a block by default (two warpgroups, 64-key tiles), 64 in pass 3 (DSV3_CUDA_FLASH_Q=64) */
-    static const char *const flash[] = {NULL, "1", "0", NULL};
+     * (192 + 128: the 16B model's, on warpgroup MMA by default, two warpgroups a block of 128
+     * queries with 64-key tiles; flash 2: one warpgroup, 64 queries; flash 1: mma.sync; 64 +
+     * 32: the golden model's, mma.sync), then by cuBLAS products and a softmax launch per
+     * chunk (flash 0) */
+    static const int flash[] = {3, 1, 0, 2};
     for (int pass = 0; pass < 4; pass++) {
-        printf("-- session 21 prefill attention in the expanded form (mla_attend)%s\n",
-               pass == 1   ? ", flash_kernel on mma.sync"
-               : pass == 2 ? ", flash_kernel off"
-               : pass == 3 ? ", flash_kernel with 64 queries a block"
-                           : "");
-        set_variant("FLASH", flash[pass]);
-        set_variant("FLASH_Q", pass == 3 ? "64" : NULL);
+        printf("-- prefill attention in the expanded form (mla_attend), flash %d\n", flash[pass]);
+        TUNE(flash, flash[pass]);
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
             test_mla_expanded((ds_wfmt)f, 16, 128, 128, 512, 64, 40, 0); /* 16B shapes */
             test_mla_expanded((ds_wfmt)f, 8, 32, 32, 128, 32, 17, 25);   /* the golden model, a later pass */
@@ -1829,49 +1647,43 @@ static void test_expanded(void)
         test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
         test_mla_expanded(DS_W_BF16, 4, 128, 128, 256, 64, 64, 300);
         /* chunks of one and two key tiles: rows that see nothing of a chunk */
-        set_variant("FLASH_KC", "1");
+        TUNE(flash_kc, 1);
         test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 200, 70);
         test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
-        set_variant("FLASH_KC", "2");
+        TUNE(flash_kc, 2);
         test_mla_expanded(DS_W_BF16, 5, 128, 128, 512, 64, 130, 0);
-        set_variant("FLASH_KC", NULL);
-        for (int pp = 0; pp < (pass == 0 ? 2 : pass == 3 ? 1 : 0); pp++) {
-            /* longer passes in chunks, a 128-row tile's first warpgroup idle in some; pass 0
-             * also without the two warpgroups' ping-pong (DSV3_CUDA_FLASH_PP=0) */
-            set_variant("FLASH_PP", pp ? "0" : NULL);
+        TUNE_RESET(flash_kc);
+        if (flash[pass] >= 2) {
+            /* longer passes in chunks, a 128-row tile's first warpgroup idle in some */
             test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
             test_mla_expanded(DS_W_FP8, 3, 128, 128, 512, 64, 257, 33);
-            set_variant("FLASH_KC", "1");
+            TUNE(flash_kc, 1);
             test_mla_expanded(DS_W_BF16, 4, 128, 128, 512, 64, 300, 0);
-            set_variant("FLASH_KC", NULL);
-            set_variant("FLASH_PP", NULL);
+            TUNE_RESET(flash_kc);
         }
     }
-    set_variant("FLASH", NULL);
-    set_variant("FLASH_Q", NULL);
-    /* operands rounded to bf16 once (DSV3_CUDA_GEMM=bf16): flash_kernel's one-part form */
-    const char *mode0 = getenv("DSV3_CUDA_GEMM");
-    char *saved = mode0 ? strdup(mode0) : NULL;
-    setenv("DSV3_CUDA_GEMM", split_mode() ? "bf16" : "split", 1);
-    printf("-- the expanded form with DSV3_CUDA_GEMM=%s\n", getenv("DSV3_CUDA_GEMM"));
+    TUNE_RESET(flash);
+    /* operands rounded to bf16 once (or split, if the run was so tuned): flash_kernel's
+     * one-part form */
+    bool bf0 = cuda_backend_tuning().gemm_bf16;
+    TUNE(gemm_bf16, !bf0);
+    printf("-- the expanded form with gemm_bf16 %d\n", !bf0);
     test_mla_expanded(DS_W_BF16, 16, 128, 128, 512, 64, 40, 0); /* the first: products before it set the mode */
     test_mla_expanded(DS_W_BF16, 16, 128, 128, 512, 64, 40, 0);
     test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 200, 70);
     test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
-    set_variant("FLASH_KC", "1");
+    TUNE(flash_kc, 1);
     test_mla_expanded(DS_W_F32, 8, 32, 32, 128, 32, 100, 3);
-    set_variant("FLASH_KC", NULL);
-    if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
-    else unsetenv("DSV3_CUDA_GEMM");
-    free(saved);
-    setenv("DSV3_CUDA_ATTN_CHUNK", "7", 1); /* chunks of tokens: the per-segment value products */
-    set_variant("FLASH", "0");
+    TUNE_RESET(flash_kc);
+    TUNE(gemm_bf16, bf0);
+    TUNE(dense_chunk, 7); /* chunks of tokens: the per-segment value products */
+    TUNE(flash, 0);
     test_mla_expanded(DS_W_FP8, 16, 128, 128, 512, 64, 40, 0);
     test_mla_expanded(DS_W_BF16, 3, 24, 40, 256, 6, 18, 3);
-    set_variant("FLASH", NULL);
-    unsetenv("DSV3_CUDA_ATTN_CHUNK");
-    /* not taken (nothing queued): fewer tokens than DSV3_CUDA_EXPAND, switched off,
-     * host memory, not contiguous */
+    TUNE_RESET(flash);
+    TUNE_RESET(dense_chunk);
+    /* not taken (nothing queued): fewer tokens than expand_min, switched off, host memory,
+     * not contiguous */
     ds_weight w = make_weight(DS_W_BF16, 16 * 256, 512);
     int seq[40] = {0}, pos[40];
     for (int i = 0; i < 40; i++) pos[i] = i;
@@ -1879,20 +1691,20 @@ static void test_expanded(void)
     ds_attn_args a = {.n_tokens = 40, .seq = seq, .pos = pos, .n_heads = 16, .nope = 128, .rope = 64, .vdim = 128,
                       .kv_rank = 512, .softmax_scale = 0.05f, .ctx = 64, .q_pe = buf, .kv_cache = buf,
                       .pe_cache = buf, .out = buf, .contiguous = true, .seq0 = 0, .pos0 = 0};
-    set_variant("EXPAND", "41");
-    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took 40 tokens with DSV3_CUDA_EXPAND=41");
-    set_variant("EXPAND", "0");
-    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass with DSV3_CUDA_EXPAND=0");
-    set_variant("EXPAND", "16");
+    TUNE(expand_min, 41);
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took 40 tokens with expand_min 41");
+    TUNE(expand_min, 0);
+    CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass with expand_min 0");
+    TUNE(expand_min, 16);
     a.pos0 = 2000, a.n_tokens = 16, a.ctx = 2100; /* 16 tokens onto 2000 cached: absorb counts fewer */
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took 16 tokens at position 2000");
     a.pos0 = 0, a.n_tokens = 40, a.ctx = 64;
-    set_variant("EXPAND", "-16");
+    TUNE(expand_min, -16);
     a.out = hbuf;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took host memory");
     a.out = buf, a.contiguous = false;
     CHECK_MSG(!G->mla_attend(&a, &w, buf, 192), "mla_attend expanded took a pass not contiguous");
-    set_variant("EXPAND", NULL);
+    TUNE_RESET(expand_min);
     G->free(buf);
     free(hbuf);
     free_weight(&w);
@@ -1901,13 +1713,11 @@ static void test_expanded(void)
 /* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
  * column counts), on and off. Partial 64-column slices, heads across 128-row scale
  * blocks, and the shapes it refuses (odd columns, 136-row heads) for the other kernels. */
-static void test_stage19(void)
+static void test_heads_t(void)
 {
     static const int ns[] = {1, 2, 3, 5, 8};
-    for (int pass = 0; pass < 2; pass++) {
-        const char *v = pass ? "0" : NULL;
-        printf("-- stage 19 per-head products %s\n", pass ? "off" : "on");
-        set_variant("HEADS_T3", v);
+    {
+        printf("-- per-head products of 1..8 tokens\n");
         for (int f = DS_W_F32; f <= DS_W_FP8; f++)
             for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
                 test_heads((ds_wfmt)f, 16, 128, 128, 512, ns[i]); /* 16B shapes */
@@ -1918,7 +1728,6 @@ static void test_stage19(void)
         test_heads(DS_W_BF16, 3, 64, 32, 201, 4); /* odd columns: refused */
         test_heads(DS_W_F32, 2, 100, 30, 202, 7);
     }
-    set_variant("HEADS_T3", NULL);
 }
 
 /* The host's pick of row (V) with pk's settings, through a sampler of those settings,
@@ -2091,15 +1900,8 @@ int main(void)
     test_attention(DS_ATTN_ABSORB, 4, 128, 32, 0, 0, 1000); /* long context: split over positions */
     test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 700);  /* split, two column slices */
     test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4200); /* 16B shapes, deep */
-    /* the multi-query kernel (opt-in, DSV3_CUDA_ATTN_MQ=1): 16B shapes deep; two head
-     * groups, no rope; few heads, short context; the per-head shapes above */
-    setenv("DSV3_CUDA_ATTN_MQ", "1", 1);
-    test_attention(DS_ATTN_ABSORB, 16, 512, 64, 0, 0, 4200);
-    test_attention(DS_ATTN_ABSORB, 20, 96, 0, 0, 0, 300);
+    test_attention(DS_ATTN_ABSORB, 20, 96, 0, 0, 0, 300);   /* no rope part */
     test_attention(DS_ATTN_ABSORB, 5, 200, 40, 0, 0, 37);
-    test_attention(DS_ATTN_ABSORB, 3, 160, 16, 0, 0, 70);
-    test_attention(DS_ATTN_ABSORB, 2, 600, 64, 0, 0, 700);
-    unsetenv("DSV3_CUDA_ATTN_MQ");
     test_attention_dense(4, 128, 32, 40, 0);  /* prefill from position 0 */
     test_attention_dense(3, 160, 16, 17, 25); /* a later chunk of a prompt */
     /* stage 19's vectorised pack and softmax: a row longer than 1024, a rope part of 6
@@ -2118,7 +1920,7 @@ int main(void)
         test_heads((ds_wfmt)f, 3, 128, 128, 256, 40); /* prefill: batched GEMM for BF16 */
     }
     test_moved();
-    test_stage12();
+    test_few_tokens();
     test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16); /* n <= 8: grouped kernels, routing read on the device */
     test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
     test_moe(DS_W_F32, 3, false, 1, DS_GEMM_BF16);
@@ -2128,42 +1930,23 @@ int main(void)
 
     test_prefill_products();
     /* the same in the other mode */
-    const char *mode0 = getenv("DSV3_CUDA_GEMM");
-    char *saved = mode0 ? strdup(mode0) : NULL;
-    setenv("DSV3_CUDA_GEMM", split_mode() ? "bf16" : "split", 1);
+    bool bf0 = cuda_backend_tuning().gemm_bf16;
+    TUNE(gemm_bf16, !bf0);
     test_prefill_products();
-    if (saved) setenv("DSV3_CUDA_GEMM", saved, 1);
-    else unsetenv("DSV3_CUDA_GEMM");
-    free(saved);
-    /* the other prefill kernels: the default is gr_kernel (DSV3_CUDA_WGMMA=2) where the
-     * build has sm_90a code, gf_kernel (mma.sync) elsewhere */
-    printf("-- prefill products on mma.sync (DSV3_CUDA_WGMMA=0)\n");
-    set_variant("WGMMA", "0");
+    TUNE(gemm_bf16, bf0);
+    /* the other prefill kernels: the default is gr_kernel (warpgroup MMA) where the build
+     * has sm_90a code, gf_kernel (mma.sync) elsewhere */
+    printf("-- prefill products on mma.sync (grouped_wgmma off)\n");
+    TUNE(grouped_wgmma, false);
     test_prefill_products();
-    printf("-- prefill products on warpgroup MMA, both operands from shared memory (DSV3_CUDA_WGMMA=1)\n");
-    set_variant("WGMMA", "1");
-    test_prefill_products();
-    set_variant("WGMMA", NULL);
-    printf("-- gr_kernel with FP8 weights and f16 lo parts (DSV3_CUDA_LO8=0)\n");
-    set_variant("LO8", "0");
-    test_prefill_products();
-    set_variant("LO8", NULL);
-    printf("-- a prefill's shared experts: BF16 on the grouped kernels too (SHARED_GR=1), FP8 op by op (=0)\n");
-    g_moe_shared = 1;
-    set_variant("SHARED_GR", "1");
-    test_moe_shape(DS_W_BF16, 57, true, 4, DS_GEMM_BF16, 128, 208);
-    test_moe_shape(DS_W_BF16, 130, false, 1, DS_GEMM_BF16, 272, 80);
-    set_variant("SHARED_GR", "0");
-    test_moe_shape(DS_W_FP8, 57, true, 4, DS_GEMM_BF16, 128, 208);
-    set_variant("SHARED_GR", NULL);
-    g_moe_shared = 0;
+    TUNE_RESET(grouped_wgmma);
 
-    test_stage7();
-    test_stage19();
-    test_combine3();
+    test_decode_products();
+    test_heads_t();
+    test_attention_positions();
     test_matmul_many();
     test_norm_fold();
-    test_stage8();
+    test_moe_layer();
     test_attn_hg();
     test_expanded();
     test_attend_long();

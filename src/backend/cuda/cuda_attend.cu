@@ -441,7 +441,7 @@ __global__ void __launch_bounds__(AM_THREADS) attend_merge_kernel(at_p p, cu_att
 template <int F>
 static void launch_merge(int n, int H, size_t smem, const at_p &p, const cu_attn_parts &parts)
 {
-    int c = cu_v.attend_c == 2 || cu_v.attend_c == 4 ? cu_v.attend_c : 8;
+    int c = cu_tune.attend_cluster == 2 || cu_tune.attend_cluster == 4 ? cu_tune.attend_cluster : 8;
     dim3 grid((unsigned)(H * c), (unsigned)n);
     if (c == 2) cu_launch_cluster(attend_merge_kernel<F, 2>, grid, AM_THREADS, 2, smem, p, parts);
     else if (c == 4) cu_launch_cluster(attend_merge_kernel<F, 4>, grid, AM_THREADS, 4, smem, p, parts);
@@ -453,7 +453,7 @@ static void launch_merge(int n, int H, size_t smem, const at_p &p, const cu_attn
 static bool attend_long(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim;
-    if (n > cu_v.attend_long || n > 8 || !cu_attention_parts_ok(a)) return false;
+    if (n > cu_tune.attend_long || n > 8 || !cu_attention_parts_ok(a)) return false;
     size_t th = (size_t)n * H;
     cu_io io = {};
     cu_weight dw;
@@ -491,16 +491,16 @@ bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
     /* a prefill pass: the expanded form where it pays (cuda_gemm.cu) */
-    if (a->contiguous && cu_v.expand != 0 && n >= abs(cu_v.expand) && cu_mla_expanded(a, wkv_b, q, qk)) return true;
+    if (a->contiguous && cu_tune.expand_min != 0 && n >= abs(cu_tune.expand_min) && cu_mla_expanded(a, wkv_b, q, qk)) return true;
     /* the shapes the kernels take */
     if (n <= 0 || n > 65535 || H <= 0 || H > 65535 / AT_C || !(R == 128 || R == 256 || R == 512) || rp < 0 ||
         rp > AT_ROPE || nope <= 0 || vd <= 0 || qk < nope || wkv_b->cols != R || wkv_b->rows < H * (nope + vd) ||
         !(wkv_b->fmt == DS_W_FP8 || wkv_b->fmt == DS_W_BF16 || wkv_b->fmt == DS_W_F32))
         return false;
-    /* the one-launch kernel at short contexts only (DSV3_CUDA_ATTEND: the largest pos_bound
-     * taken, 0 never) and for few tokens (DSV3_CUDA_ATTEND_N: the most); else the long form */
-    bool deep = cu_v.attend <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_v.attend;
-    if (deep || n > cu_v.attend_n) return deep && attend_long(a, wkv_b, q, qk);
+    /* the one-launch kernel at short contexts only (attend_max_pos: the largest pos_bound
+     * taken, 0 never) and for few tokens (attend_max_tokens: the most); else the long form */
+    bool deep = cu_tune.attend_max_pos <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_tune.attend_max_pos;
+    if (deep || n > cu_tune.attend_max_tokens) return deep && attend_long(a, wkv_b, q, qk);
     int nseq = 1; /* sizes the staging of host caches (tests) */
     if (!cu_device_readable(a->seq))
         for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;

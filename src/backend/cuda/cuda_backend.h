@@ -61,13 +61,71 @@ double cuda_measure_bf16_tc_peak(void);
 void cuda_op_times(bool on);
 void cuda_op_times_print(FILE *f);
 
-/* Re-reads the switches of stage 7's decode changes from the environment
- * (DSV3_CUDA_PDL, _GEMV2, _GEMV8W, _HEADS2, _MOE_SWAP, _COMBINE2: on unless set
- * to 0; DSV3_CUDA_MOE_DEDUP: off unless 1; DSV3_CUDA_ATTN2: positions per
- * warp step, 1 unless 2 or 4; cuda_backend() reads them first; cuda_internal.cuh
- * says what each does). Graphs recorded before keep
- * the kernels they were recorded with (bench A/B: a new KV cache per variant). */
-void cuda_reload_variants(void);
+/* The backend's tuning: which kernel form an op takes where more than one is
+ * correct, and the sizes that steer them. cuda_tuning_default() gives the
+ * choices measured fastest on an H200 (docs/cuda.md); the other values exist
+ * to reach the fallback forms (the ones taken on other devices or shapes) from
+ * the tests, or to trade speed for rounding. Nothing here changes what an op
+ * computes beyond float rounding. */
+typedef struct cuda_tuning {
+    /* ---- products */
+    bool gemm_bf16;     /* false (default): prefill products on the tensor cores split float32
+                         * activations into bf16 hi + lo (~16 bits, close to float32); true:
+                         * rounded to bf16 once, as Hugging Face transformers in bf16 */
+    bool grouped_wgmma; /* true (default): a prefill's grouped experts and dense FP8 products on
+                         * warpgroup MMA (gr_kernel) where the device runs this build's sm_90a
+                         * code; false: mma.sync (gf_kernel), the form on every other device */
+    bool fp8_mma;       /* true (default): with gemm_impl fp8 and FP8 weights, products of 16 or
+                         * more tokens on the FP8 tensor cores; false: the CUDA-core kernels
+                         * that take the shapes the tensor-core kernels refuse */
+    bool fp8_wgmma;     /* true (default): those FP8 products on wgmma (gwq_kernel) where the
+                         * device runs sm_90a code; false: mma.sync (gq_kernel) */
+    /* ---- decode attention */
+    bool attn_tc;          /* true (default): the absorb form on the tensor cores
+                            * (attn_tc_kernel) where its shapes fit; false: attn_hg_kernel
+                            * on the CUDA cores, the fallback, everywhere */
+    int tc_tiles;          /* 32-position tiles per attn_tc_kernel split; 0 (default): about
+                            * one block per SM, two tiles at least */
+    int attend_max_pos;    /* mla_attend's one-launch kernel (q_c, attention and W_v) takes
+                            * decode steps whose positions all lie below this; 0 never.
+                            * Default 1024 */
+    int attend_max_tokens; /* ... and of at most this many tokens. Default 1: a cluster per
+                            * token and head re-reads the weights */
+    int attend_long;       /* deeper steps of up to this many tokens (8 at most; 0 never) take
+                            * the long form: q_c, attn_tc_kernel's splits, one cluster launch
+                            * merging them and applying W_v. Default 1 */
+    int attend_cluster;    /* blocks per cluster of that merge: 2, 4 or 8 (default) */
+    /* ---- prefill attention */
+    int expand_min;  /* mla_attend takes contiguous passes of at least this many tokens (and
+                      * 16) in the expanded (MHA) form where it counts fewer multiply-adds;
+                      * -N: from N tokens always; 0 never. Default 16 */
+    int flash;       /* the expanded form's scores, softmax and values in one launch
+                      * (flash_kernel) where its head sizes are compiled in: 3 (default) on
+                      * warpgroup MMA with two warpgroups a block where the device runs
+                      * sm_90a code and the sizes are multiples of 64, 2 one warpgroup a
+                      * block, 1 mma.sync always; 0 cuBLAS products and a softmax launch
+                      * per chunk. Each form falls back to the next where it cannot run */
+    int flash_kc;    /* flash_kernel's chunks of key tiles hold at least this many (default 4) */
+    int dense_chunk; /* tokens per chunk of the cuBLAS attention forms; 0 (default): as many
+                      * as a 256 MiB score matrix holds */
+    /* ---- memory */
+    int scratch_fill;  /* what new scratch memory holds: 0 (default) whatever was there (a
+                        * memset node in a captured step costs more than most kernels); 1
+                        * zeros; -1 NaN bytes, so that a test shows whether a reader relies
+                        * on what it did not write */
+    int alloc_max_mib; /* a new pool block of more than this many MiB fails as on a full
+                        * device (tests of the out-of-memory paths); 0 (default) no limit */
+} cuda_tuning;
+
+/* The default tuning (above). */
+cuda_tuning cuda_tuning_default(void);
+
+/* The tuning in force, and a new one for the ops queued from now on. Graphs
+ * recorded before keep the kernels they were recorded with (a benchmark A/B
+ * takes a new KV cache per tuning). Out-of-range values are taken as the
+ * nearest meaningful one. */
+cuda_tuning cuda_backend_tuning(void);
+void cuda_backend_set_tuning(const cuda_tuning *t);
 
 /* Marks a region for a profiler started with --profile-from-start off (ncu):
  * cudaProfilerStart (on) or cudaProfilerStop (off), after a device sync. */

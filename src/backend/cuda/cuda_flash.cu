@@ -484,12 +484,12 @@ __device__ __forceinline__ void fl_tiles1(R &r, SM &sm, const __nv_bfloat16 *Q, 
 
 /* flash_kernel's key tiles with two warpgroups (128 queries, 64-key tiles, fw_smem2): two
  * stages, one barrier a tile (each tile's wait and barrier also mean that every warp is
- * done with the other stage, which the next tile's loads then refill). pingpong: warpgroup
+ * done with the other stage, which the next tile's loads then refill). Ping-pong: warpgroup
  * 1's scores after 0's, 0's values after 1's scores (named barriers 1 and 2), so that
  * each one's softmax runs under the other's products. */
 template <int D, int DV, bool SPLIT, typename SM, typename R>
 __device__ __forceinline__ void fl_tiles2(R &r, SM &sm, const __nv_bfloat16 *Q, const __nv_bfloat16 *kb,
-                                          const __nv_bfloat16 *vb, int H, int P, float scale2, int pos0, bool pingpong)
+                                          const __nv_bfloat16 *vb, int H, int P, float scale2, int pos0)
 {
     constexpr int KD = (SPLIT ? 3 : 1) * D, NP = SPLIT ? 2 : 1, BN = FL_BN_OF(2);
     const fl_work &w = r.w;
@@ -520,18 +520,12 @@ __device__ __forceinline__ void fl_tiles2(R &r, SM &sm, const __nv_bfloat16 *Q, 
         const int j0 = kt * BN;
         const bool on = j0 <= wg_last; /* a key of the tile that a row of the warpgroup sees */
         float s[BN / 8][4];
-        if (pingpong) {
-            if (r.warp >= 4) fl_bar_sync(1);
-            if (on) fw_scores<D, SPLIT, BN>(s, qa, cur);
-            fl_bar_arrive(r.warp < 4 ? 1 : 2);
-            if (on) fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
-            if (r.warp < 4) fl_bar_sync(2);
-            if (on) fw_values<DV, SPLIT, BN>(r.o, s, cur);
-        } else if (on) {
-            fw_scores<D, SPLIT, BN>(s, qa, cur);
-            fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
-            fw_values<DV, SPLIT, BN>(r.o, s, cur);
-        }
+        if (r.warp >= 4) fl_bar_sync(1);
+        if (on) fw_scores<D, SPLIT, BN>(s, qa, cur);
+        fl_bar_arrive(r.warp < 4 ? 1 : 2);
+        if (on) fl_softmax<DV, BN>(s, r.m, r.l, r.o, j0, r.w0, r.pr, r.q, scale2);
+        if (r.warp < 4) fl_bar_sync(2);
+        if (on) fw_values<DV, SPLIT, BN>(r.o, s, cur);
     }
 }
 
@@ -561,8 +555,7 @@ template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
              const __nv_bfloat16 *__restrict__ Q, const __nv_bfloat16 *__restrict__ Kp,
-             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc,
-             int pingpong)
+             const __nv_bfloat16 *__restrict__ V, int n, int H, int P, int pos0, float scale2, int kc, int mc)
 {
     static_assert(NW == 1 || (WG && NW == 2), "flash_kernel: two warpgroups on warpgroup MMA only");
     typedef typename fl_smem_of<D, DV, SPLIT, WG, NW>::type SM;
@@ -578,7 +571,7 @@ flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restri
     for (int j = 0; j < DV / 8; j++) r.o[j][0] = r.o[j][1] = r.o[j][2] = r.o[j][3] = 0.0f;
     r.w0 = pos0 + r.w.t0 + 16 * r.warp, r.pr[0] = r.w0 + r.g, r.pr[1] = r.w0 + r.g + 8; /* the warp's first row, the thread's rows */
     const __nv_bfloat16 *kb = Kp + (size_t)r.w.h * P * KD, *vb = V + (size_t)r.w.h * NSEG * P * DV;
-    if constexpr (NW == 2) fl_tiles2<D, DV, SPLIT>(r, sm, Q, kb, vb, H, P, scale2, pos0, pingpong != 0);
+    if constexpr (NW == 2) fl_tiles2<D, DV, SPLIT>(r, sm, Q, kb, vb, H, P, scale2, pos0);
     else fl_tiles1<D, DV, SPLIT, WG>(r, sm, Q, kb, vb, H, P, scale2);
     fl_store<DV, BM>(r.w, r.o, r.m, r.l, out, part, ml, n, H, mc, r.warp, r.g, r.q);
 }
@@ -638,8 +631,7 @@ static bool flash_ready(void)
     return ready > 0;
 }
 
-/* The chunk of key tiles a block of bm query rows takes (DSV3_CUDA_FLASH_KC at least,
- * default 4): about two rounds of blocks (per_sm on an SM) on the device's SMs in all, so
+/* The chunk of key tiles a block of bm query rows takes (tuning flash_kc at least): about two rounds of blocks (per_sm on an SM) on the device's SMs in all, so
  * that a pass of 512 tokens splits its longer tiles and one of 4096 hardly any. *mc:
  * chunks of the longest tile. */
 static int flash_chunk(int n, int H, int pos0, int bm, int bn, int per_sm, int *mc)
@@ -648,21 +640,19 @@ static int flash_chunk(int n, int H, int pos0, int bm, int bn, int per_sm, int *
     long total = 0;
     for (int qt = 0; qt < nqt; qt++) total += fl_tiles(qt, n, pos0, bm, bn);
     long slots = 2L * per_sm * cu_sm_count(); /* two rounds */
-    int kc = (int)((total * H + slots - 1) / slots), least = cu_v.flash_kc > 0 ? cu_v.flash_kc : 4;
+    int kc = (int)((total * H + slots - 1) / slots), least = cu_tune.flash_kc;
     if (kc < least) kc = least;
     *mc = (fl_tiles(nqt - 1, n, pos0, bm, bn) + kc - 1) / kc;
     return kc;
 }
 
-/* Query rows a warpgroup-form block takes: 128 unless DSV3_CUDA_FLASH_Q=64. */
-static int flash_q(void) { return cu_v.flash_q == 64 ? 64 : 128; }
 
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 static void flash_run(dim3 grid, float *out, float *part, float2 *ml, const __nv_bfloat16 *Q, const __nv_bfloat16 *Kp,
                       const __nv_bfloat16 *V, int n, int H, int P, int pos0, float s2, int kc, int mc)
 {
     flash_kernel<D, DV, SPLIT, WG, NW><<<grid, FL_THREADS * NW, fl_bytes<D, DV, SPLIT, WG, NW>(), cu_s>>>(
-        out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc, cu_v.flash_pp);
+        out, part, ml, Q, Kp, V, n, H, P, pos0, s2, kc, mc);
 }
 
 template <int D, int DV, bool SPLIT>
@@ -672,8 +662,8 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
     bool wg = false;
     int nw = 1;
     if constexpr (D % 64 == 0 && DV % 64 == 0) { /* the warpgroup form's tiles are 64 columns wide */
-        wg = cu_v.flash == 2 && flash_ready<D, DV, SPLIT, true, 1>();
-        if (wg && flash_q() == 128 && flash_ready<D, DV, SPLIT, true, 2>()) nw = 2;
+        wg = cu_tune.flash >= 2 && flash_ready<D, DV, SPLIT, true, 1>();
+        if (wg && cu_tune.flash == 3 && flash_ready<D, DV, SPLIT, true, 2>()) nw = 2;
     }
     const int bm = FL_BM * nw, bn = FL_BN_OF(nw), nqt = (n + bm - 1) / bm;
     int mc, kc = flash_chunk(n, H, pos0, bm, bn, 2 / nw, &mc);
@@ -709,7 +699,7 @@ static bool flash_launch(float *out, const __nv_bfloat16 *Q, const __nv_bfloat16
  * model's (64, 32). */
 bool cu_flash_ok(int D, int DV, bool split)
 {
-    if (!cu_v.flash) return false;
+    if (!cu_tune.flash) return false;
     if (D == 192 && DV == 128)
         return split ? flash_ready<192, 128, true, false, 1>() : flash_ready<192, 128, false, false, 1>();
     if (D == 64 && DV == 32) return split ? flash_ready<64, 32, true, false, 1>() : flash_ready<64, 32, false, false, 1>();

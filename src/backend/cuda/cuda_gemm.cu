@@ -195,7 +195,7 @@ __device__ __forceinline__ void wdecode(uint4 raw, float *out)
 template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP, bool NRM = false>
 __device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__restrict__ x,
                                           const float *__restrict__ xs, int n, const void *__restrict__ w,
-                                          const float *__restrict__ ws, int k, int row0, int rows, int tile, int pf,
+                                          const float *__restrict__ ws, int k, int row0, int rows, int tile, bool pf,
                                           const float *__restrict__ nr = nullptr, const float *__restrict__ ng = nullptr,
                                           float eps = 0, float *carry = nullptr)
 {
@@ -213,19 +213,19 @@ __device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__r
         base[rr] = (size_t)gr * k;
         srow[rr] = F == DS_W_FP8 ? ws + (size_t)(gr / DS_BLOCK) * kb : nullptr;
     }
-    /* the weights do not depend on the previous kernel: towards L2 while it drains
-     * (PDL; pf 1), or (pf 2, stage 11) a thread's first step into registers and only the
-     * rest of rows longer than one pass towards L2; then wait for its outputs */
+    /* the weights do not depend on the previous kernel (pf: the launch fits in one wave):
+     * a thread's first step into registers and the rest of rows longer than one pass
+     * towards L2 while it drains (PDL); then wait for its outputs */
     uint4 raw[RW];
     float s[RW];
-    bool pre = pf == 2 && threadIdx.x * E < k;
+    bool pre = pf && threadIdx.x * E < k;
     if (pre)
         #pragma unroll
         for (int rr = 0; rr < RW; rr++) {
             raw[rr] = wraw<F, VEC>(w, base[rr] + threadIdx.x * E);
             s[rr] = F == DS_W_FP8 ? srow[rr][threadIdx.x * E / DS_BLOCK] : 1.0f;
         }
-    if (pf == 1 || (pf == 2 && k > WP * 32 * E))
+    if (pf && k > WP * 32 * E)
         cu_prefetch_l2((const uint8_t *)w + base[0] * cu_wsize<F>::v, (size_t)min(RW, rows - r0) * k * cu_wsize<F>::v);
     cu_pdl_wait();
     cu_pdl_launch();
@@ -328,7 +328,7 @@ __device__ __forceinline__ void gemv_tile(float *__restrict__ y, const void *__r
 template <int F, bool QA, bool VEC, int NT, int RW, bool XR, int WP = GEMV_WARPS>
 __global__ void __launch_bounds__(WP * 32)
 gemv_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__restrict__ xs, int n,
-            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows, int pf, float *carry)
+            const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int rows, bool pf, float *carry)
 {
     gemv_tile<F, QA, VEC, NT, RW, XR, WP>(y, x, xs, n, w, ws, k, row0, rows, blockIdx.x, pf, nullptr, nullptr, 0, carry);
 }
@@ -351,7 +351,7 @@ struct gemv_jobs {
 };
 
 template <int F, int NT, int RW, bool XR, int WP = GEMV_WARPS, bool NRM = false>
-__global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, int n, int pf)
+__global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, int n, bool pf)
 {
     int j = 0, b = (int)blockIdx.x;
     while (j + 1 < t.nj && b >= t.b0[j + 1]) j++;
@@ -520,7 +520,7 @@ __global__ void __launch_bounds__(GM_WARPS * 32) gemv_mma_kernel(const gemv_jobs
  * weights, 2..8 tokens, k a multiple of a step, 16-byte aligned rows and activations. */
 static bool gemv_mma_ok(int fmt, const gemv_jobs *t, int n)
 {
-    if (!cu_v.gemv_mma || n < 2 || n > 8 || (fmt != DS_W_FP8 && fmt != DS_W_BF16)) return false;
+    if (n < 2 || n > 8 || (fmt != DS_W_FP8 && fmt != DS_W_BF16)) return false;
     int sk = fmt == DS_W_FP8 ? 64 : 32, sz = fmt == DS_W_FP8 ? 1 : 2;
     for (int j = 0; j < t->nj; j++)
         if (t->k[j] % sk || (size_t)t->k[j] * sz % 16 || (uintptr_t)t->x[j] % 16 || (uintptr_t)t->w[j] % 16)
@@ -626,28 +626,24 @@ struct gemv_cfg {
 
 enum gemv_form { GEMV_ONE_ROW, GEMV_8_WARPS, GEMV_4_WARPS };
 
-/* A kernel's pf argument: 0 nothing before the PDL wait; 1 its weights towards L2
- * (stage 7); 2 its first pass of weights into registers, the rest towards L2
- * (DSV3_CUDA_PRELOAD bit 1, stage 11). */
-static int pf_mode(bool on) { return on ? (cu_v.preload & 1 ? 2 : 1) : 0; }
 
 /* The kernel shape for a grid of nb blocks of RW rows (all the products of the
  * launch together); *pf: what of the rows to load before the PDL wait (gemv_tile). */
-static gemv_form gemv_choose(int F, int NT, int RW, bool vec, unsigned nb, int *pf)
+static gemv_form gemv_choose(int F, int NT, int RW, bool vec, unsigned nb, bool *pf)
 {
-    /* stage 7: short matrices (the 64-row gate, 576-row wkv_a: 16 and 144 blocks of
-     * 4 rows) take one row per block, 4x the blocks; every block prefetches its rows
-     * into L2 before waiting for the previous kernel (PDL). DSV3_CUDA_GEMV2=0: as stage 6. */
-    if (cu_v.gemv2 && RW > 1 && nb < GEMV_SMALL_BLOCKS) {
-        *pf = pf_mode(true);
+    /* short matrices (the 64-row gate, 576-row wkv_a: 16 and 144 blocks of 4 rows) take
+     * one row per block, 4x the blocks; every block loads its rows before waiting for the
+     * previous kernel (PDL) */
+    if (RW > 1 && nb < GEMV_SMALL_BLOCKS) {
+        *pf = true;
         return GEMV_ONE_ROW;
     }
-    *pf = pf_mode(cu_v.gemv2 && nb <= GEMV_PF_BLOCKS); /* later waves start after the wait: nothing to overlap */
-    /* GEMV8W (1..2 tokens, BF16 / F32 weights): 8 warps per block, so a row of <= 2048
-     * BF16 weights is one pass of 16-byte loads per thread (4 warps: two passes). Measured
-     * (stage 7): BF16 batch 1 3.70 -> 3.66 ms; FP8 batch 1 3.56 -> 3.67 and the 8-token
-     * (XR) kernels 9.0 -> 11.1 ms at batch 8, so neither takes it */
-    return vec && cu_v.gemv_w8 && NT <= 2 && F != DS_W_FP8 ? GEMV_8_WARPS : GEMV_4_WARPS;
+    *pf = nb <= GEMV_PF_BLOCKS; /* later waves start after the wait: nothing to overlap */
+    /* 8 warps per block at 1..2 tokens with BF16 / F32 weights, so a row of <= 2048 BF16
+     * weights is one pass of 16-byte loads per thread (4 warps: two passes). Measured: BF16
+     * batch 1 3.70 -> 3.66 ms; FP8 batch 1 3.56 -> 3.67 and the 8-token (XR) kernels 9.0
+     * -> 11.1 ms at batch 8, so neither takes it */
+    return vec && NT <= 2 && F != DS_W_FP8 ? GEMV_8_WARPS : GEMV_4_WARPS;
 }
 
 template <int F, bool QA, int NT>
@@ -657,7 +653,7 @@ static void launch_gemv(float *y, const void *x, const float *xs, int n, const c
     constexpr bool XR = gemv_cfg<F, QA, NT>::XR;
     constexpr int RW = gemv_cfg<F, QA, NT>::RW;
     bool vec = (size_t)k * cu_wsize<F>::v % 16 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w->data % 16 == 0;
-    int pf;
+    bool pf;
     gemv_form f = gemv_choose(F, NT, RW, vec, cu_blocks((size_t)rows, RW), &pf);
     dim3 grid(cu_blocks((size_t)rows, f == GEMV_ONE_ROW ? 1 : RW));
     if (f == GEMV_ONE_ROW) {
@@ -682,7 +678,7 @@ static void launch_gemv_many(gemv_jobs *t, int n)
     constexpr int RW = gemv_cfg<F, false, NT>::RW;
     unsigned nb = 0;
     for (int j = 0; j < t->nj; j++) nb += cu_blocks((size_t)t->rows[j], RW);
-    int pf;
+    bool pf;
     gemv_form f = gemv_choose(F, NT, RW, true, nb, &pf);
     int rw = f == GEMV_ONE_ROW ? 1 : RW;
     t->b0[0] = 0;
@@ -797,7 +793,7 @@ static bool blas_ready(void)
         if (cublasCreate(&g_blas) != CUBLAS_STATUS_SUCCESS) return false;
         cublasSetStream(g_blas, cu_s);
     }
-    g_split = cu_gemm_split(); /* read each time: tests run both modes */
+    g_split = cu_gemm_split(); /* read each time: the tuning may change between ops */
     return true;
 }
 
@@ -805,8 +801,7 @@ static int g_force_split; /* cu_gemm_force_split's nesting */
 
 bool cu_gemm_split(void)
 {
-    const char *e = getenv("DSV3_CUDA_GEMM");
-    return g_force_split > 0 || !(e && !strcmp(e, "bf16"));
+    return g_force_split > 0 || !cu_tune.gemm_bf16;
 }
 
 void cu_gemm_force_split(bool on) { g_force_split += on ? 1 : -1; }
@@ -859,8 +854,8 @@ void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, in
             float *xs = (float *)cu_tmp(&io, sizeof(float) * (size_t)n * kb);
             if (xq && xs) {
                 launch_act_quant(dx, n, k, xq, xs, ue8m0);
-                /* DSV3_CUDA_FP8MMA: the FP8 tensor cores on the codes (cuda_grouped.cu) */
-                if (!(cu_v.fp8mma && n >= BLAS_MIN && k % 16 == 0 && row0 % 32 == 0 && (uintptr_t)dw.data % 16 == 0 &&
+                /* fp8_mma: the FP8 tensor cores on the codes (cuda_grouped.cu) */
+                if (!(cu_tune.fp8_mma && n >= BLAS_MIN && k % 16 == 0 && row0 % 32 == 0 && (uintptr_t)dw.data % 16 == 0 &&
                       cu_dense_fp8q(dy, xq, xs, n, &dw, k, row0, rows)))
                     launch_product<DS_W_FP8, true>(dy, xq, xs, n, &dw, k, row0, rows);
             }
@@ -899,7 +894,7 @@ static void launch_many_fmt(gemv_jobs *t, int n)
  * fake-quantised first). */
 static bool many_fits(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm)
 {
-    if (!cu_v.many || n_jobs < 1 || n_jobs > GEMV_JOBS) return false;
+    if (n_jobs < 1 || n_jobs > GEMV_JOBS) return false;
     int n = jobs[0].n;
     ds_wfmt fmt = jobs[0].w->fmt;
     if (n < 1 || n > GEMV_NMAX) return false;
@@ -971,23 +966,21 @@ void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bo
     cu_end(&io, "matmul_many");
 }
 
-/* ---- the attention norm folded into its products (stage 20, DSV3_CUDA_NFOLD): at one
- * token the q / kv_a products read h and r and make rmsnorm(h + r) * g themselves
- * (gemv_tile's NRM), and wo adds r to h as it overwrites it (carry), so the step has one
- * rmsnorm launch fewer a layer. Both take device memory only. NFOLD unset: BF16 weights
- * only. BF16 batch 1 1.815 / 1.808 -> 1.782 / 1.784 ms; FP8 1.400 / 1.401 -> 1.442 / 1.442:
- * in the trace the norm's 2.4 us a layer went, but the q / kv_a launch, now started while
- * moe_down still holds the SMs, moved the step's end 3.4 us later. */
+/* ---- the attention norm folded into its products: at one token the q / kv_a products
+ * read h and r and make rmsnorm(h + r) * g themselves (gemv_tile's NRM), and wo adds r to
+ * h as it overwrites it (carry), so the step has one rmsnorm launch fewer a layer. Both
+ * take device memory only. The norm fold takes BF16 weights only: BF16 batch 1 1.815 /
+ * 1.808 -> 1.782 / 1.784 ms; FP8 1.400 / 1.401 -> 1.442 / 1.442 (in the trace the norm's
+ * 2.4 us a layer went, but the q / kv_a launch, now started while moe_down still holds
+ * the SMs, moved the step's end 3.4 us later). */
 bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0, const float *h,
                            const float *r, const float *g, float eps)
 {
     (void)ue8m0;
     if (!many_fits(jobs, n_jobs, gemm) || jobs[0].n != 1) return false;
     ds_wfmt fmt = jobs[0].w->fmt;
-    if (cu_v.nfold < 0 ? fmt != DS_W_BF16 : !cu_v.nfold) return false;
     int k = jobs[0].w->cols;
-    size_t wsz = fmt == DS_W_BF16 ? 2 : 1;
-    if ((fmt != DS_W_FP8 && fmt != DS_W_BF16) || (gemm == DS_GEMM_FP8 && fmt == DS_W_FP8) || k * wsz % 16 ||
+    if (fmt != DS_W_BF16 || k * 2 % 16 ||
         !cu_device_readable(h) || !cu_device_readable(r) || !cu_device_readable(g) || (uintptr_t)h % 16 ||
         (uintptr_t)r % 16 || (uintptr_t)g % 16)
         return false;
@@ -1011,8 +1004,7 @@ bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl g
     t.ng = g;
     t.eps = eps;
     if (!t.nj) return true;
-    if (fmt == DS_W_FP8) launch_gemv_many<DS_W_FP8, 1, true>(&t, 1);
-    else launch_gemv_many<DS_W_BF16, 1, true>(&t, 1);
+    launch_gemv_many<DS_W_BF16, 1, true>(&t, 1);
     return cu_check(cudaGetLastError(), "matmul_many_normed");
 }
 
@@ -1020,7 +1012,7 @@ bool cu_matmul_carry(float *y, const float *x, int n, const ds_weight *w, ds_gem
 {
     (void)ue8m0;
     cu_weight dw;
-    if (cu_v.nfold == 0 || n != 1 || (w->fmt != DS_W_FP8 && w->fmt != DS_W_BF16) ||
+    if (n != 1 || (w->fmt != DS_W_FP8 && w->fmt != DS_W_BF16) ||
         (gemm == DS_GEMM_FP8 && w->fmt == DS_W_FP8) || !cu_device_readable(y) || !cu_device_readable(x) ||
         !cu_device_readable(h) || !cu_weight_get(w, &dw))
         return false;
@@ -1078,7 +1070,7 @@ void cu_matmul_t(float *y, const float *x, int n, const ds_weight *w, int row0, 
 template <int F>
 __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
                              const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride,
-                             int rows, int /* pf: heads_vec_kernel's */)
+                             int rows, bool /* pf: heads_vec_kernel's */)
 {
     cu_pdl_wait();
     cu_pdl_launch();
@@ -1109,21 +1101,21 @@ template <int F>
 __global__ void __launch_bounds__(128)
 heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
                  const void *__restrict__ w, const float *__restrict__ ws, int k, int row0, int hstride, int rows,
-                 int pf)
+                 bool pf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     int g = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     int h = g / rows, r = g % rows, wr = row0 + h * hstride + r, kb = (k + DS_BLOCK - 1) / DS_BLOCK;
-    /* the rows do not depend on the previous kernel: a lane's first chunk into registers
-     * (stage 11), the rest of a row longer than one pass towards L2 (stage 8), before the wait */
-    bool pre = pf == 2 && g < H * rows && lane * E < k;
+    /* the rows do not depend on the previous kernel: a lane's first chunk into registers,
+     * the rest of a row longer than one pass towards L2, before the wait */
+    bool pre = pf && g < H * rows && lane * E < k;
     uint4 w0 = {};
     float s0 = 1.0f;
     if (pre) {
         w0 = *(const uint4 *)((const uint8_t *)w + ((size_t)wr * k + lane * E) * cu_wsize<F>::v);
         if (F == DS_W_FP8) s0 = ws[(size_t)(wr / DS_BLOCK) * kb + lane * E / DS_BLOCK];
     }
-    if (g < H * rows && (pf == 1 || (pf == 2 && k > 32 * E)))
+    if (g < H * rows && pf && k > 32 * E)
         cu_prefetch_lane_l2((const uint8_t *)w + (size_t)wr * k * cu_wsize<F>::v, (size_t)k * cu_wsize<F>::v, lane, 32);
     cu_pdl_wait();
     cu_pdl_launch();
@@ -1160,23 +1152,21 @@ heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int
 }
 
 /* y[t][h*ys + c] = sum_r x[t][h*xs + r] W[row0 + h*hstride + r][c]. Block (64-column slice,
- * head) of HT_WARPS warps: lane l takes columns c0 + l and c0 + 32 + l (coalesced per row),
- * warp w rows w, w + HT_WARPS, ..., partial sums reduced through shared memory. (One thread
- * per column walking all rows: 64 blocks, 30.7 us per call on the 16B model at decode.) */
-#define HT_WARPS 8
-template <int F, int HW = HT_WARPS, int RB = 8>
+ * head) of HW warps: lane l takes columns c0 + l and c0 + 32 + l (coalesced per row), warp w
+ * rows w, w + HW, ..., RB rows' loads in flight, partial sums reduced through shared memory.
+ * (One thread per column walking all rows: 64 blocks, 30.7 us per call on the 16B model at
+ * decode.) */
+template <int F, int HW, int RB>
 __global__ void __launch_bounds__(HW * 32)
 heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
-               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows,
-               bool pf)
+               const void *__restrict__ w, const float *__restrict__ ws, int cols, int row0, int hstride, int rows)
 {
-    /* stage 8: the block's 64-column slice of its head's rows towards L2 before the wait */
-    if (pf)
-        for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-            size_t at = (size_t)(row0 + blockIdx.y * hstride + r) * cols + blockIdx.x * 64;
-            cu_prefetch_lane_l2((const uint8_t *)w + at * cu_wsize<F>::v,
-                                (size_t)min(64, cols - (int)blockIdx.x * 64) * cu_wsize<F>::v, 0, 1);
-        }
+    /* the block's 64-column slice of its head's rows towards L2 before the wait */
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        size_t at = (size_t)(row0 + blockIdx.y * hstride + r) * cols + blockIdx.x * 64;
+        cu_prefetch_lane_l2((const uint8_t *)w + at * cu_wsize<F>::v,
+                            (size_t)min(64, cols - (int)blockIdx.x * 64) * cu_wsize<F>::v, 0, 1);
+    }
     cu_pdl_wait();
     cu_pdl_launch();
     __shared__ float red[HW][HEADS_TB][64];
@@ -1456,14 +1446,14 @@ static bool blas_heads(cu_io *io, bool trans, float *y, int ys, const float *x, 
 /* heads_t_kernel<F, HW, RB> for the weight's format F. */
 template <int HW, int RB>
 static void launch_heads_t(dim3 grid, int fmt, float *y, int ys, const float *x, int xs, int n, int H, const cu_weight *dw,
-                           int cols, int row0, int hstride, int rows, bool pf)
+                           int cols, int row0, int hstride, int rows)
 {
     if (fmt == DS_W_FP8)
-        cu_launch(heads_t_kernel<DS_W_FP8, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, dw->scale, cols, row0, hstride, rows, pf);
+        cu_launch(heads_t_kernel<DS_W_FP8, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, dw->scale, cols, row0, hstride, rows);
     else if (fmt == DS_W_BF16)
-        cu_launch(heads_t_kernel<DS_W_BF16, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, (const float *)NULL, cols, row0, hstride, rows, pf);
+        cu_launch(heads_t_kernel<DS_W_BF16, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, (const float *)NULL, cols, row0, hstride, rows);
     else
-        cu_launch(heads_t_kernel<DS_W_F32, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, (const float *)NULL, cols, row0, hstride, rows, pf);
+        cu_launch(heads_t_kernel<DS_W_F32, HW, RB>, grid, HW * 32, 0, y, ys, x, xs, n, H, dw->data, (const float *)NULL, cols, row0, hstride, rows);
 }
 
 void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
@@ -1476,9 +1466,9 @@ void cu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, con
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, false, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         unsigned grid = cu_blocks((size_t)H * rows, 4);
-        int pf = pf_mode(cu_v.heads_pf != 0);
+        const bool pf = true;
         int sz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
-        bool vec = cu_v.heads2 && (size_t)w->cols * sz % 16 == 0 && xs % 4 == 0 && (uintptr_t)dx % 16 == 0 &&
+        bool vec = (size_t)w->cols * sz % 16 == 0 && xs % 4 == 0 && (uintptr_t)dx % 16 == 0 &&
                    (uintptr_t)dw.data % 16 == 0;
         if (vec && w->fmt == DS_W_FP8) cu_launch(heads_vec_kernel<DS_W_FP8>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, dw.scale, w->cols, row0, hstride, rows, pf);
         else if (vec && w->fmt == DS_W_BF16) cu_launch(heads_vec_kernel<DS_W_BF16>, grid, 128, 0, dy, ys, dx, xs, n, H, dw.data, NULL, w->cols, row0, hstride, rows, pf);
@@ -1500,20 +1490,17 @@ void cu_matmul_heads_t(float *y, int ys, const float *x, int xs, int n, int H, c
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * H * ys, true);
     if (dx && dy && cu_weight_get(w, &dw) && !blas_heads(&io, true, dy, ys, dx, xs, n, H, w, &dw, row0, hstride, rows)) {
         dim3 grid(cu_blocks((size_t)w->cols, 64), (unsigned)H);
-        bool pf = cu_v.heads_pf != 0;
         int sz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
-        bool t3 = cu_v.heads_t3 && n <= 8 && rows <= HT3_WARPS * HT3_ROWS && w->cols % 2 == 0 &&
+        bool t3 = n <= 8 && rows <= HT3_WARPS * HT3_ROWS && w->cols % 2 == 0 &&
                   (uintptr_t)dw.data % (2 * sz) == 0;
         if (t3 && w->fmt == DS_W_FP8) launch_heads_t3<DS_W_FP8>(grid, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows);
         else if (t3 && w->fmt == DS_W_BF16) launch_heads_t3<DS_W_BF16>(grid, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows);
         else if (t3) launch_heads_t3<DS_W_F32>(grid, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows);
-        /* HEADS2: 16 warps splitting a head's rows (8 rows each for 128-row heads);
-         * PRELOAD bit 2: eight rows per warp in flight (stage 11), else one. Only for one
-         * pass over the tokens: FP8 batch 8 measured 7.75 -> 8.07 ms with it (batch 1
-         * 1.955 -> 1.914, BF16 2.138 -> 2.089, with bit 1) */
-        else if (cu_v.heads2 && (cu_v.preload & 2) && n <= HEADS_TB) launch_heads_t<16, 8>(grid, w->fmt, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows, pf);
-        else if (cu_v.heads2) launch_heads_t<16, 1>(grid, w->fmt, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows, pf);
-        else launch_heads_t<HT_WARPS, 8>(grid, w->fmt, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows, pf);
+        /* 16 warps splitting a head's rows (8 rows each for 128-row heads); eight rows per
+         * warp in flight for one pass over the tokens, else one: FP8 batch 8 measured 7.75
+         * -> 8.07 ms with eight at two passes (batch 1 1.955 -> 1.914, BF16 2.138 -> 2.089) */
+        else if (n <= HEADS_TB) launch_heads_t<16, 8>(grid, w->fmt, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows);
+        else launch_heads_t<16, 1>(grid, w->fmt, dy, ys, dx, xs, n, H, &dw, w->cols, row0, hstride, rows);
     }
     cu_end(&io, "matmul_heads_t");
 }
@@ -1726,8 +1713,7 @@ static int attn_chunk_tokens(int n, int H, int L, int nseg)
     size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * L;
     int tc = (int)(DENSE_ATTN_BYTES / per_tok);
     if (tc >= 64) tc = tc / 64 * 64;
-    const char *ce = getenv("DSV3_CUDA_ATTN_CHUNK");
-    if (ce && atoi(ce) > 0 && atoi(ce) < tc) tc = atoi(ce);
+    if (cu_tune.dense_chunk > 0 && cu_tune.dense_chunk < tc) tc = cu_tune.dense_chunk;
     if (tc < 1) tc = 1;
     return tc > n ? n : tc;
 }
@@ -1893,7 +1879,7 @@ bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float 
     double pairs = (double)n * P * H, split = g_split ? 2 : 1;
     double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
     double expanded = pairs * nseg * (double)(D + vd) + 2.0 * P * H * R * W * split;
-    if (cu_v.expand > 0 && expanded >= absorb) return false;
+    if (cu_tune.expand_min > 0 && expanded >= absorb) return false;
     bool flash = cu_flash_ok(D, vd, g_split); /* scores, softmax and values in one launch, none stored */
     int tc = flash ? 1 : attn_chunk_tokens(n, H, P, nseg);
     /* the expanded rows grow with the context (V3's 128 heads: 1.5 MB a position): past
@@ -2061,7 +2047,7 @@ extern "C" ds_status cuda_fp8_gemm(const uint8_t *y, const float *s, const uint8
     dw.scale = (const float *)cu_in(&io, ws, sizeof(float) * (size_t)((n + DS_BLOCK - 1) / DS_BLOCK) * kb);
     float *dout = (float *)cu_out(&io, out, sizeof(float) * (size_t)m * n, false);
     if (dy && ds && dw.data && dw.scale && dout &&
-        !(cu_v.fp8mma && m >= BLAS_MIN && k % 16 == 0 && (uintptr_t)dw.data % 16 == 0 &&
+        !(cu_tune.fp8_mma && m >= BLAS_MIN && k % 16 == 0 && (uintptr_t)dw.data % 16 == 0 &&
           (uintptr_t)dy % 16 == 0 && cu_dense_fp8q(dout, (const uint8_t *)dy, ds, m, &dw, k, 0, n)))
         launch_product<DS_W_FP8, true>(dout, dy, ds, m, &dw, k, 0, n);
     cu_end(&io, "fp8_gemm");

@@ -539,44 +539,8 @@ static bool gf_ready(void)
     return gk_smem(&done, gf_kernel<F, true, SPLIT>, gf_kernel<F, false, SPLIT>, sizeof(gf_smem<F>));
 }
 
-/* ---- gw_kernel (stage 13): gf_kernel's tiles and operands on Hopper's warpgroup
- * MMA (wgmma.mma_async, sm_90a), where one instruction does 64 x 64 x 16 instead
- * of mma.sync's 16 x 8 x 16 and the operands come from shared memory by
- * descriptor. Two warpgroups: each takes the 64 tokens against 64 of the block's
- * 128 weight rows (UP: warpgroup 0 the w1 rows, 1 the w3 rows). Operands in
- * shared memory in the no-swizzle "core matrix" layout (8 rows x 16 bytes
- * contiguous; LBO 128 bytes to the next 8 k, SBO 1024 to the next 8 rows of a
- * 64-k step). FP8: the e4m3 bytes arrive by cp.async as they are and every
- * thread converts a share into f16 core matrices (exact) before the step's
- * wgmmas. Each step's products start the partial sums (scale-d 0) and are then
- * scaled into the float32 sums as in gf_kernel. Built only for sm_90a (the
- * arch-specific target wgmma needs); gw_probe tells the host whether the loaded
- * image has it.
- * Opt-in (DSV3_CUDA_WGMMA=1): correct, but slower than gf_kernel as it stands
- * (H200, prefill 512 of the 16B model, FP8: 40.2 against 34.3 ms; 47.9 before
- * the shared-memory writes were made conflict-free). Every step waits for its
- * wgmmas before the next starts, the FP8 conversion and two barriers sit
- * between steps, N is 64 per warpgroup and the layout has no swizzle;
- * NOTES.md stage 13 lists what would change that. */
-#define GW_ST 3
-#define GW_CORE(r, k) ((((r) >> 3) * 8 + ((k) >> 3)) * 64 + ((r) & 7) * 8 + ((k) & 7)) /* 16-bit elements */
+/* ---- helpers of the warpgroup-MMA kernels (gr_kernel, gwq_kernel; sm_90a) */
 
-#define GW_RAW (GF_BK + 16) /* FP8 raw row stride in bytes: 80, the conversion's 16-byte reads conflict-free */
-
-template <int F>
-struct gw_stage {
-    uint16_t a[2][GG_BM * GF_BK];                             /* hi, lo: core layout */
-    uint16_t b[F == DS_W_FP8 ? GF_BN * GW_RAW / 2 : GF_BN * GF_BK]; /* BF16: core layout; FP8: raw rows */
-};
-
-/* Chunk q (16 bytes) of a core-layout tile, numbered in shared-memory order so
- * that neighbouring threads write neighbouring chunks: its row and first column. */
-__device__ __forceinline__ void gw_chunk(int q, int *r, int *c)
-{
-    int cm = q / 8;                 /* core matrix: 8 per 8-row group (the 64-k step) */
-    *r = (cm / 8) * 8 + q % 8;
-    *c = (cm % 8) * 8;
-}
 /* The FP8 weight scales of warpgroup wg's 64 rows, which lie in one 128-row scale
  * block (UP: warpgroup 0 the w1 rows, 1 the w3 rows; kb scale blocks per row). */
 template <bool UP>
@@ -614,17 +578,6 @@ __device__ __forceinline__ void gw_store_tile(float (*c)[GF_CLD], const float *a
     }
 }
 
-template <int F>
-struct gw_pipe {
-    gw_stage<F> s[GW_ST];
-    uint16_t bc[F == DS_W_FP8 ? GF_BN * GF_BK : 8]; /* FP8: the step's weights as f16, core layout */
-};
-template <int F>
-union gw_smem {
-    gw_pipe<F> p;
-    float c[GG_BM][GF_CLD];
-};
-
 __global__ void gw_probe_kernel(int *out)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -634,147 +587,6 @@ __global__ void gw_probe_kernel(int *out)
 #endif
 }
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ uint64_t gw_desc(const void *p)
-{
-    uint64_t a = (uint64_t)__cvta_generic_to_shared(p);
-    return ((a & 0x3ffff) >> 4) | ((uint64_t)(128 >> 4) << 16) | ((uint64_t)(1024 >> 4) << 32);
-}
-
-#define GW_D8(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-                 "+f"(d[i + 6]), "+f"(d[i + 7])
-/* wgmma m64n64k16 on operand type T ("bf16" or "f16"), the 32 sums in d */
-#define GW_MMA(T)                                                                                            \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                 \
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." T "." T " "                                    \
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                  \
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "        \
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n"                                                              \
-                 : GW_D8(0), GW_D8(8), GW_D8(16), GW_D8(24)                                                  \
-                 : "l"(da), "l"(db), "r"(acc))
-template <bool BF>
-__device__ __forceinline__ void gw_mma(float *d, uint64_t da, uint64_t db, int acc)
-{
-    if (BF) GW_MMA("bf16");
-    else GW_MMA("f16");
-}
-#undef GW_MMA
-#undef GW_D8
-#endif
-
-template <int F, bool UP, bool SPLIT>
-__device__ __forceinline__ void gw_issue(gw_stage<F> &st, const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl,
-                                         int t0, int t1, const cu_weight &wa, const cu_weight &wb, int r0, int rows,
-                                         int k, int k0, int row0)
-{
-    int tid = threadIdx.x;
-    #pragma unroll
-    for (int j = 0; j < GG_BM * GF_BK / 8 / GG_THREADS; j++) {
-        int m, c;
-        gw_chunk(tid + j * GG_THREADS, &m, &c);
-        int t = t0 + m, kk = k0 + c;
-        bool in = t < t1 && kk < k;
-        size_t off = in ? (size_t)t * k + kk : 0;
-        cu_cp16(&st.a[0][GW_CORE(m, c)], xh + off, in);
-        if (SPLIT) cu_cp16(&st.a[1][GW_CORE(m, c)], xl + off, in);
-    }
-    const int es = F == DS_W_FP8 ? 1 : 2, per = GF_BK * es / 16;
-    #pragma unroll
-    for (int j = 0; j < GF_BN * per / GG_THREADS; j++) {
-        int q = tid + j * GG_THREADS, n, c; /* c: the chunk's first column */
-        if (F == DS_W_FP8) n = q / per, c = (q % per) * 16;
-        else gw_chunk(q, &n, &c);
-        int kk = k0 + c;
-        const cu_weight &w = UP && n >= GF_BN / 2 ? wb : wa;
-        int r = UP ? r0 + n % (GF_BN / 2) : r0 + n;
-        bool in = r < rows && kk < k;
-        size_t off = in ? ((size_t)(row0 + r) * k + kk) * es : 0;
-        void *dst = F == DS_W_FP8 ? (void *)((uint8_t *)st.b + n * GW_RAW + c) : (void *)&st.b[GW_CORE(n, c)];
-        cu_cp16(dst, (const uint8_t *)w.data + off, in);
-    }
-}
-
-template <int F, bool UP, bool SPLIT>
-__global__ void __launch_bounds__(GG_THREADS, 2)
-gw_kernel(float *__restrict__ oy, uint16_t *__restrict__ oh, uint16_t *__restrict__ ol, float *__restrict__ os,
-          const uint16_t *__restrict__ xh, const uint16_t *__restrict__ xl, const float *__restrict__ xs,
-          const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-          int k, int rows, int row0, int ksteps, size_t ystride, const int *__restrict__ xrow, int nd, cu_weight wd)
-{
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ __align__(128) unsigned char gw_raw[];
-    gw_smem<F> &sm = *(gw_smem<F> *)gw_raw;
-    const bool BF = F == DS_W_BF16;
-    cu_pdl_wait();
-    cu_pdl_launch();
-    int4 tl = gk_tile(tiles, nd);
-    int e = tl.x, t0 = tl.y, t1 = tl.z;
-    if (t0 >= t1) return;
-    int r0 = blockIdx.x * (UP ? GF_BN / 2 : GF_BN);
-    cu_weight wa = tiles ? wa_tab[e] : wd, wb = UP ? wb_tab[e] : wa;
-    int lane = threadIdx.x % 32, wg = threadIdx.x / 128, w4 = (threadIdx.x / 32) % 4, g = lane / 4;
-    const float *srow = NULL; /* FP8: this warpgroup's 64 rows lie in one 128-row scale block */
-    if (!BF) srow = gw_srow<UP>(wa, wb, wg, r0, row0, rows, (k + DS_BLOCK - 1) / DS_BLOCK);
-    int kc = (k + GF_BK - 1) / GF_BK, ks0 = blockIdx.z * ksteps, nks = min(kc - ks0, ksteps);
-    if (!UP) oy += blockIdx.z * ystride;
-    const float *xsr[2];
-    gw_xs_rows(xsr, xs, kc, t0, t1, w4, g);
-    float acc[32], part[32];
-    #pragma unroll
-    for (int i = 0; i < 32; i++) acc[i] = part[i] = 0.0f;
-    #pragma unroll
-    for (int st = 0; st < GW_ST - 1; st++) {
-        if (st < nks) gw_issue<F, UP, SPLIT>(sm.p.s[st], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + st) * GF_BK, row0);
-        asm volatile("cp.async.commit_group;\n" ::);
-    }
-    for (int it = 0; it < nks; it++) {
-        int ks = ks0 + it;
-        asm volatile("cp.async.wait_group %0;\n" ::"n"(GW_ST - 2));
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        int nx = it + GW_ST - 1;
-        if (nx < nks)
-            gw_issue<F, UP, SPLIT>(sm.p.s[nx % GW_ST], xh, xl, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GF_BK, row0);
-        asm volatile("cp.async.commit_group;\n" ::);
-        const gw_stage<F> &st = sm.p.s[it % GW_ST];
-        const uint16_t *bb = st.b;
-        if (!BF) { /* the step's codes into f16 core matrices: 16 codes per item */
-            #pragma unroll
-            for (int j = 0; j < GF_BN * GF_BK / 16 / GG_THREADS; j++) {
-                /* neighbouring threads: neighbouring rows of one core matrix */
-                int q = threadIdx.x + j * GG_THREADS, n = (q / 32) * 8 + q % 8, c = ((q / 8) % 4) * 16;
-                uint4 u = *(const uint4 *)((const uint8_t *)st.b + n * GW_RAW + c);
-                uint32_t v[4] = {u.x, u.y, u.z, u.w};
-                uint4 o0 = make_uint4(cu_e4m3x2(v[0], 0), cu_e4m3x2(v[0], 1), cu_e4m3x2(v[1], 0), cu_e4m3x2(v[1], 1));
-                uint4 o1 = make_uint4(cu_e4m3x2(v[2], 0), cu_e4m3x2(v[2], 1), cu_e4m3x2(v[3], 0), cu_e4m3x2(v[3], 1));
-                *(uint4 *)&sm.p.bc[GW_CORE(n, c)] = o0;
-                *(uint4 *)&sm.p.bc[GW_CORE(n, c + 8)] = o1;
-            }
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads();
-            bb = sm.p.bc;
-        }
-        float fx[2], sw = BF ? 1.0f : srow[ks * GF_BK / DS_BLOCK];
-        #pragma unroll
-        for (int h = 0; h < 2; h++) fx[h] = xsr[h] ? xsr[h][ks] * sw : 0.0f;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        #pragma unroll
-        for (int kk = 0; kk < GF_BK; kk += 16)
-            #pragma unroll
-            for (int hl = 0; hl < (SPLIT ? 2 : 1); hl++)
-                gw_mma<BF>(part, gw_desc(&st.a[hl][kk * 8]), gw_desc(&bb[wg * 64 * GF_BK + kk * 8]), kk || hl);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        #pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
-    }
-    asm volatile("cp.async.wait_group 0;\n" ::);
-    __syncthreads();
-    gw_store_tile(sm.c, acc, wg, w4, lane);
-    __syncthreads();
-    gf_out<F == DS_W_BF16, UP, SPLIT>(sm.c, oy, oh, ol, os, t0, t1, r0, rows);
-#endif
-}
 
 /* Whether the GPU took an sm_90a image of this file (the warpgroup-MMA kernels'
  * bodies; a build whose DSV3_CUDA_ARCH includes 90a), asked once. */
@@ -796,16 +608,9 @@ static bool gw_image(void)
     return ok == 1;
 }
 
-/* Which warpgroup-MMA kernel is asked for (DSV3_CUDA_WGMMA: 1 gw_kernel, 2
- * gr_kernel) and can run here; 0: gf_kernel. */
-static int gw_ok(void) { return cu_v.wgmma == 1 || cu_v.wgmma == 2 ? (gw_image() ? cu_v.wgmma : 0) : 0; }
-
-template <int F, bool SPLIT>
-static bool gw_ready(void)
-{
-    static bool done;
-    return gk_smem(&done, gw_kernel<F, true, SPLIT>, gw_kernel<F, false, SPLIT>, sizeof(gw_smem<F>));
-}
+/* Which kernel the prefill products take: 2 gr_kernel (warpgroup MMA, asked for by the
+ * tuning's grouped_wgmma and run where the device took the sm_90a image), 0 gf_kernel. */
+static int gw_ok(void) { return cu_tune.grouped_wgmma && gw_image() ? 2 : 0; }
 
 /* ---- gr_kernel (session 19, DSV3_CUDA_WGMMA=2): gw_kernel with the operands the
  * other way round. The weights are wgmma's A operand. For the f16 products of FP8
@@ -1334,8 +1139,8 @@ static bool gr_ready(void)
 }
 
 /* The prefill kernels' common signature, and the one that runs: gw 2 gr_kernel (with
- * e4m3 lo parts where lo8; RS: x scaled per row, gf_gather_rows_kernel's), 1
- * gw_kernel, 0 gf_kernel; NULL if it cannot run here. */
+ * e4m3 lo parts where lo8; RS: x scaled per row, gf_gather_rows_kernel's), 0 gf_kernel;
+ * NULL if it cannot run here. */
 typedef void (*gk_fn)(float *, uint16_t *, uint16_t *, float *, const uint16_t *, const uint16_t *, const float *,
                       const int4 *, const cu_weight *, const cu_weight *, int, int, int, int, size_t, const int *, int,
                       cu_weight);
@@ -1352,18 +1157,14 @@ static gk_fn gk_pick(int gw, bool lo8, size_t *smem)
         *smem = sizeof(gr_smem<F, LO>) + 1024;
         return gr_ready<F, LO, RS>() ? gr_kernel<F, UP, LO, RS> : NULL;
     }
-    if (gw) {
-        *smem = sizeof(gw_smem<F>);
-        return gw_ready<F, SPLIT>() ? gw_kernel<F, UP, SPLIT> : NULL;
-    }
     *smem = sizeof(gf_smem<F>);
     return gf_ready<F, SPLIT>() ? gf_kernel<F, UP, SPLIT> : NULL;
 }
 
-/* whether gr_kernel takes e4m3 lo parts: FP8 weights, split activations, DSV3_CUDA_LO8 */
+/* whether gr_kernel takes e4m3 lo parts: FP8 weights, split activations, whole steps */
 static bool gr_lo8(int gw, ds_wfmt f, bool split, int k1, int k2)
 {
-    return gw == 2 && f == DS_W_FP8 && split && cu_v.lo8 && k1 % GF_BK == 0 && k2 % GF_BK == 0; /* gr_perm_hi */
+    return gw == 2 && f == DS_W_FP8 && split && k1 % GF_BK == 0 && k2 % GF_BK == 0; /* gr_perm_hi */
 }
 
 /* xrow[r] = the token of row r: list[r] for the listed rows, then the tokens again for
@@ -1377,8 +1178,8 @@ __global__ void gf_rowmap_kernel(int *__restrict__ xrow, const int *__restrict__
 }
 
 /* The experts on gf_kernel: x gathered, then up and down. gr_kernel's up product reads
- * x's parts by token where the tokens are known (idn: moe_experts_dev's path;
- * DSV3_CUDA_XROW, on unless 0): x is split once per token and xrow maps each listed
+ * x's parts by token where the tokens are known (idn: moe_experts_dev's path): x is
+ * split once per token and xrow maps each listed
  * row to its token, instead of a split copy of x per listed row. */
 template <int F, bool SPLIT>
 static bool gf_experts(float *ys, const float *x, const int *list, const int4 *dt, int nt, const int *total, int nk,
@@ -1388,7 +1189,7 @@ static bool gf_experts(float *ys, const float *x, const int *list, const int4 *d
     if (idrep && gw != 2) return false; /* the pseudo-experts' w2 row length: gr_kernel only */
     int halves = SPLIT ? 2 : 1, xc = (dim + GF_BK - 1) / GF_BK, hc = (inter + GF_BK - 1) / GF_BK;
     int rows = nk + idn * idrep; /* the listed rows, then x's rows idrep times */
-    bool byrow = gw == 2 && list && idn > 0 && cu_v.xrow;
+    bool byrow = gw == 2 && list && idn > 0;
     int xn = byrow ? idn : rows; /* rows of x's parts */
     size_t nx = (size_t)xn * dim, nh = (size_t)rows * inter;
     uint16_t *xb = (uint16_t *)cu_alloc(sizeof(uint16_t) * nx * halves);
@@ -1538,10 +1339,9 @@ static void gf_sum(float *y, const float *p, size_t ny, int s)
 
 /* k splits of a dense product of `blocks` tiles, kc k steps each, on gf_kernel or
  * gq_kernel (two blocks per SM). Each split writes its partial y (ny floats) for
- * gf_sum_kernel. DSV3_CUDA_KSPLIT=0, the stage-13 rule: enough splits for two blocks
- * per SM (one block per SM left each scheduler two warps: ncu, FP8 wo at prefill 512,
- * 128 blocks, issue slots 39% busy), each split four k steps at least. The default
- * also counts whole waves: the time is about waves x (steps per split + 2, the
+ * gf_sum_kernel. The splits give the SMs about two blocks each (one block per SM left
+ * each scheduler two warps: ncu, FP8 wo at prefill 512, 128 blocks, issue slots 39%
+ * busy), each split four k steps at least, and the count is chosen by whole waves: the time is about waves x (steps per split + 2, the
  * block's prologue and epilogue), in units of one wave's k step (~2.5 us at prefill
  * 512), plus each extra split's partials written and read back (8 bytes per output at
  * ~3.5 TB/s), among the splits that give the SMs about two blocks each. So 176 tiles of
@@ -1549,10 +1349,6 @@ static void gf_sum(float *y, const float *p, size_t ny, int s)
 static int gf_ksplit(int blocks, int kc, size_t ny)
 {
     int slots = 2 * cu_sm_count(), most = kc / 4 < 1 ? 1 : kc / 4;
-    if (!cu_v.ksplit) {
-        int s = (slots + blocks - 1) / blocks;
-        return s < 1 ? 1 : s > most ? most : s;
-    }
     double pen = (double)ny * 8 / 3.5e12 / 2.5e-6, best_cost = 1e300;
     int best = 1;
     for (int s = 1; s <= most; s++) {
@@ -1839,7 +1635,7 @@ template <bool UP>
 __global__ void __launch_bounds__(GG_THREADS, 2)
 gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *__restrict__ xs,
            const int4 *__restrict__ tiles, const cu_weight *__restrict__ wa_tab, const cu_weight *__restrict__ wb_tab,
-           int k, int rows, int row0, int ksteps, size_t ystride, bool fine)
+           int k, int rows, int row0, int ksteps, size_t ystride)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ __align__(1024) unsigned char gwq_raw[];
@@ -1886,26 +1682,16 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
         if (nx < nks) gwq_issue<UP>(sm.s[nx % GWQ_ST], xq, t0, t1, wa, wb, r0, rows, k, (ks0 + nx) * GWQ_BK, row0);
         asm volatile("cp.async.commit_group;\n" ::);
         const gwq_stage &st = sm.s[it % GWQ_ST];
-        if (fine) { /* DSV3_CUDA_WGMMA_Q=2: each 32-code product into the float32 sums on its own */
+        /* each 32-code product (16 pairs an instruction) into the float32 sums on its own */
+        #pragma unroll
+        for (int kk = 0; kk < GWQ_BK / 2; kk += 16) {
+            asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+            gwq_mma(part, gr_desc(&st.a[kk]), gr_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk]), 0);
+            asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
             #pragma unroll
-            for (int kk = 0; kk < GWQ_BK / 2; kk += 16) {
-                asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-                gwq_mma(part, gr_desc(&st.a[kk]), gr_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk]), 0);
-                asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-                asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-                #pragma unroll
-                for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
-            }
-            continue;
+            for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
         }
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-        #pragma unroll
-        for (int kk = 0; kk < GWQ_BK / 2; kk += 16) /* 32 codes = 16 pairs an instruction */
-            gwq_mma(part, gr_desc(&st.a[kk]), gr_desc(&st.b[wg * 64 * GWQ_BK / 2 + kk]), kk);
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        #pragma unroll
-        for (int i = 0; i < 32; i++) acc[i] += fx[(i / 2) % 2] * part[i];
     }
     asm volatile("cp.async.wait_group 0;\n" ::);
     __syncthreads(); /* the stages are done with: the tile goes where they were */
@@ -1915,12 +1701,12 @@ gwq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *
 #endif
 }
 
-/* Whether gwq_kernel is asked for (DSV3_CUDA_WGMMA_Q) and can run here (an sm_90a
+/* Whether gwq_kernel is asked for (tuning fp8_wgmma) and can run here (an sm_90a
  * image; gw_probe_kernel), with its shared memory granted. */
 static bool gwq_ready(void)
 {
     static bool done;
-    return cu_v.wgmma_q && gw_image() && gk_smem(&done, gwq_kernel<true>, gwq_kernel<false>, sizeof(gwq_smem) + 1024);
+    return cu_tune.fp8_wgmma && gw_image() && gk_smem(&done, gwq_kernel<true>, gwq_kernel<false>, sizeof(gwq_smem) + 1024);
 }
 
 static bool gq_ready(void)
@@ -1948,7 +1734,7 @@ bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu
     if (ok) {
         if (wq)
             gwq_kernel<false><<<grid, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
-                                                                           ny, cu_v.wgmma_q == 2);
+                                                                           ny);
         else
             gq_kernel<false><<<grid, GG_THREADS, sizeof(gq_smem), cu_s>>>(part, xq, xs, dt, tab, NULL, k, rows, row0, per,
                                                                          ny);
@@ -1976,14 +1762,14 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
         cu_act_quant_rows(x, list, total, nk, dim, xq, xs, ue8m0);
         if (wq)
             gwq_kernel<true><<<gu, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
-                                                                         (dim + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
+                                                                         (dim + GWQ_BK - 1) / GWQ_BK, 0);
         else
             gq_kernel<true><<<gu, GG_THREADS, sizeof(gq_smem), cu_s>>>(h, xq, xs, tiles, tab, tab + ne, dim, inter, 0,
                                                                        (dim + GF_BK - 1) / GF_BK, 0);
         cu_act_quant_rows(h, NULL, total, nk, inter, hq, hs, ue8m0);
         if (wq)
             gwq_kernel<false><<<gd, GG_THREADS, sizeof(gwq_smem) + 1024, cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
-                                                                          dim, 0, (inter + GWQ_BK - 1) / GWQ_BK, 0, cu_v.wgmma_q == 2);
+                                                                          dim, 0, (inter + GWQ_BK - 1) / GWQ_BK, 0);
         else
             gq_kernel<false><<<gd, GG_THREADS, sizeof(gq_smem), cu_s>>>(ys, hq, hs, tiles, tab + 2 * ne, NULL, inter,
                                                                         dim, 0, (inter + GF_BK - 1) / GF_BK, 0);

@@ -329,8 +329,7 @@ __device__ __forceinline__ void cu_split_factors(float *fz, float *red, const fl
  * before it reads or writes anything an earlier kernel touches (and before any
  * return), then cu_pdl_launch() to let its own dependent start; work on
  * constant data (weight addresses, L2 prefetch of weights) may come first.
- * Both are no-ops in a kernel launched without the attribute. DSV3_CUDA_PDL=0
- * launches without it (cu_pdl reads the variable once). */
+ * Both are no-ops in a kernel launched without the attribute. */
 __device__ __forceinline__ void cu_pdl_wait(void)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -489,138 +488,11 @@ __device__ __forceinline__ void cu_prefetch_lane_l2(const void *p, size_t bytes,
     for (c += (size_t)t * 128; c < end; c += (size_t)nthr * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(c));
 }
 
-/* Stage 7's changes, each on unless its environment variable is 0 (read by
- * cuda_backend() and cuda_reload_variants()): pdl DSV3_CUDA_PDL (PDL launches),
- * gemv2 DSV3_CUDA_GEMV2 (one row per block for short matrices, L2 prefetch),
- * moe_dedup DSV3_CUDA_MOE_DEDUP (2..8 tokens: each chosen expert read once by one
- * block; off unless set to 1: slower, see NOTES.md), attn2 DSV3_CUDA_ATTN2 (decode
- * attention: positions per warp step, 1 as stage 6 unless set to 2 or 4), comb2
- * DSV3_CUDA_COMBINE2 (split combine with 4 x 64 threads per slice; on unless 0),
- * moe_swap DSV3_CUDA_MOE_SWAP (2..8 tokens: pairs fastest in the MoE grids),
- * gemv_w8 DSV3_CUDA_GEMV8W (gemv blocks of 8 warps), heads2 DSV3_CUDA_HEADS2
- * (per-head decode products with 16-byte loads / more warps).
- * Stage 8 (fewer kernels per decode step; measured in src/backend/cuda/NOTES.md):
- * moe_shared DSV3_CUDA_MOE_SHARED (the shared experts inside the grouped MoE kernels),
- * many DSV3_CUDA_MANY (matmul_many: the gemvs of several weights over one input in one
- * launch), heads_pf DSV3_CUDA_HEADS_PF (per-head decode products start their weight rows
- * towards L2 before waiting for the previous kernel), attn_hg DSV3_CUDA_ATTN_HG (decode
- * attention with 4 heads per block sharing each cache row), mla_pro DSV3_CUDA_MLA_PRO
- * (mla_prologue: kv_norm, k_pe and q_pe rotations in one launch; 0: three), norm4
- * DSV3_CUDA_NORM4 (rmsnorm_rows with the row in registers, float4 loads), attn_direct
- * DSV3_CUDA_ATTN_DIRECT (attn_hg_kernel writes the output of a token whose positions all
- * lie in the first split; the combine skips it), gate DSV3_CUDA_GATE (gate product and
- * routing in one launch; on since stage 11): on unless 0. comb3 DSV3_CUDA_COMBINE3 (the
- * last split block of a (token, head) merges the splits, no combine launch) and attn_pf
- * DSV3_CUDA_ATTN_PF (attn_hg_kernel starts its cache rows towards L2 before the wait):
- * off unless 1, each measured slower. */
-struct cu_variants {
-    int pdl, gemv2, moe_dedup, attn2, moe_swap, gemv_w8, heads2, comb2;
-    int comb3, moe_shared, gate, many, heads_pf, attn_hg, mla_pro, norm4, attn_pf, attn_direct;
-    int hg_chunk; /* DSV3_CUDA_HG_CHUNK: least positions per attn_hg_kernel split (64 with HG_DEPTH 2, else 32; 8 at least) */
-    int moe_down256; /* DSV3_CUDA_MOE_DOWN256: moe_down blocks of 256 threads (1 all, 0 none; unset:
-                      * BF16 / F32 weights, not FP8) */
-    int scratch_fill; /* DSV3_CUDA_SCRATCH_FILL: what cu_alloc fills scratch with (cuda_mem.cu; stage 9) */
-    int moe_devsort; /* DSV3_CUDA_MOE_DEVSORT: prefill's routing grouped per expert on the device,
-                      * no download per MoE layer (stage 9; on unless 0) */
-    int moe_shfirst; /* DSV3_CUDA_MOE_SHFIRST: moe_up's shared-expert blocks first (off unless 1:
-                      * BF16 batch 1 3.09 -> 3.07 ms, FP8 unchanged) */
-    int evf; /* DSV3_CUDA_EVF: the routed experts' weights loaded evict-first (ld.global.cs), so
-              * that streaming them leaves the L2 lines other kernels start early (shared experts,
-              * per-head and short gemv weights) in place; on unless 0 (stage 9, NOTES.md) */
-    int moe_warp; /* DSV3_CUDA_MOE_WARP: the decode MoE kernels with loads ahead of the arithmetic
-                   * (stage 10, cuda_moe.cu): bits 1 moe_up by warps, 2 / 4 moe_down one / two items
-                   * ahead; unset (-1): 1 | 4 at one token, 1 | 2 at more; 0: the stage-9 kernels */
-    int hg_depth; /* DSV3_CUDA_HG_DEPTH: cache rows attn_hg_kernel's warps load ahead of the one used
-                   * (2 since stage 10, then HG_CHUNK defaults to 64; 1: 32) */
-    int gemv_mma; /* DSV3_CUDA_GEMV_MMA (stage 12): products of 2..8 tokens with FP8 / BF16 weights
-                   * on the tensor cores (gemv_mma_kernel) */
-    int moe_early; /* DSV3_CUDA_MOE_EARLY (stage 11): moe_up_warp_kernel computes the shared experts'
-                    * tiles whole before its PDL wait, while the routing runs (on unless 0: BF16
-                    * batch 1 2.173 -> 2.122 ms) */
-    int preload; /* DSV3_CUDA_PRELOAD (stage 11): bit 1 the decode gemv and heads_vec kernels load
-                  * their first pass of weights into registers before the PDL wait (was: towards
-                  * L2 only); bit 2 heads_t_kernel's warps keep 8 rows' loads in flight (up to 4
-                  * tokens); default 3. BF16 batch 1 2.138 -> 2.089 ms, FP8 1.950 -> 1.912 */
-    int attend; /* DSV3_CUDA_ATTEND (stage 12): mla_attend takes steps whose pos_bound is at most
-                 * this (0: never) */
-    int attend_n; /* DSV3_CUDA_ATTEND_N: and of at most this many tokens (default 1: a cluster per
-                   * token and head re-reads the weights, FP8 batch 8 7.6 -> 7.9 ms) */
-    int wgmma; /* DSV3_CUDA_WGMMA: prefill's grouped experts and dense FP8 products on warpgroup
-                * MMA where the build has sm_90a code: 2 (the default since session 19) gr_kernel,
-                * the weights from registers; 1 gw_kernel (stage 13, slower than gf_kernel); 0
-                * gf_kernel (mma.sync), as everywhere without sm_90a code */
-    int attn_tc; /* DSV3_CUDA_ATTN_TC (stage 14): decode attention in the absorb form on the tensor
-                  * cores (attn_tc_kernel) where it fits; on unless 0 */
-    int tc_tiles; /* DSV3_CUDA_TC_TILES: 32-position tiles per attn_tc_kernel split (0: about one
-                   * block per SM, two tiles at least) */
-    int fp8mma; /* DSV3_CUDA_FP8MMA (stage 15): with gemm_impl fp8 and FP8 weights, products of 16 or
-                 * more tokens on the FP8 tensor cores (gq_kernel); on unless 0 */
-    int wgmma_q; /* DSV3_CUDA_WGMMA_Q (stage 16): the FP8 GEMM path's products on wgmma (gwq_kernel)
-                  * where the GPU took an sm_90a image, each 32-code product added to the float32
-                  * sums (2, the default), or each 128-code step's (1: as the reference's Triton
-                  * kernel on Hopper, ~3% faster, ~3x the error); 0: gq_kernel */
-    int ksplit; /* DSV3_CUDA_KSPLIT: k splits of the dense prefill products by whole waves
-                 * (gf_ksplit); 0: enough splits for two blocks per SM (stage 13) */
-    int heads_t3; /* DSV3_CUDA_HEADS_T3 (stage 19): matmul_heads_t of 1..8 tokens by heads_t3_kernel
-                   * (weights in registers before the wait, every token in one pass); on unless 0 */
-    int gate_cl; /* DSV3_CUDA_GATE_CL (stage 19): the gate and routing by one cluster of 8 blocks
-                  * (gate_cluster_kernel) where the gate fits in its registers; on unless 0 */
-    int moe_xs; /* DSV3_CUDA_MOE_XS (stage 20): moe_up_warp_kernel reads x from a copy in shared
-                 * memory (each block copies it once) at up to this many tokens (unset: 1 for FP8
-                 * weights, 0 for others); 0: from L2 */
-    int nfold; /* DSV3_CUDA_NFOLD (stage 20): matmul_many_normed / matmul_carry taken at one token
-                * (unset: BF16 weights only; 0 never; 1 FP8 too) */
-    int lo8; /* DSV3_CUDA_LO8 (session 20): gr_kernel's products with FP8 weights take the
-              * activations as f16 hi + e4m3 lo, the lo products on the FP8 tensor cores; on
-              * unless 0 (then f16 hi + f16 lo) */
-    int shared_gr; /* DSV3_CUDA_SHARED_GR (session 20): a prefill's shared experts on the
-                    * grouped kernels as one expert of every token (w1 and w3 in one launch):
-                    * unset FP8 weights only, 1 BF16 too, 0 never (three products, silu_mul) */
-    int expand; /* DSV3_CUDA_EXPAND (session 21): mla_attend takes contiguous passes of at
-                 * least this many tokens (and 16) in the expanded form (cu_mla_expanded) where
-                 * it counts fewer multiply-adds; -N: from N tokens always (tests); 0 never */
-    int attend_long; /* DSV3_CUDA_ATTEND_LONG (session 22): mla_attend takes steps of up to this
-                      * many tokens (8 at most; default 1, 0 never) deeper than DSV3_CUDA_ATTEND as
-                      * q_c (heads_t), attn_tc_kernel's splits and one cluster launch that merges
-                      * them and applies W_v (attend_merge_kernel). FP8 16B batch 8 at depth 4096
-                      * took 6.71 / 6.73 ms with it against 6.42 / 6.43 without */
-    int attend_c; /* DSV3_CUDA_ATTEND_C: blocks per cluster of attend_merge_kernel (2, 4; else 8) */
-    int shared_merge; /* DSV3_CUDA_SHARED_MERGE (session 23): a prefill's shared experts as
-                       * pseudo-experts of the routed experts' width in the routed experts'
-                       * grouped launches (gr_kernel; moe_experts_dev): unset FP8 weights, and
-                       * BF16 ones in passes of up to 1024 tokens (session 24); 1 always, 0 never */
-    int flash; /* DSV3_CUDA_FLASH (session 23): the expanded form's scores, softmax and values in
-                * one launch (flash_kernel, cuda_flash.cu) where its head sizes are compiled
-                * in: 2 (default) on warpgroup MMA where the device runs sm_90a code and the
-                * sizes are multiples of 64, else on mma.sync; 1 on mma.sync always; 0 cuBLAS
-                * products and a softmax launch per chunk */
-    int flash_kc; /* DSV3_CUDA_FLASH_KC: flash_kernel's chunks of key tiles at least this long
-                   * (default 4) */
-    int alloc_max; /* DSV3_CUDA_ALLOC_MAX (tests): cu_alloc fails, as on a full device, for a new
-                    * block of more than this many MiB; 0 (default) no limit */
-    int xrow; /* DSV3_CUDA_XROW (session 24): the routed experts' up product (gr_kernel) reads
-               * x's split rows by token through a row -> token map, x split once per token;
-               * on unless 0 (then a split copy of x per (token, expert) row) */
-    int gate_tile; /* DSV3_CUDA_GATE_TILE (stage 28): 9 to 1024 tokens of a small gate (E x k up
-                    * to 2^18) and their routing in one launch on the CUDA cores, float32
-                    * (gate_tile_kernel); on unless 0 (then split + two cuBLAS products + route) */
-    int combine4; /* DSV3_CUDA_COMBINE4 (session 26): a prefill's MoE combine four columns a
-                   * thread, every pair's row load in flight (moe_combine_kernel<float4>); on
-                   * unless 0 (then one column a thread) */
-    int flash_q; /* DSV3_CUDA_FLASH_Q (session 27): query rows a block of the warpgroup form
-                  * takes: 128 (two warpgroups sharing key and value tiles of 64; the default)
-                  * or 64 (one warpgroup, tiles of 32 keys) */
-    int flash_pp; /* DSV3_CUDA_FLASH_PP (session 27): two-warpgroup blocks order their products
-                   * by named barriers (ping-pong: each warpgroup's softmax under the other's
-                   * products); on unless 0 */
-};
-extern cu_variants cu_v;
-static inline bool cu_pdl(void) { return cu_v.pdl != 0; }
-/* The integer value of environment variable name, def when unset or empty. */
-int cu_env_flag(const char *name, int def);
+/* The tuning in force (cuda_backend_set_tuning; cuda_backend.h says what each field does). */
+extern cuda_tuning cu_tune;
 
-/* kernel<<<g, b, smem, cu_s>>>(args...) with the PDL attribute when cu_pdl(), in thread
- * block clusters of cx blocks along x when cx > 1 (sm_90). */
+/* kernel<<<g, b, smem, cu_s>>>(args...) with the PDL attribute, in thread block clusters
+ * of cx blocks along x when cx > 1 (sm_90). */
 template <typename... P, typename... A>
 static inline void cu_launch_cluster(void (*kernel)(P...), dim3 g, dim3 b, unsigned cx, size_t smem, A... args)
 {
@@ -633,11 +505,9 @@ static inline void cu_launch_cluster(void (*kernel)(P...), dim3 g, dim3 b, unsig
         at[na].val.clusterDim.z = 1;
         na++;
     }
-    if (cu_pdl()) {
-        at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        at[na].val.programmaticStreamSerializationAllowed = 1;
-        na++;
-    }
+    at[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[na].val.programmaticStreamSerializationAllowed = 1;
+    na++;
     cudaLaunchConfig_t c = {};
     c.gridDim = g;
     c.blockDim = b;

@@ -172,8 +172,8 @@ void *cu_alloc(size_t bytes)
         p = g_blk[best].p;
     } else {
         size_t cap = (bytes + 4095) & ~(size_t)4095;
-        /* DSV3_CUDA_ALLOC_MAX=N (tests): a new block over N MiB fails as a full device would */
-        bool over = cu_v.alloc_max > 0 && cap > (size_t)cu_v.alloc_max << 20;
+        /* alloc_max_mib (tests): a new block over that fails as on a full device */
+        bool over = cu_tune.alloc_max_mib > 0 && cap > (size_t)cu_tune.alloc_max_mib << 20;
         if (over || cudaMalloc(&p, cap) != cudaSuccess) {
             cudaGetLastError();
             pool_trim();
@@ -195,11 +195,11 @@ void *cu_alloc(size_t bytes)
         best = (size_t)blk_find(p);
     }
     g_blk[best].graph = g_capturing;
-    /* DSV3_CUDA_SCRATCH_FILL: 0 (default) left as it is: a memset node between two kernels
-     * of a captured step costs more than most kernels and breaks their PDL overlap (stage
-     * 9: batch-1 decode 2.97 -> 2.36 ms); 1 zeroed; -1 NaN bytes, so that a test shows
+    /* scratch_fill: 0 (default) left as it is: a memset node between two kernels of a
+     * captured step costs more than most kernels and breaks their PDL overlap (batch-1
+     * decode 2.97 -> 2.36 ms without them); 1 zeroed; -1 NaN bytes, so that a test shows
      * whether any reader relies on what it did not write */
-    int z = cu_v.scratch_fill;
+    int z = cu_tune.scratch_fill;
     if (z && !cu_check(cudaMemsetAsync(p, z > 0 ? 0 : 0xff, bytes, cu_s), "alloc: memset")) return NULL;
     return p;
 }
@@ -207,7 +207,7 @@ void *cu_alloc(size_t bytes)
 void *cu_alloc_zeroed(size_t bytes)
 {
     void *p = cu_alloc(bytes);
-    if (p && !g_test_mode && cu_v.scratch_fill <= 0 &&
+    if (p && !g_test_mode && cu_tune.scratch_fill <= 0 &&
         !cu_check(cudaMemsetAsync(p, 0, bytes ? bytes : 256, cu_s), "alloc: memset"))
         return NULL;
     return p;

@@ -247,14 +247,10 @@ __device__ __forceinline__ void moe_up_tile(float *out, const float *xr, const c
 template <int F>
 __global__ void __launch_bounds__(MOE_THREADS)
 moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx, int e0,
-              int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp,
-              bool shared_first, bool evf)
+              int ne, const cu_weight *__restrict__ tab, int k, int inter, bool swap, moe_shared_p sp, bool evf)
 {
     unsigned b = blockIdx.x, nk = (unsigned)(n * K), tu = (unsigned)(inter + MOE_RW - 1) / MOE_RW;
-    unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW, nsb = (unsigned)n * tus;
-    /* shared_first (DSV3_CUDA_MOE_SHFIRST): the shared blocks take the lowest indices, so
-     * they are resident (and prefetching) while the routing kernel runs */
-    if (shared_first) b = b < nsb ? nk * tu + b : b - nsb;
+    unsigned tus = (unsigned)(sp.inter + MOE_RW - 1) / MOE_RW;
     if (b >= nk * tu) { /* shared experts */
         b -= nk * tu;
         int t = (int)(swap ? b % n : b / tus), r0 = (int)(swap ? b / n : b % tus) * MOE_RW;
@@ -272,56 +268,6 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, 
     int p = (int)(swap ? b % nk : b / tu), r0 = (int)(swap ? b / nk : b % tu) * MOE_RW, e = idx[p] - e0;
     if (e < 0 || e >= ne) return;
     moe_up_tile<F>(h + (size_t)p * inter, x + (size_t)(p / K) * k, tab[e], tab[ne + e], k, inter, r0, evf);
-}
-
-/* y[t][r] = sum_k wt[t*K + k] * (w2_e[r] . h[t*K + k]) over local experts e, plus
- * (sp.w2[r] . sp.h[t]) when sp.inter; grid (row tiles, n) (swapped when swap).
- * The (expert, 16-byte chunk) pairs of all K experts and the shared chunks are
- * spread over the block's threads at once (one block sum at the end), so that short
- * rows (inter = 1408 BF16: 176 chunks) keep every thread loading; the sum order is
- * fixed (deterministic). */
-template <int F, int TH = MOE_THREADS>
-__global__ void __launch_bounds__(TH)
-moe_down_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
-                const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter, int dim,
-                bool swap, moe_shared_p sp, bool evf)
-{
-    constexpr int E = 16 / cu_wsize<F>::v;
-    __shared__ float red[TH / 32][MOE_RW];
-    int t = swap ? blockIdx.x : blockIdx.y, r0 = (swap ? blockIdx.y : blockIdx.x) * MOE_RW, nch = inter / E;
-    int nr = K * nch, ns = sp.inter / E;
-    size_t base[MOE_RW], bs[MOE_RW];
-    int row[MOE_RW];
-    #pragma unroll
-    for (int rr = 0; rr < MOE_RW; rr++) {
-        row[rr] = min(r0 + rr, dim - 1);
-        base[rr] = (size_t)row[rr] * inter;
-        bs[rr] = (size_t)row[rr] * sp.inter;
-    }
-    if (ns) cu_prefetch_l2((const uint8_t *)sp.w2.data + bs[0] * cu_wsize<F>::v,
-                           (size_t)min(MOE_RW, dim - r0) * sp.inter * cu_wsize<F>::v);
-    cu_pdl_wait();
-    cu_pdl_launch();
-    float acc[MOE_RW] = {};
-    for (int it = threadIdx.x; it < nr + ns; it += TH) {
-        float xv[E], part[MOE_RW] = {}, wk = 1.0f;
-        if (it < nr) {
-            int kk = it / nch, c = (it % nch) * E, p = t * K + kk, e = idx[p] - e0;
-            if (e < 0 || e >= ne) continue;
-            cu_weight w2 = tab[2 * ne + e];
-            moe_xload<E>(h + (size_t)p * inter + c, xv);
-            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c, evf);
-            wk = wt[p];
-        } else {
-            int c = (it - nr) * E;
-            moe_xload<E>(sp.h + (size_t)t * sp.inter + c, xv);
-            moe_dot_chunk<F>(part, xv, sp.w2.data, sp.w2.scale, bs, row, sp.inter, c);
-        }
-        #pragma unroll
-        for (int rr = 0; rr < MOE_RW; rr++) acc[rr] += wk * part[rr];
-    }
-    float out = moe_block_sum<MOE_RW, TH / 32>(acc, red); /* thread rr < MOE_RW: row r0 + rr */
-    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
 /* ---- stage 10 (DSV3_CUDA_MOE_WARP): the decode MoE kernels with their loads in flight
@@ -654,12 +600,12 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
     static int gu_max[MOE_GROUPED_MAX + 1]; /* [0]: x from L2; [n]: x in shared memory */
     const int wpb = MW_THREADS / 32;
     long up_items = (long)n * cu_blocks((size_t)sp.inter, MW_RW) + (long)n * K * cu_blocks((size_t)inter, MW_RW);
-    /* DSV3_CUDA_MOE_XS (stage 20): x in shared memory at up to that many tokens (16-byte rows,
-     * 227 KB at most); unset: 1 for FP8 weights, 0 otherwise. FP8 batch 1 1.410 / 1.406 ->
-     * 1.402 / 1.395 ms; BF16 1.806 / 1.806 -> 1.822 / 1.819; FP8 at 8 tokens (64 KB a block,
-     * 3 blocks per SM instead of 4) 5.43 / 5.49 -> 5.80 / 5.70 */
+    /* x in shared memory (each block copies it once; 16-byte rows, 227 KB at most) for one
+     * token with FP8 weights: FP8 batch 1 1.410 / 1.406 -> 1.402 / 1.395 ms; not BF16 (1.806 /
+     * 1.806 -> 1.822 / 1.819) nor 8 tokens (64 KB a block, 3 blocks per SM instead of 4: FP8
+     * 5.43 / 5.49 -> 5.80 / 5.70) */
     size_t xs_bytes = sizeof(float) * (size_t)n * dim;
-    int xs_max = cu_v.moe_xs < 0 ? (F == DS_W_FP8 ? 1 : 0) : cu_v.moe_xs;
+    int xs_max = F == DS_W_FP8 ? 1 : 0;
     bool xsm = n <= xs_max && n <= MOE_GROUPED_MAX && dim % 4 == 0 && (uintptr_t)x % 16 == 0 &&
                xs_bytes <= 227 * 1024;
     if (xsm && xs_bytes > 48 * 1024) {
@@ -674,229 +620,33 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
     }
     unsigned gu = mw_grid(moe_up_warp_kernel<F, 4>, &gu_max[xsm ? n : 0], (up_items + wpb - 1) / wpb,
                           xsm ? xs_bytes : 0);
-    bool evf = cu_v.evf != 0;
+    const bool evf = true;
     unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
-    /* DSV3_CUDA_MOE_WARP bits: 1 moe_up by warps, 2 moe_down one item ahead, 4 two ahead;
-     * unset: 1 | 4 at one token, 1 | 2 at more (two ahead costs registers, and with them
-     * resident blocks, when the grid is n times larger: FP8 batch 8 7.95 -> 8.15 ms). moe_up
-     * keeps 4 blocks per SM: the FP8 kernel spills 20 bytes at that, but 3 blocks with the
-     * registers to spare measured slower (stage 11: FP8 batch 1 1.885 -> 1.91 ms) */
-    int v = cu_v.moe_warp < 0 ? 1 | (n == 1 ? 4 : 2) : cu_v.moe_warp;
-    if (up_items + (long)gu * wpb > INT_MAX) v &= ~1; /* its item counts are ints */
+    /* v bits: 1 moe_up by warps (moe_up_kernel, one 4-row tile a block, where its item
+     * counts would pass an int), 2 moe_down one item ahead, 4 two ahead: two ahead at one
+     * token only (it costs registers, and with them resident blocks, when the grid is n times
+     * larger: FP8 batch 8 7.95 -> 8.15 ms). moe_up keeps 4 blocks per SM: the FP8 kernel
+     * spills 20 bytes at that, but 3 blocks with the registers to spare measured slower (FP8
+     * batch 1 1.885 -> 1.91 ms) */
+    int v = 1 | (n == 1 ? 4 : 2);
+    if (up_items + (long)gu * wpb > INT_MAX) v &= ~1;
     /* early reads x before its wait: not when the launch just before wrote it (q) */
     if (v & 1)
         cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, xsm ? xs_bytes : 0, h, x, n, K, idx, e0, ne, tab, dim,
-                  inter, sp, evf, cu_v.moe_early != 0 && !q.on, xsm);
+                  inter, sp, evf, !q.on, xsm);
     else
         cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
-                  MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, false, evf);
+                  MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, evf);
     moe_fq_h(q, h, n * K, inter, sp, n);
     dim3 gdb = n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
-    /* DSV3_CUDA_MOE_DOWN256=1: 256 threads per block. Unlike the stage-9 kernel, 128 for every
-     * format by default: BF16 batch 1 2.364 / 2.365 ms with 256 against 2.323 / 2.324 with 128 */
-    bool th256 = cu_v.moe_down256 > 0;
-    if ((v & 4) && th256)
-        cu_launch(moe_down_pipe_kernel<F, 2, 256>, gdb, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1, sp,
-                  evf);
-    else if (v & 4)
+    /* 128 threads a block for every format: BF16 batch 1 2.364 / 2.365 ms with 256 against
+     * 2.323 / 2.324 with 128 */
+    if (v & 4)
         cu_launch(moe_down_pipe_kernel<F, 2, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
                   dim, n > 1, sp, evf);
-    else if ((v & 2) && th256)
-        cu_launch(moe_down_pipe_kernel<F, 1, 256>, gdb, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, n > 1, sp,
-                  evf);
-    else if (v & 2)
+    else
         cu_launch(moe_down_pipe_kernel<F, 1, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
                   dim, n > 1, sp, evf);
-    else
-        cu_launch(moe_down_kernel<F>, n > 1 ? dim3((unsigned)n, td) : dim3(td, (unsigned)n), MOE_THREADS, 0, y, h, K,
-                  idx, wt, e0, ne, tab, inter, dim, n > 1, sp, evf);
-}
-
-/* ---- 2..8 tokens (stage 7): each chosen expert's rows stream once per step.
- * Eight tokens pick ~35 distinct of 64 experts for 48 (token, k) pairs, and the
- * kernels above read an expert once per pair. */
-
-/* up: grid (row tiles, n*K) as moe_up_kernel, but only the block of the first pair
- * naming an expert works: it applies the expert's rows to every token that chose it
- * (the repeated 16-byte loads of a chunk hit L1) and writes h of each such pair. */
-template <int F, int NT>
-__global__ void __launch_bounds__(MOE_THREADS)
-moe_up_dedup_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
-                    int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    constexpr int E = 16 / cu_wsize<F>::v;
-    __shared__ float red[MOE_THREADS / 32][2 * MOE_RW * NT];
-    __shared__ int sp[NT];
-    int p = blockIdx.y, ie = idx[p], e = ie - e0, r0 = blockIdx.x * MOE_RW;
-    if (e < 0 || e >= ne) return;
-    for (int q = 0; q < p; q++)
-        if (idx[q] == ie) return; /* an earlier pair's block does this expert */
-    if (threadIdx.x < NT) {
-        int t = threadIdx.x, at = -1;
-        if (t < n)
-            for (int kk = 0; kk < K; kk++)
-                if (idx[t * K + kk] == ie) {
-                    at = t * K + kk;
-                    break;
-                }
-        sp[t] = at;
-    }
-    __syncthreads();
-    int pt[NT];
-    #pragma unroll
-    for (int t = 0; t < NT; t++) pt[t] = sp[t];
-    cu_weight w1 = tab[e], w3 = tab[ne + e];
-    size_t base[MOE_RW];
-    int row[MOE_RW];
-    #pragma unroll
-    for (int rr = 0; rr < MOE_RW; rr++) {
-        row[rr] = min(r0 + rr, inter - 1);
-        base[rr] = (size_t)row[rr] * k;
-    }
-    float acc[NT][2 * MOE_RW] = {};
-    for (int c = threadIdx.x * E; c < k; c += MOE_THREADS * E) {
-        #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (pt[t] < 0) continue;
-            float xv[E];
-            moe_xload<E>(x + (size_t)t * k + c, xv);
-            moe_dot_chunk<F>(acc[t], xv, w1.data, w1.scale, base, row, k, c);
-            moe_dot_chunk<F>(acc[t] + MOE_RW, xv, w3.data, w3.scale, base, row, k, c);
-        }
-    }
-    /* value t * 2 * MOE_RW + j (j < MOE_RW: w1 row j, else w3 row j - MOE_RW) to thread of that index */
-    float s = moe_block_sum<2 * MOE_RW * NT>(&acc[0][0], red);
-    __syncthreads();
-    float *sh = &red[0][0];
-    if (threadIdx.x < 2 * MOE_RW * NT) sh[threadIdx.x] = s;
-    __syncthreads();
-    for (int o = threadIdx.x; o < MOE_RW * NT; o += blockDim.x) {
-        int t = o / MOE_RW, rr = o % MOE_RW, at = sp[t];
-        if (at < 0 || r0 + rr >= inter) continue;
-        float a = sh[t * 2 * MOE_RW + rr], g = sh[t * 2 * MOE_RW + MOE_RW + rr];
-        h[(size_t)at * inter + r0 + rr] = a / (1.0f + expf(-a)) * g;
-    }
-}
-
-/* down: one block per 4-row tile of dim for every token. The distinct local experts
- * of the step are listed in shared memory (in order of first pair) with each token's
- * pair; the (expert, 16-byte chunk) items are spread over the threads, each w2 chunk
- * applied to every token that chose the expert. y[t] of a token with no local expert is 0. */
-#define MOE_PAIRS_MAX 64
-static bool moe_dedup_on(int n, int K) { return cu_v.moe_dedup && n > 1 && n * K <= MOE_PAIRS_MAX; }
-
-template <int F, int NT>
-__global__ void __launch_bounds__(MOE_THREADS)
-moe_down_dedup_kernel(float *__restrict__ y, const float *__restrict__ h, int n, int K, const int *__restrict__ idx,
-                      const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter,
-                      int dim)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    constexpr int E = 16 / cu_wsize<F>::v;
-    __shared__ float red[MOE_THREADS / 32][MOE_RW * NT];
-    __shared__ int ue[MOE_PAIRS_MAX], up[MOE_PAIRS_MAX][NT], nu_s;
-    int nk = n * K, r0 = blockIdx.x * MOE_RW, nch = inter / E;
-    if (threadIdx.x < 32) { /* first pairs naming a local expert, compacted in pair order */
-        int base_u = 0;
-        for (int p0 = 0; p0 < nk; p0 += 32) {
-            int p = p0 + threadIdx.x, ie = p < nk ? idx[p] : -1;
-            bool first = p < nk && ie - e0 >= 0 && ie - e0 < ne;
-            for (int q = 0; first && q < p; q++)
-                if (idx[q] == ie) first = false;
-            unsigned m = __ballot_sync(0xffffffffu, first);
-            if (first) ue[base_u + __popc(m & ((1u << threadIdx.x) - 1))] = ie;
-            base_u += __popc(m);
-        }
-        if (threadIdx.x == 0) nu_s = base_u;
-    }
-    __syncthreads();
-    int nu = nu_s;
-    for (int o = threadIdx.x; o < nu * NT; o += blockDim.x) {
-        int u = o / NT, t = o % NT, at = -1;
-        if (t < n)
-            for (int kk = 0; kk < K; kk++)
-                if (idx[t * K + kk] == ue[u]) {
-                    at = t * K + kk;
-                    break;
-                }
-        up[u][t] = at;
-    }
-    __syncthreads();
-    size_t base[MOE_RW];
-    int row[MOE_RW];
-    #pragma unroll
-    for (int rr = 0; rr < MOE_RW; rr++) {
-        row[rr] = min(r0 + rr, dim - 1);
-        base[rr] = (size_t)row[rr] * inter;
-    }
-    float acc[NT][MOE_RW] = {};
-    for (int it = threadIdx.x; it < nu * nch; it += MOE_THREADS) {
-        int u = it / nch, c = (it % nch) * E;
-        cu_weight w2 = tab[2 * ne + ue[u] - e0];
-        #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            int at = up[u][t];
-            if (at < 0) continue;
-            float xv[E], part[MOE_RW] = {};
-            moe_xload<E>(h + (size_t)at * inter + c, xv);
-            moe_dot_chunk<F>(part, xv, w2.data, w2.scale, base, row, inter, c);
-            float wk = wt[at];
-            #pragma unroll
-            for (int rr = 0; rr < MOE_RW; rr++) acc[t][rr] += wk * part[rr];
-        }
-    }
-    float out = moe_block_sum<MOE_RW * NT>(&acc[0][0], red); /* thread t * MOE_RW + rr */
-    int t = threadIdx.x / MOE_RW, rr = threadIdx.x % MOE_RW;
-    if (threadIdx.x < MOE_RW * NT && t < n && r0 + rr < dim) y[(size_t)t * dim + r0 + rr] = out;
-}
-
-template <int F, int NT>
-static void moe_dedup(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                      const cu_weight *tab, int dim, int inter, float *h, moe_fq q)
-{
-    dim3 gu(cu_blocks((size_t)inter, MOE_RW), (unsigned)(n * K)), gd(cu_blocks((size_t)dim, MOE_RW));
-    cu_launch(moe_up_dedup_kernel<F, NT>, gu, MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter);
-    moe_fq_h(q, h, n * K, inter, moe_shared_p{}, n);
-    cu_launch(moe_down_dedup_kernel<F, NT>, gd, MOE_THREADS, 0, y, h, n, K, idx, wt, e0, ne, tab, inter, dim);
-}
-
-template <int F>
-static void moe_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                        const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp, moe_fq q)
-{
-    if (moe_dedup_on(n, K)) { /* DSV3_CUDA_MOE_DEDUP=0: as stage 6 (never given shared experts) */
-        if (n == 2) moe_dedup<F, 2>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
-        else if (n <= 4) moe_dedup<F, 4>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
-        else moe_dedup<F, 8>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, q);
-        return;
-    }
-    if (cu_v.moe_warp) {
-        moe_warp<F>(y, x, n, K, idx, wt, e0, ne, tab, dim, inter, h, sp, q);
-        return;
-    }
-    /* stage 7 (swap, 2..8 tokens): the pairs (up) or tokens (down) vary fastest in the
-     * grid, so the blocks of every pair reading the same rows of an expert run together
-     * and the repeats come from L2 (8 tokens: ~35 distinct experts for 48 pairs) */
-    bool swap = cu_v.moe_swap && n > 1;
-    unsigned tu = cu_blocks((size_t)inter, MOE_RW), td = cu_blocks((size_t)dim, MOE_RW);
-    unsigned gu = (unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW);
-    dim3 gd = swap ? dim3((unsigned)n, td) : dim3(td, (unsigned)n);
-    cu_launch(moe_up_kernel<F>, dim3(gu), MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, swap, sp,
-              cu_v.moe_shfirst != 0, cu_v.evf != 0);
-    moe_fq_h(q, h, n * K, inter, sp, n);
-    /* DSV3_CUDA_MOE_DOWN256: 256 threads per moe_down block (one block per 4 rows of dim, per
-     * token: 512 blocks of 4 warps at batch 1 on the 16B model). By default for BF16 / F32
-     * weights only: measured (16B, H200, one process) BF16 batch 1 3.09 -> 3.03 ms, FP8
-     * 2.95 -> 2.99 ms and batch 8 10.05 -> 10.39 (an FP8 row is half the chunks) */
-    if (cu_v.moe_down256 > 0 || (cu_v.moe_down256 < 0 && F != DS_W_FP8))
-        cu_launch(moe_down_kernel<F, 256>, gd, 256, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp,
-                  cu_v.evf != 0);
-    else
-        cu_launch(moe_down_kernel<F>, gd, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter, dim, swap, sp,
-                  cu_v.evf != 0);
 }
 
 /* True when the grouped kernels apply: few tokens, rows of whole 16-byte chunks
@@ -912,12 +662,12 @@ static bool moe_grouped_ok(int n, const ds_weight *ew1, int ne)
 
 /* True when the shared experts can join the grouped kernels: the experts' format,
  * the same input width, rows of whole 16-byte chunks. */
-static bool moe_shared_ok(const ds_mlp_w *sh, const ds_weight *ew1, int n, int K)
+static bool moe_shared_ok(const ds_mlp_w *sh, const ds_weight *ew1)
 {
     const ds_weight *w1 = sh->w1, *w2 = sh->w2, *w3 = sh->w3;
     ds_wfmt f = ew1[0].fmt;
     int sz = f == DS_W_FP8 ? 1 : f == DS_W_BF16 ? 2 : 4;
-    return cu_v.moe_shared && !moe_dedup_on(n, K) && w1->fmt == f && w2->fmt == f && w3->fmt == f &&
+    return w1->fmt == f && w2->fmt == f && w3->fmt == f &&
            w1->cols == ew1[0].cols && w3->cols == w1->cols && w3->rows == w1->rows && w2->cols == w1->rows &&
            w2->rows == w1->cols && (size_t)w1->rows * sz % 16 == 0 && w1->rows % 4 == 0;
 }
@@ -949,9 +699,9 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
             cu_fake_quant(fx, dx, n, dim, NULL, NULL, 0, 0, q.ue8m0);
             dx = fx;
         }
-        if (ew1[0].fmt == DS_W_FP8) moe_grouped<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
-        else if (ew1[0].fmt == DS_W_BF16) moe_grouped<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
-        else moe_grouped<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        if (ew1[0].fmt == DS_W_FP8) moe_warp<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else if (ew1[0].fmt == DS_W_BF16) moe_warp<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else moe_warp<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
     }
     cu_free(h);
     cu_free(fx);
@@ -968,7 +718,7 @@ static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, 
 {
     int dim = sh->w1->cols, inter = sh->w1->rows;
     cu_weight c1, c3, c2;
-    bool gr = cu_v.shared_gr > 0 || (cu_v.shared_gr < 0 && sh->w1->fmt == DS_W_FP8);
+    bool gr = sh->w1->fmt == DS_W_FP8;
     if (gr && n >= 16 && gemm == DS_GEMM_BF16 && cu_grouped_ok(sh->w1, sh->w2) && sh->w3->fmt == sh->w1->fmt &&
         sh->w3->rows == inter && sh->w3->cols == dim && cu_device_readable(x) && cu_device_readable(y) &&
         cu_weight_get(sh->w1, &c1) && cu_weight_get(sh->w3, &c3) && cu_weight_get(sh->w2, &c2)) {
@@ -1046,7 +796,7 @@ __global__ void moe_combine_kernel(V *__restrict__ y, const V *__restrict__ ys, 
 static void moe_combine(float *y, const float *ys, const int *at, const float *wt, int K, int dim, const float *sh,
                         int n, int np)
 {
-    if (cu_v.combine4 && dim % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)ys % 16 == 0 &&
+    if (dim % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)ys % 16 == 0 &&
         (!sh || (uintptr_t)sh % 16 == 0))
         cu_launch(moe_combine_kernel<float4>, dim3(cu_blocks((size_t)dim / 4, 256), (unsigned)n), 256, 0, (float4 *)y,
                   (const float4 *)ys, at, wt, K, dim / 4, (const float4 *)sh, n, np);
@@ -1232,11 +982,11 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_place_kernel(int *list, int4
  * FP8 always, BF16 up to SHARED_MERGE_BF16_MAX tokens); 0: they run apart. */
 static int moe_shared_parts(const ds_mlp_w *sh, const ds_weight *ew1, bool q, int n)
 {
-    if (!sh || q || !cu_v.shared_merge || !cu_grouped_ld_ok()) return 0;
+    if (!sh || q || !cu_grouped_ld_ok()) return 0;
     const ds_weight *w1 = sh->w1, *w2 = sh->w2, *w3 = sh->w3;
     ds_wfmt f = ew1[0].fmt;
     int dim = ew1[0].cols, inter = ew1[0].rows, es = f == DS_W_FP8 ? 1 : 2;
-    if (cu_v.shared_merge < 0 && f != DS_W_FP8 && n > SHARED_MERGE_BF16_MAX) return 0;
+    if (f != DS_W_FP8 && n > SHARED_MERGE_BF16_MAX) return 0;
     if (w1->fmt != f || w2->fmt != f || w3->fmt != f || w1->cols != dim || w3->cols != dim ||
         w3->rows != w1->rows || w2->rows != dim || w2->cols != w1->rows || w1->rows % inter != 0 ||
         (size_t)w2->cols * es % 16 != 0 || (f == DS_W_FP8 && inter % DS_BLOCK != 0))
@@ -1256,7 +1006,7 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
     /* the FP8 GEMM path (act_quant): on the FP8 tensor cores with DSV3_CUDA_FP8MMA */
     bool q = gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8;
     *sh_done = false;
-    if (!cu_v.moe_devsort || !cu_grouped_ok(ew1, ew2) || (q && !cu_v.fp8mma) ||
+    if (!cu_grouped_ok(ew1, ew2) || (q && !cu_tune.fp8_mma) ||
         !cu_device_readable(x) || !cu_device_readable(y) || !cu_device_readable(wt) || !cu_device_readable(idx))
         return false;
     int np = moe_shared_parts(sh, ew1, q, n);
@@ -1387,7 +1137,7 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
 {
     if (n <= 0) return;
     if (moe_grouped_ok(n, ew1, ne)) {
-        bool fuse = shared && moe_shared_ok(shared, ew1, n, K);
+        bool fuse = shared && moe_shared_ok(shared, ew1);
         moe_fq q = {gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8, ue8m0};
         if (moe_experts_grouped(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, fuse ? shared : NULL, q)) {
             if (shared && !fuse) moe_shared_add(y, x, n, shared, gemm, ue8m0);
@@ -1534,7 +1284,7 @@ static bool launch_gate_cluster(int *idx, float *wt, float *sc, const float *x, 
 {
     constexpr int EL = 16 / cu_wsize<F>::v;
     int warps = (E + GC_BLOCKS - 1) / GC_BLOCKS, ch = (k + 32 * EL - 1) / (32 * EL);
-    if (!cu_v.gate_cl || warps > GC_MAXW || n > 8 || k % EL != 0 || ch > 16) return false;
+    if (warps > GC_MAXW || n > 8 || k % EL != 0 || ch > 16) return false;
     int nt = n == 1 ? 1 : n <= 4 ? 4 : 8;
     size_t smem = sizeof(float) * ((size_t)nt * E + (size_t)warps * (E + G));
     dim3 g(GC_BLOCKS), b((unsigned)warps * 32);
@@ -1662,7 +1412,7 @@ static bool launch_gate_tile(int *idx, float *wt, float *sc, const float *x, int
 {
     constexpr int EL = 16 / cu_wsize<F>::v, CW = 32 * EL;
     static size_t granted = 48 * 1024; /* shared memory a launch may ask */
-    if (!cu_v.gate_tile || n <= GATE_NMAX || n > GT_MAXN || (size_t)E * k > GT_MAXEK || k % EL != 0) return false;
+    if (n <= GATE_NMAX || n > GT_MAXN || (size_t)E * k > GT_MAXEK || k % EL != 0) return false;
     int ks = (k + CW - 1) / CW * CW;
     size_t smem = sizeof(float) * ((size_t)GT_TOKENS * ks + (size_t)GT_TOKENS * E + (size_t)(GT_THREADS / 32) * (E + G));
     if (smem > GT_MAXSMEM) return false;
@@ -1710,7 +1460,7 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
                  int K, int groups, int limited_groups, bool sigmoid, float route_scale)
 {
     int E = gate->rows, k = gate->cols, sz = gate->fmt == DS_W_BF16 ? 2 : 4;
-    bool one = cu_v.gate && n >= 1 && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 && E <= GATE_MAXE &&
+    bool one = n >= 1 && gate->fmt != DS_W_FP8 && (size_t)k * sz % 16 == 0 && E <= GATE_MAXE &&
                K <= 32 && K <= E && cu_device_readable(x) && cu_device_readable(sc) && cu_device_readable(idx) &&
                cu_device_readable(wt) && (!bias || cu_device_readable(bias)) && (uintptr_t)x % 16 == 0;
     bool fits = one && n <= GATE_NMAX;
@@ -1738,8 +1488,8 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
         cu_check(cudaGetLastError(), "moe_gate");
         return;
     }
-    /* exact in DSV3_CUDA_GEMM=bf16 mode too: on bf16 inputs near-tied experts swap (session 21
-     * found test_cuda_ops' 20-token gate cases failing in that mode) */
+    /* exact with gemm_bf16 too: on bf16 inputs near-tied experts swap (test_cuda_ops'
+     * 20-token gate cases fail in that mode without it) */
     cu_gemm_force_split(true);
     cu_matmul(sc, x, n, gate, 0, E, DS_GEMM_BF16, false);
     cu_gemm_force_split(false);

@@ -27,76 +27,43 @@ extern "C" {
 namespace cg = cooperative_groups;
 
 
-int cu_env_flag(const char *name, int def)
+extern "C" cuda_tuning cuda_tuning_default(void)
 {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : def;
+    cuda_tuning t = {};
+    t.gemm_bf16 = false;
+    t.grouped_wgmma = true;
+    t.fp8_mma = true;
+    t.fp8_wgmma = true;
+    t.attn_tc = true;
+    t.tc_tiles = 0;
+    t.attend_max_pos = 1024;
+    t.attend_max_tokens = 1;
+    t.attend_long = 1;
+    t.attend_cluster = 8;
+    t.expand_min = 16;
+    t.flash = 3;
+    t.flash_kc = 4;
+    t.dense_chunk = 0;
+    t.scratch_fill = 0;
+    t.alloc_max_mib = 0;
+    return t;
 }
 
-cu_variants cu_v = {1, 1, 0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 64, -1, 0, 1, 0, 1, -1, 2, 1, 1, 3, 1024, 1, 2, 1, 0, 1, 2, 1, 1, 1, -1, -1, 1, -1, 16, 1, 8, -1, 2, 4, 0, 1, 1, 1, 0, 1};
+cuda_tuning cu_tune = cuda_tuning_default();
 
-extern "C" void cuda_reload_variants(void)
+extern "C" cuda_tuning cuda_backend_tuning(void) { return cu_tune; }
+
+extern "C" void cuda_backend_set_tuning(const cuda_tuning *t)
 {
-    cu_v.pdl = cu_env_flag("DSV3_CUDA_PDL", 1) != 0;
-    cu_v.gemv2 = cu_env_flag("DSV3_CUDA_GEMV2", 1) != 0;
-    cu_v.moe_dedup = cu_env_flag("DSV3_CUDA_MOE_DEDUP", 0) != 0;
-    cu_v.attn2 = cu_env_flag("DSV3_CUDA_ATTN2", 1);
-    cu_v.comb2 = cu_env_flag("DSV3_CUDA_COMBINE2", 1) != 0;
-    cu_v.moe_swap = cu_env_flag("DSV3_CUDA_MOE_SWAP", 1) != 0;
-    cu_v.gemv_w8 = cu_env_flag("DSV3_CUDA_GEMV8W", 1) != 0;
-    cu_v.heads2 = cu_env_flag("DSV3_CUDA_HEADS2", 1) != 0;
-    cu_v.comb3 = cu_env_flag("DSV3_CUDA_COMBINE3", 0) != 0;
-    cu_v.moe_shared = cu_env_flag("DSV3_CUDA_MOE_SHARED", 1) != 0;
-    /* on since stage 11 (the routing warp reads its scores once): FP8 batch 1 1.913 / 1.919
-     * -> 1.893 / 1.886 ms; it was 0.02-0.04 ms slower with the earlier routing */
-    cu_v.gate = cu_env_flag("DSV3_CUDA_GATE", 1) != 0;
-    cu_v.many = cu_env_flag("DSV3_CUDA_MANY", 1) != 0;
-    cu_v.heads_pf = cu_env_flag("DSV3_CUDA_HEADS_PF", 1) != 0;
-    cu_v.attn_hg = cu_env_flag("DSV3_CUDA_ATTN_HG", 1) != 0;
-    cu_v.mla_pro = cu_env_flag("DSV3_CUDA_MLA_PRO", 1) != 0;
-    cu_v.norm4 = cu_env_flag("DSV3_CUDA_NORM4", 1) != 0;
-    cu_v.attn_pf = cu_env_flag("DSV3_CUDA_ATTN_PF", 0) != 0;
-    cu_v.attn_direct = cu_env_flag("DSV3_CUDA_ATTN_DIRECT", 1) != 0;
-    cu_v.hg_depth = cu_env_flag("DSV3_CUDA_HG_DEPTH", 2);
-    /* two rows ahead take the 512-wide kernel to 168 registers (3 blocks per SM): splits of
-     * 64 positions keep its grid within one wave (FP8 depth 4096 2.76 -> 2.67 ms; 2.90 with 32) */
-    cu_v.hg_chunk = cu_env_flag("DSV3_CUDA_HG_CHUNK", cu_v.hg_depth >= 2 ? 64 : 32);
-    if (cu_v.hg_chunk < 8) cu_v.hg_chunk = 8;
-    cu_v.moe_down256 = cu_env_flag("DSV3_CUDA_MOE_DOWN256", -1);
-    cu_v.moe_shfirst = cu_env_flag("DSV3_CUDA_MOE_SHFIRST", 0) != 0;
-    cu_v.scratch_fill = cu_env_flag("DSV3_CUDA_SCRATCH_FILL", 0);
-    cu_v.moe_devsort = cu_env_flag("DSV3_CUDA_MOE_DEVSORT", 1) != 0;
-    cu_v.evf = cu_env_flag("DSV3_CUDA_EVF", 1) != 0;
-    cu_v.moe_warp = cu_env_flag("DSV3_CUDA_MOE_WARP", -1);
-    cu_v.gemv_mma = cu_env_flag("DSV3_CUDA_GEMV_MMA", 1) != 0;
-    cu_v.moe_early = cu_env_flag("DSV3_CUDA_MOE_EARLY", 1) != 0;
-    cu_v.attend = cu_env_flag("DSV3_CUDA_ATTEND", 1024);
-    cu_v.attend_n = cu_env_flag("DSV3_CUDA_ATTEND_N", 1);
-    cu_v.attend_long = cu_env_flag("DSV3_CUDA_ATTEND_LONG", 1);
-    cu_v.attend_c = cu_env_flag("DSV3_CUDA_ATTEND_C", 8);
-    cu_v.wgmma = cu_env_flag("DSV3_CUDA_WGMMA", 2);
-    cu_v.lo8 = cu_env_flag("DSV3_CUDA_LO8", 1);
-    cu_v.xrow = cu_env_flag("DSV3_CUDA_XROW", 1);
-    cu_v.shared_gr = cu_env_flag("DSV3_CUDA_SHARED_GR", -1);
-    cu_v.shared_merge = cu_env_flag("DSV3_CUDA_SHARED_MERGE", -1);
-    cu_v.flash = cu_env_flag("DSV3_CUDA_FLASH", 2);
-    cu_v.flash_kc = cu_env_flag("DSV3_CUDA_FLASH_KC", 4);
-    cu_v.flash_q = cu_env_flag("DSV3_CUDA_FLASH_Q", 0);
-    cu_v.flash_pp = cu_env_flag("DSV3_CUDA_FLASH_PP", 1);
-    cu_v.alloc_max = cu_env_flag("DSV3_CUDA_ALLOC_MAX", 0);
-    cu_v.expand = cu_env_flag("DSV3_CUDA_EXPAND", 16);
-    cu_v.preload = cu_env_flag("DSV3_CUDA_PRELOAD", 3);
-    cu_v.attn_tc = cu_env_flag("DSV3_CUDA_ATTN_TC", 1) != 0;
-    cu_v.tc_tiles = cu_env_flag("DSV3_CUDA_TC_TILES", 0);
-    cu_v.fp8mma = cu_env_flag("DSV3_CUDA_FP8MMA", 1) != 0;
-    cu_v.wgmma_q = cu_env_flag("DSV3_CUDA_WGMMA_Q", 2);
-    cu_v.ksplit = cu_env_flag("DSV3_CUDA_KSPLIT", 1);
-    cu_v.heads_t3 = cu_env_flag("DSV3_CUDA_HEADS_T3", 1) != 0;
-    cu_v.gate_cl = cu_env_flag("DSV3_CUDA_GATE_CL", 1) != 0;
-    cu_v.gate_tile = cu_env_flag("DSV3_CUDA_GATE_TILE", 1) != 0;
-    cu_v.combine4 = cu_env_flag("DSV3_CUDA_COMBINE4", 1) != 0;
-    cu_v.moe_xs = cu_env_flag("DSV3_CUDA_MOE_XS", -1);
-    cu_v.nfold = cu_env_flag("DSV3_CUDA_NFOLD", -1);
+    cu_tune = *t;
+    if (cu_tune.attend_cluster != 2 && cu_tune.attend_cluster != 4) cu_tune.attend_cluster = 8;
+    if (cu_tune.attend_long > 8) cu_tune.attend_long = 8;
+    if (cu_tune.flash < 0) cu_tune.flash = 0;
+    if (cu_tune.flash > 3) cu_tune.flash = 3;
+    if (cu_tune.flash_kc < 1) cu_tune.flash_kc = 4;
+    if (cu_tune.tc_tiles < 0) cu_tune.tc_tiles = 0;
+    if (cu_tune.dense_chunk < 0) cu_tune.dense_chunk = 0;
+    if (cu_tune.alloc_max_mib < 0) cu_tune.alloc_max_mib = 0;
 }
 
 /* ---- rmsnorm: one block per row; y may alias x (each thread rewrites what it read).
@@ -205,7 +172,7 @@ static void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, c
     }
     cu_io io = {};
     const float *dw = (const float *)cu_in(&io, w, sizeof(float) * (size_t)dim);
-    bool vec = cu_v.norm4 && dim % 4 == 0 && dim <= 8192 && xs % 4 == 0 && ys % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+    bool vec = dim % 4 == 0 && dim <= 8192 && xs % 4 == 0 && ys % 4 == 0 && (uintptr_t)x % 16 == 0 &&
                (uintptr_t)y % 16 == 0 && (uintptr_t)dw % 16 == 0 && (!r || (uintptr_t)r % 16 == 0);
     unsigned th = (unsigned)(dim / 4 + 31) / 32 * 32; /* a float4 per thread up to 1024 threads, then two */
     if (dw && vec && th <= 1024)
@@ -395,7 +362,7 @@ static void cu_mla_prologue(float *kv, float *pe, const int *row, const float *k
 {
     int half = rope / 2;
     if (n <= 0) return;
-    if (!cu_v.mla_pro || half <= 0) { /* DSV3_CUDA_MLA_PRO=0: the three launches of stage 5 */
+    if (half <= 0) { /* no rope part: the norm and copies as three launches */
         cu_rmsnorm_rows(kv, R, row, (float *)kvx, R + rope, NULL, norm_w, n, R, eps);
         cu_rope_copy(pe, rope, row, kvx + R, R + rope, n, 1, rope, pos, cos_tab, sin_tab);
         cu_rope_copy(qp, rope, NULL, q + nope, qk, n, H, rope, pos, cos_tab, sin_tab);
@@ -436,69 +403,18 @@ typedef struct {
      * the merges never read po where pm == -inf. */
     int splits, chunk;
     float *pm, *pl, *po;
-    /* comb3 (NULL: a combine launch merges): one ticket per (t*H + h, column
-     * slice); the split block that takes the last ticket merges the splits of
-     * its slice and resets the ticket to 0. pm, pl are then per slice:
-     * [((t*H + h) * slices + slice) * splits + z]. */
-    unsigned *cnt;
-    bool pf; /* attn_hg_kernel: the split's earlier cache rows towards L2 before the wait */
     bool direct; /* attn_hg_kernel, attn_tc_kernel: a token with pos < chunk is written by split 0, not merged */
     bool early;  /* attn_tc_kernel: one token, whose cache rows before pos were written by earlier
                   * passes: its first tile's loads go out before the PDL wait */
 } attn_p;
 
-#define COMBINE_ZG 4 /* split groups summed separately, then in order (combine2, merge_last) */
+#define COMBINE_ZG 4 /* split groups summed separately, then in order (attn_combine_kernel) */
 
-/* comb3: called by every split block of attn_kernel once its partials are written.
- * The block taking the last ticket of its (t*H + h, slice) merges that slice, columns
- * [c0, c0 + 32 * PER), exactly as attn_combine2_kernel does (the same sums in the same
- * order): out = sum_z po_z e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z,
- * splits with pm = -inf skipped (their po is never read). fz: splits floats of shared
- * memory. The others' partials are read with __ldcg (from L2: L1 may hold stale lines). */
+/* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER.
+ * Warp w takes positions j = w, w + ATTN_WARPS, ... (two or four positions a warp step,
+ * their loads and reductions independent, measured slower: BF16 depth 4096 4.79 ms against
+ * 5.78 and 5.37). */
 template <int PER>
-__device__ __forceinline__ void attn_merge_last(const attn_p &p, int th, size_t slice, int c0, float *fz)
-{
-    __shared__ float red[2];
-    __shared__ bool last;
-    __threadfence(); /* release: this block's partials are visible before its ticket */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(p.cnt + slice, 1u) == (unsigned)p.splits - 1;
-        if (last) p.cnt[slice] = 0; /* every split has arrived: zero for the next launch */
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence(); /* acquire: the other splits' partials */
-    cu_split_factors<true>(fz, red, p.pm + slice * p.splits, p.pl + slice * p.splits, p.splits);
-    const float *po = p.po + (size_t)th * p.splits * p.dv;
-    int end = min(c0 + 32 * PER, p.dv);
-    for (int c = c0 + (int)threadIdx.x; c < end; c += blockDim.x) {
-        float acc[COMBINE_ZG];
-        #pragma unroll
-        for (int g = 0; g < COMBINE_ZG; g++) acc[g] = 0;
-        /* MERGE_Z splits per step, their loads issued together (one thread walks all
-         * splits of its column: latency-bound otherwise); group g sums z = g mod 4 */
-        enum { MERGE_Z = 4 * COMBINE_ZG };
-        for (int z0 = 0; z0 < p.splits; z0 += MERGE_Z) {
-            float f[MERGE_Z], v[MERGE_Z];
-            #pragma unroll
-            for (int k = 0; k < MERGE_Z; k++) {
-                f[k] = z0 + k < p.splits ? fz[z0 + k] : 0.0f;
-                v[k] = f[k] != 0.0f ? __ldcg(po + (size_t)(z0 + k) * p.dv + c) : 0.0f;
-            }
-            #pragma unroll
-            for (int k = 0; k < MERGE_Z; k++)
-                if (f[k] != 0.0f) acc[k % COMBINE_ZG] += v[k] * f[k];
-        }
-        float s = acc[0];
-        #pragma unroll
-        for (int g = 1; g < COMBINE_ZG; g++) s += acc[g];
-        p.out[(size_t)th * p.outs + c] = s;
-    }
-}
-
-/* PER value columns per lane: the block covers 32 * PER columns from blockIdx.y * 32 * PER. */
-template <int PER, int NP>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
 {
     cu_pdl_wait();
@@ -525,60 +441,21 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     float m = -INFINITY, l = 0, o[PER];
     #pragma unroll
     for (int u = 0; u < PER; u++) o[u] = 0;
-    /* stage 7: NP positions per warp step (j, j + ATTN_WARPS, ...), their loads and
-     * reductions independent (meant to keep NP times the loads in flight). Only NP = 1
-     * is the default: NP = 2 and 4 measured slower at depth 4096 (see launch_attn) */
-    for (int j = j0 + warp; j < len; j += NP * ATTN_WARPS) {
-        const float *kq[NP], *pq[NP], *vq[NP];
-        bool ok[NP];
-        float d[NP];
+    for (int j = j0 + warp; j < len; j += ATTN_WARPS) {
+        const float *kq = k1 + j * p.k1_pos, *pq = k2 ? k2 + j * p.k2_pos : nullptr, *vq = v + j * p.v_pos;
+        float d = 0;
+        for (int c = lane; c < p.d1; c += 32) d += sq[c] * kq[c];
+        if (k2)
+            for (int c = lane; c < p.d2; c += 32) d += sq[p.d1 + c] * pq[c];
         #pragma unroll
-        for (int q = 0; q < NP; q++) {
-            int jq = j + q * ATTN_WARPS;
-            ok[q] = jq < len;
-            if (!ok[q]) jq = j;
-            kq[q] = k1 + jq * p.k1_pos;
-            pq[q] = k2 ? k2 + jq * p.k2_pos : nullptr;
-            vq[q] = v + jq * p.v_pos;
-            d[q] = 0;
-        }
-        for (int c = lane; c < p.d1; c += 32) {
-            float qv = sq[c];
-            #pragma unroll
-            for (int q = 0; q < NP; q++) d[q] += qv * kq[q][c];
-        }
-        if (k2) {
-            for (int c = lane; c < p.d2; c += 32) {
-                float qv = sq[p.d1 + c];
-                #pragma unroll
-                for (int q = 0; q < NP; q++) d[q] += qv * pq[q][c];
-            }
-        }
-        #pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            #pragma unroll
-            for (int q = 0; q < NP; q++) d[q] += __shfl_xor_sync(0xffffffffu, d[q], off);
-        float mn = m;
-        #pragma unroll
-        for (int q = 0; q < NP; q++) {
-            d[q] = ok[q] ? d[q] * p.scale : -INFINITY;
-            mn = fmaxf(mn, d[q]);
-        }
-        float corr = expf(m - mn), e[NP];
-        l *= corr;
-        #pragma unroll
-        for (int q = 0; q < NP; q++) {
-            e[q] = expf(d[q] - mn);
-            l += e[q];
-        }
+        for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
+        d *= p.scale;
+        float mn = fmaxf(m, d), corr = expf(m - mn), e = expf(d - mn);
+        l = l * corr + e;
         #pragma unroll
         for (int u = 0; u < PER; u++) {
             int c = c0 + lane + 32 * u;
-            float add = 0.0f;
-            if (c < p.dv)
-                #pragma unroll
-                for (int q = 0; q < NP; q++) add += e[q] * vq[q][c];
-            o[u] = o[u] * corr + add;
+            o[u] = o[u] * corr + (c < p.dv ? e * vq[c] : 0.0f);
         }
         m = mn;
     }
@@ -594,11 +471,10 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
     float sum = 0;
     for (int w = 0; w < ATTN_WARPS; w++) sum += wl[w] * expf(wm[w] - mx);
     if (p.splits > 1) { /* partial result; an empty split has mx = -inf and contributes nothing */
-        size_t ps = (size_t)th * p.splits + blockIdx.z, slice = (size_t)th * gridDim.y + blockIdx.y;
-        size_t pq = p.cnt ? slice * p.splits + blockIdx.z : ps;
-        if (threadIdx.x == 0 && (p.cnt || blockIdx.y == 0)) {
-            p.pm[pq] = mx;
-            p.pl[pq] = mx == -INFINITY ? 0.0f : sum;
+        size_t ps = (size_t)th * p.splits + blockIdx.z;
+        if (threadIdx.x == 0 && blockIdx.y == 0) {
+            p.pm[ps] = mx;
+            p.pl[ps] = mx == -INFINITY ? 0.0f : sum;
         }
         if (j0 < len) /* empty: no po row (its pm = -inf keeps the merges off it) */
             for (int c = threadIdx.x; c < 32 * PER; c += blockDim.x) {
@@ -608,7 +484,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
                     for (int w = 0; w < ATTN_WARPS; w++) acc += wo[w * 32 * PER + c] * expf(wm[w] - mx);
                 p.po[ps * p.dv + c0 + c] = acc;
             }
-        if (p.cnt) attn_merge_last<PER>(p, th, slice, c0, sm + p.d1 + p.d2 + 2 * ATTN_WARPS + ATTN_WARPS * 32 * PER);
         return;
     }
     float *out = p.out + (size_t)th * p.outs;
@@ -621,32 +496,12 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_kernel(attn_p p)
 }
 
 /* out[th][c] = sum_z po[th][z][c] e^(pm_z - M) / sum_z pl_z e^(pm_z - M), M = max_z pm_z;
- * block (t*H + h, 64-column slice); the per-split factors are computed once into shared memory. */
+ * block (t*H + h, 64-column slice), the per-split factors computed once into shared memory,
+ * COMBINE_ZG groups of 64 threads each summing every COMBINE_ZG-th split, then added in a
+ * fixed order (at depth 4096 one 64-thread group walked 65 splits serially, 13.6 us per
+ * layer in ncu; depth 4096 decode 4.79 -> 4.71 ms BF16, 4.67 -> 4.58 FP8 with four) */
 #define COMBINE_COLS 64
-__global__ void __launch_bounds__(COMBINE_COLS) attn_combine_kernel(attn_p p)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    if (p.direct && p.pos[blockIdx.x / p.heads] < p.chunk) return; /* attn_hg_kernel wrote it */
-    extern __shared__ float fz[];
-    __shared__ float red[2];
-    int th = blockIdx.x;
-    cu_split_factors(fz, red, p.pm + (size_t)th * p.splits, p.pl + (size_t)th * p.splits, p.splits);
-    int c = blockIdx.y * COMBINE_COLS + threadIdx.x;
-    if (c >= p.dv) return;
-    const float *po = p.po + (size_t)th * p.splits * p.dv + c;
-    float acc = 0;
-    #pragma unroll 4
-    for (int z = 0; z < p.splits; z++)
-        if (fz[z] != 0.0f) acc += po[(size_t)z * p.dv] * fz[z];
-    p.out[(size_t)th * p.outs + c] = acc;
-}
-
-/* The same with COMBINE_ZG x 64 threads per column slice, each group summing every
- * COMBINE_ZG-th split, then added in a fixed order (stage 7, DSV3_CUDA_COMBINE2, on
- * by default: at depth 4096 the 64-thread blocks walked 65 splits serially, 13.6 us
- * per layer in ncu; depth 4096 decode 4.79 -> 4.71 ms BF16, 4.67 -> 4.58 FP8) */
-__global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kernel(attn_p p)
+__global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine_kernel(attn_p p)
 {
     cu_pdl_wait();
     cu_pdl_launch();
@@ -674,7 +529,8 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
     }
 }
 
-/* Decode attention in the absorb form, HG heads per block (stage 8, DSV3_CUDA_ATTN_HG):
+/* Decode attention in the absorb form, HG heads per block (attn_hg_kernel; the CUDA-core
+ * form where attn_tc_kernel does not take the shapes, or the tuning's attn_tc is off):
  * every head reads the same cache rows, and a latent row is both the key (with its rope
  * part) and the value. So each warp loads a position's row once into registers (lane
  * holds columns lane + 32u, u < PER, dv = 32 * PER) and applies it to the HG heads'
@@ -683,7 +539,8 @@ __global__ void __launch_bounds__(COMBINE_COLS * COMBINE_ZG) attn_combine2_kerne
  * Grid (tokens * ceil(H / HG), 1, splits); partials in attn_kernel's layout (pm, pl, po
  * per (t*H + h, split)), merged by the same combine kernels. */
 #define ATTN_HG 4
-#define HG_QB 8 /* attn_hg_kernel: query loads in flight per thread */
+#define HG_QB 8    /* attn_hg_kernel: query loads in flight per thread */
+#define HG_DEPTH 2 /* attn_hg_kernel: cache rows a warp loads ahead of the one in use */
 /* An attention kernel of ATTN_WARPS warps per block, its dynamic shared memory above the
  * 48 KB default allowed first. */
 static void launch_smem(void (*kernel)(attn_p), dim3 grid, size_t smem, const attn_p &p)
@@ -696,10 +553,8 @@ static void launch_smem(void (*kernel)(attn_p), dim3 grid, size_t smem, const at
 static void launch_combine(const attn_p *p, int tokens)
 {
     dim3 gc((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS));
-    if (p->splits > 1 && cu_v.comb2)
-        cu_launch(attn_combine2_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
-    else if (p->splits > 1)
-        cu_launch(attn_combine_kernel, gc, COMBINE_COLS, sizeof(float) * (size_t)p->splits, *p);
+    if (p->splits > 1)
+        cu_launch(attn_combine_kernel, gc, COMBINE_COLS * COMBINE_ZG, sizeof(float) * (size_t)p->splits, *p);
 }
 
 /* A lane's part of cache row j (when j < len): PER latent values and its one or two
@@ -717,10 +572,10 @@ __device__ __forceinline__ void hg_row(float *r, float *e0, float *e1, const flo
     if (r1) *e1 = pe[j * p.k2_pos + lane + 32];
 }
 
-template <int PER, int D>
+template <int PER>
 __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
 {
-    constexpr int HG = ATTN_HG, DV = 32 * PER;
+    constexpr int HG = ATTN_HG, DV = 32 * PER, D = HG_DEPTH;
     extern __shared__ float sm[];
     int d = p.d1 + p.d2;
     float *sq = sm;                              /* [HG][d] queries */
@@ -736,16 +591,6 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
     if (p.splits > 1) {
         j0 = blockIdx.z * p.chunk;
         len = min(len, j0 + p.chunk);
-    }
-    if (p.pf) { /* rows [j0, min(len, pos)): not the one the previous kernel writes */
-        int kl = (p.d1 * 4 + 127) / 128, lines = kl + (p.k2 ? (p.d2 * 4 + 127) / 128 : 0);
-        int rows = min(len, p.pos[t]) - j0;
-        for (int i = threadIdx.x; i < rows * lines; i += blockDim.x) {
-            int j = j0 + i / lines, c = i % lines;
-            const char *a = c < kl ? (const char *)(p.k1 + s * p.k1_seq + j * p.k1_pos) + c * 128
-                                   : (const char *)(p.k2 + s * p.k2_seq + j * p.k2_pos) + (c - kl) * 128;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
     }
     cu_pdl_wait();
     cu_pdl_launch();
@@ -788,8 +633,9 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
         for (int u = 0; u < PER; u++) o[g][u] = 0;
     }
     bool r0 = pe && lane < p.d2, r1 = pe && lane + 32 < p.d2;
-    /* stage i holds position j + i * ATTN_WARPS: D rows loaded ahead of the one used
-     * (DSV3_CUDA_HG_DEPTH; D + 1 rows in flight per warp) */
+    /* stage i holds position j + i * ATTN_WARPS: D rows loaded ahead of the one used, D + 1
+     * in flight per warp (two ahead take the 512-wide kernel to 168 registers, 3 blocks per
+     * SM; with splits of 64 positions its grid stays within one wave) */
     float rs[D + 1][PER], es0[D + 1], es1[D + 1];
     #pragma unroll
     for (int i = 0; i < D; i++)
@@ -878,7 +724,7 @@ __global__ void __launch_bounds__(ATTN_WARPS * 32) attn_hg_kernel(attn_p p)
  * values, no per-head rows), dv of 128, 256 or 512, a rope part of at most 64. */
 static bool attn_hg_ok(const attn_p *p)
 {
-    return cu_v.attn_hg && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
+    return p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
            p->v_pos == p->k1_pos && p->d1 == p->dv && (p->dv == 128 || p->dv == 256 || p->dv == 512) && p->d2 <= 64 &&
            (p->d2 == 0 || p->k2);
 }
@@ -890,11 +736,12 @@ static void launch_attn_hg(const attn_p *p, int tokens)
     dim3 grid((unsigned)(tokens * groups), 1, (unsigned)p->splits);
     size_t smem = sizeof(float) * ((size_t)ATTN_HG * (p->d1 + p->d2) + 2 * ATTN_WARPS * ATTN_HG +
                                    (size_t)ATTN_WARPS * ATTN_HG * 32 * PER);
-    launch_smem(cu_v.hg_depth >= 2 ? attn_hg_kernel<PER, 2> : attn_hg_kernel<PER, 1>, grid, smem, *p);
+    launch_smem(attn_hg_kernel<PER>, grid, smem, *p);
     launch_combine(p, tokens);
 }
 
-/* Decode attention in the absorb form on the tensor cores (stage 14, DSV3_CUDA_ATTN_TC).
+/* Decode attention in the absorb form on the tensor cores (attn_tc_kernel; the tuning's
+ * attn_tc, on by default).
  * A block takes up to TC_HEADS heads of one token (the mma's 16 rows) and a split of
  * positions, in tiles of TC_POS cache rows that cp.async brings into shared memory,
  * one tile ahead. Per tile:
@@ -1103,7 +950,7 @@ __global__ void __launch_bounds__(TC_WARPS * 32, 1) attn_tc_kernel(attn_p p)
  * cache rows and queries 16-byte aligned (cp.async), outputs 8-byte aligned (pairs). */
 static bool attn_tc_ok(const attn_p *p)
 {
-    return cu_v.attn_tc && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
+    return cu_tune.attn_tc && p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 &&
            p->v_pos == p->k1_pos && p->d1 == p->dv && (p->dv == 128 || p->dv == 256 || p->dv == 512) &&
            p->d2 % 8 == 0 && p->d2 <= 64 && (p->d2 == 0 || (p->k2 && p->q2)) && (uintptr_t)p->k1 % 16 == 0 &&
            (uintptr_t)p->k2 % 16 == 0 && p->k1_pos % 4 == 0 && p->k2_pos % 4 == 0 && p->k1_seq % 4 == 0 &&
@@ -1112,7 +959,7 @@ static bool attn_tc_ok(const attn_p *p)
 }
 
 /* attn_tc_kernel's splits: about one block per SM over tokens x head tiles x splits, in
- * whole tiles, and at least TC_MIN_TILES tiles each (DSV3_CUDA_TC_TILES: tiles per split
+ * whole tiles, and at least TC_MIN_TILES tiles each (the tuning's tc_tiles: tiles per split
  * instead); shapes only. A block's fixed costs (queries, first loads) are near a tile's,
  * and the combine's grows with the splits: FP8 16B depth 4096 2.040 ms with one tile per
  * split (129 splits), 1.964 with two, 2.040 with three. */
@@ -1121,8 +968,8 @@ static bool attn_tc_ok(const attn_p *p)
 static void attn_tc_split(attn_p *p, int n, int ctx, int min_tiles = TC_MIN_TILES)
 {
     long long units = (long long)n * ((p->heads + TC_HEADS - 1) / TC_HEADS), tiles = (ctx + TC_POS - 1) / TC_POS;
-    long long per = cu_v.tc_tiles > 0 ? cu_v.tc_tiles : (tiles * units + cu_sm_count() - 1) / cu_sm_count();
-    if (cu_v.tc_tiles <= 0 && per < min_tiles) per = min_tiles;
+    long long per = cu_tune.tc_tiles > 0 ? cu_tune.tc_tiles : (tiles * units + cu_sm_count() - 1) / cu_sm_count();
+    if (cu_tune.tc_tiles <= 0 && per < min_tiles) per = min_tiles;
     if (per < 1) per = 1;
     p->chunk = (int)(per * TC_POS);
     p->splits = (int)((ctx + p->chunk - 1) / p->chunk);
@@ -1148,247 +995,9 @@ template <int PER>
 static void launch_attn(const attn_p *p, int tokens)
 {
     dim3 grid((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, 32 * PER), (unsigned)p->splits);
-    size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER +
-                                   (p->cnt ? (size_t)p->splits : 0)); /* + attn_merge_last's factors */
-    /* DSV3_CUDA_ATTN2: positions per warp step, 1 (default), 2 or 4. Measured (stage 7,
-     * BF16 depth 4096, one process): 1: 4.79 ms, 2: 5.78, 4: 5.37 (an earlier build of
-     * the 2-position loop measured faster than the old loop on another machine) */
-    launch_smem(cu_v.attn2 >= 4 ? attn_kernel<PER, 4> : cu_v.attn2 >= 2 ? attn_kernel<PER, 2> : attn_kernel<PER, 1>,
-                grid, smem, *p);
-    if (!p->cnt) launch_combine(p, tokens); /* cnt (comb3): merged by the last split block */
-}
-
-/* ---- multi-query decode attention (absorb form): the heads of one token share
- * every latent row, so one block takes MQ_HG heads of a token and a range of
- * positions, loads each tile of MQ_TP cache rows once into shared memory (the
- * next tile's loads held in registers meanwhile), and computes all heads'
- * scores (4 heads x 4 positions per thread, 16 lanes splitting the columns:
- * half a shared load per product), their online softmax (16-lane shuffles)
- * and the value sums (thread per 1..4 output columns, all heads).
- * The per-head kernel above read each row once per head (16 x the bytes at
- * the 16B config; 79.5 us per layer at depth 4096, stage 4). Partial results
- * use attn_kernel's layout, so attn_combine_kernel merges the splits. */
-#define MQ_HG 16
-#define MQ_TP 16
-#define MQ_THREADS (MQ_HG * MQ_TP)
-#define MQ_FILL 264 /* blocks wanted: 2 per SM */
-#define MQ_MIN_CHUNK 64
-
-/* NC: output columns per thread (dv <= 256 * NC). Shared rows of LD = d1 + d2 + 4
- * floats (two half-warps reading rows 4 apart hit disjoint banks). */
-template <int NC>
-__global__ void __launch_bounds__(MQ_THREADS) attn_mq_kernel(attn_p p)
-{
-    cu_pdl_wait();
-    cu_pdl_launch();
-    extern __shared__ float sm[];
-    int D = p.d1 + p.d2, LD = D + 4;
-    int groups = (p.heads + MQ_HG - 1) / MQ_HG;
-    int t = blockIdx.x / groups, h0 = (blockIdx.x % groups) * MQ_HG, hg = min(MQ_HG, p.heads - h0);
-    float *sq = sm;                    /* [MQ_HG][LD] queries */
-    float *sk = sq + MQ_HG * LD;       /* [MQ_TP][LD] cache rows */
-    float *ss = sk + MQ_TP * LD;       /* [MQ_HG][MQ_TP] scores */
-    float *sp = ss + MQ_HG * MQ_TP;    /* [MQ_TP][MQ_HG] probabilities (position-major) */
-    float *sc = sp + MQ_HG * MQ_TP;    /* [MQ_HG] correction factors */
-    int tid = threadIdx.x, hh = tid / MQ_TP, jj = tid % MQ_TP;
-    int s = p.seq[t], len = p.pos[t] + 1, j0 = 0;
-    if (p.splits > 1) {
-        j0 = blockIdx.y * p.chunk;
-        len = min(len, j0 + p.chunk);
-    }
-    if (j0 >= len) { /* an empty split (short context): nothing to add */
-        for (int h = 0; h < hg; h++) {
-            size_t ps = ((size_t)t * p.heads + h0 + h) * p.splits + blockIdx.y;
-            if (tid == 0) {
-                p.pm[ps] = -INFINITY;
-                p.pl[ps] = 0.0f;
-            }
-            for (int c = tid; c < p.dv; c += MQ_THREADS) p.po[ps * p.dv + c] = 0.0f;
-        }
-        return;
-    }
-    for (int i = tid; i < MQ_HG * D; i += MQ_THREADS) {
-        int h = i / D, c = i % D;
-        float v = 0;
-        if (h < hg) {
-            size_t th = (size_t)t * p.heads + h0 + h;
-            v = c < p.d1 ? p.q1[th * p.q1s + c] : p.q2[th * p.q2s + c - p.d1];
-        }
-        sq[h * LD + c] = v;
-    }
-    const float *k1 = p.k1 + s * p.k1_seq, *k2 = p.k2 ? p.k2 + s * p.k2_seq : nullptr;
-    float m = -INFINITY, l = 0; /* of head hh (kept by every thread of that head) */
-    float acc[MQ_HG][NC];
-    #pragma unroll
-    for (int h = 0; h < MQ_HG; h++)
-        #pragma unroll
-        for (int u = 0; u < NC; u++) acc[h][u] = 0;
-    constexpr int PF = 40; /* prefetch registers: MQ_TP * D / MQ_THREADS = D / 16 <= 40 (D <= 640) */
-    float pf[PF];
-    /* element e of a tile: row e / D, column e % D; thread tid takes e = tid + MQ_THREADS * i */
-    auto fetch = [&](int jt) {
-        #pragma unroll
-        for (int i = 0; i < PF; i++) {
-            int e = tid + MQ_THREADS * i;
-            if (e >= MQ_TP * D) break;
-            int r = e / D, c = e % D, j = jt + r;
-            float v = 0;
-            if (j < len) v = c < p.d1 ? k1[(size_t)j * p.k1_pos + c] : k2[(size_t)j * p.k2_pos + c - p.d1];
-            pf[i] = v;
-        }
-    };
-    /* scores: thread = (16 lanes splitting the columns) x (4 heads x 4 positions block) */
-    int ds = tid % 16, blk = tid / 16, hb = (blk / 4) * 4, jb = (blk % 4) * 4;
-    fetch(j0);
-    for (int jt = j0; jt < len; jt += MQ_TP) {
-        __syncthreads(); /* the previous tile's readers are done */
-        #pragma unroll
-        for (int i = 0; i < PF; i++) {
-            int e = tid + MQ_THREADS * i;
-            if (e >= MQ_TP * D) break;
-            sk[(e / D) * LD + e % D] = pf[i];
-        }
-        __syncthreads();
-        if (jt + MQ_TP < len) fetch(jt + MQ_TP);
-        float a[4][4];
-        #pragma unroll
-        for (int i = 0; i < 4; i++)
-            #pragma unroll
-            for (int q = 0; q < 4; q++) a[i][q] = 0;
-        for (int c = ds; c < D; c += 16) {
-            float qv[4], kv[4];
-            #pragma unroll
-            for (int i = 0; i < 4; i++) qv[i] = sq[(hb + i) * LD + c];
-            #pragma unroll
-            for (int q = 0; q < 4; q++) kv[q] = sk[(jb + q) * LD + c];
-            #pragma unroll
-            for (int i = 0; i < 4; i++)
-                #pragma unroll
-                for (int q = 0; q < 4; q++) a[i][q] += qv[i] * kv[q];
-        }
-        float mine = 0;
-        #pragma unroll
-        for (int i = 0; i < 4; i++)
-            #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float v = a[i][q];
-                #pragma unroll
-                for (int o = 8; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o, 16);
-                if (ds == i * 4 + q) mine = v;
-            }
-        ss[(hb + ds / 4) * MQ_TP + jb + ds % 4] = jt + jb + ds % 4 < len ? mine * p.scale : -INFINITY;
-        __syncthreads();
-        /* online softmax: thread (hh, jj) */
-        float d = ss[hh * MQ_TP + jj], tmax = d;
-        #pragma unroll
-        for (int o = MQ_TP / 2; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o, MQ_TP));
-        float mn = fmaxf(m, tmax);
-        float corr = mn == -INFINITY ? 1.0f : expf(m - mn), e = mn == -INFINITY ? 0.0f : expf(d - mn);
-        float tsum = e;
-        #pragma unroll
-        for (int o = MQ_TP / 2; o > 0; o >>= 1) tsum += __shfl_xor_sync(0xffffffffu, tsum, o, MQ_TP);
-        l = l * corr + tsum;
-        m = mn;
-        sp[jj * MQ_HG + hh] = e;
-        if (jj == 0) sc[hh] = corr;
-        __syncthreads();
-        /* values: columns tid + MQ_THREADS * u of every head */
-        #pragma unroll
-        for (int h = 0; h < MQ_HG; h++) {
-            float cr = sc[h];
-            #pragma unroll
-            for (int u = 0; u < NC; u++) acc[h][u] *= cr;
-        }
-        #pragma unroll 4
-        for (int r = 0; r < MQ_TP; r++) {
-            float kv[NC];
-            #pragma unroll
-            for (int u = 0; u < NC; u++) {
-                int c = tid + MQ_THREADS * u;
-                kv[u] = c < p.dv ? sk[r * LD + c] : 0.0f;
-            }
-            #pragma unroll
-            for (int g = 0; g < MQ_HG / 4; g++) {
-                float4 pr = *(const float4 *)&sp[r * MQ_HG + 4 * g];
-                #pragma unroll
-                for (int u = 0; u < NC; u++) {
-                    acc[4 * g][u] += pr.x * kv[u];
-                    acc[4 * g + 1][u] += pr.y * kv[u];
-                    acc[4 * g + 2][u] += pr.z * kv[u];
-                    acc[4 * g + 3][u] += pr.w * kv[u];
-                }
-            }
-        }
-    }
-    /* results: per head, m and l are held by the threads of that head; share them */
-    __syncthreads();
-    if (jj == 0) {
-        sc[hh] = m;
-        ss[hh] = l; /* ss is free now */
-    }
-    __syncthreads();
-    for (int h = 0; h < hg; h++) {
-        size_t th = (size_t)t * p.heads + h0 + h;
-        float mh = sc[h], lh = ss[h];
-        if (p.splits > 1) {
-            size_t ps = th * p.splits + blockIdx.y;
-            if (tid == 0) {
-                p.pm[ps] = mh;
-                p.pl[ps] = mh == -INFINITY ? 0.0f : lh;
-            }
-            #pragma unroll
-            for (int u = 0; u < NC; u++) {
-                int c = tid + MQ_THREADS * u;
-                if (c < p.dv) p.po[ps * p.dv + c] = mh == -INFINITY ? 0.0f : acc[h][u];
-            }
-        } else {
-            #pragma unroll
-            for (int u = 0; u < NC; u++) {
-                int c = tid + MQ_THREADS * u;
-                if (c < p.dv) p.out[th * p.outs + c] = acc[h][u] / lh;
-            }
-        }
-    }
-}
-
-/* The absorb form with a shared cache row per position (no head offsets, values
- * = the first dv columns of k1) and rows of at most 640 floats; opt-in. */
-static bool attn_mq_ok(const attn_p *p)
-{
-    /* off unless DSV3_CUDA_ATTN_MQ=1: measured in stage 6 it saved ~13 us per layer at
-     * depth 4096 but cost ~26 us per layer at depth 0 (one block does every head of the
-     * only non-empty split; 75 KB of shared memory per block), so batch-1 decode lost */
-    const char *e = getenv("DSV3_CUDA_ATTN_MQ");
-    if (!(e && !strcmp(e, "1"))) return false;
-    return p->v == p->k1 && p->k1_head == 0 && p->k2_head == 0 && p->v_head == 0 && p->v_pos == p->k1_pos &&
-           p->dv <= p->d1 && p->d1 + p->d2 <= 640 && p->dv <= 4 * MQ_THREADS && (p->d2 == 0 || p->k2);
-}
-
-static void mq_split(attn_p *p, int n, int ctx)
-{
-    long long blocks = (long long)n * ((p->heads + MQ_HG - 1) / MQ_HG), want = (MQ_FILL + blocks - 1) / blocks;
-    long long most = (ctx + MQ_MIN_CHUNK - 1) / MQ_MIN_CHUNK;
-    p->splits = (int)(want < most ? want : most);
-    if (p->splits < 1) p->splits = 1;
-    p->chunk = (ctx + p->splits - 1) / p->splits;
-    p->chunk = (p->chunk + MQ_TP - 1) / MQ_TP * MQ_TP;
-    p->splits = (ctx + p->chunk - 1) / p->chunk;
-}
-
-template <int NC>
-static void launch_attn_mq(const attn_p *p, int tokens)
-{
-    int D = p->d1 + p->d2, LD = D + 4;
-    dim3 grid((unsigned)tokens * ((p->heads + MQ_HG - 1) / MQ_HG), (unsigned)p->splits);
-    size_t smem = sizeof(float) * ((size_t)(MQ_HG + MQ_TP) * LD + 2 * MQ_HG * MQ_TP + MQ_HG);
-    static bool attr;
-    if (!attr)
-        attr = cu_check(cudaFuncSetAttribute(attn_mq_kernel<NC>, cudaFuncAttributeMaxDynamicSharedMemorySize, 96 * 1024),
-                        "attention: shared memory");
-    cu_launch(attn_mq_kernel<NC>, grid, MQ_THREADS, smem, *p);
-    if (p->splits > 1)
-        cu_launch(attn_combine_kernel, dim3((unsigned)tokens * p->heads, cu_blocks((size_t)p->dv, COMBINE_COLS)), COMBINE_COLS,
-                              sizeof(float) * (size_t)p->splits, *p);
+    size_t smem = sizeof(float) * ((size_t)p->d1 + p->d2 + 2 * ATTN_WARPS + (size_t)ATTN_WARPS * 32 * PER);
+    launch_smem(attn_kernel<PER>, grid, smem, *p);
+    launch_combine(p, tokens);
 }
 
 /* Splits over positions: enough blocks to fill the device (ATTN_FILL) when
@@ -1407,51 +1016,19 @@ static void attn_split(attn_p *p, int n, int ctx)
     p->chunk = (ctx + p->splits - 1) / p->splits;
 }
 
-/* attn_hg_kernel's splits: about ATTN_HG_FILL blocks of ATTN_HG heads, at least
- * ATTN_MIN_CHUNK positions each (DSV3_CUDA_HG_CHUNK: another least, with the block
- * target scaled to match); shapes only, as attn_split. */
-#define ATTN_HG_FILL 528 /* 4 blocks of 4 warps per SM */
+/* attn_hg_kernel's splits: about HG_FILL blocks of ATTN_HG heads, at least HG_MIN_CHUNK
+ * positions each; shapes only, as attn_split. 64 positions keep the 512-wide kernel's
+ * grid within one wave at 3 blocks per SM (FP8 depth 4096 2.76 -> 2.67 ms; 2.90 with 32). */
+#define HG_MIN_CHUNK 64
+#define HG_FILL 528 /* 4 blocks of 4 warps per SM at 64 positions a split */
 
 static void attn_hg_split(attn_p *p, int n, int ctx)
 {
     long long tg = (long long)n * ((p->heads + ATTN_HG - 1) / ATTN_HG);
-    long long fill = (long long)ATTN_HG_FILL * ATTN_MIN_CHUNK / cu_v.hg_chunk, want = (fill + tg - 1) / tg;
-    long long most = (ctx + cu_v.hg_chunk - 1) / cu_v.hg_chunk;
+    long long want = (HG_FILL + tg - 1) / tg, most = (ctx + HG_MIN_CHUNK - 1) / HG_MIN_CHUNK;
     p->splits = (int)(want < most ? want : most);
     if (p->splits < 1) p->splits = 1;
     p->chunk = (ctx + p->splits - 1) / p->splits;
-}
-
-/* Column slices of launch_attn's grid: one up to 256 columns (PER <= 8), else 512 each. */
-static unsigned attn_slices(int dv) { return cu_blocks((size_t)dv, 512); }
-
-/* comb3's tickets (attn_p.cnt): ATTN_TICKETS zeroed counters at one address for the
- * whole process (captured graphs keep it), made on the first call outside a stream
- * capture and never freed. Every merge leaves its counter at 0 and every kernel
- * starts with cu_pdl_wait, so successive attention launches share them. NULL (the
- * caller launches a combine) while capturing before they exist, or if cudaMalloc failed. */
-#define ATTN_TICKETS 65536
-static unsigned *attn_tickets(void)
-{
-    static unsigned *cnt;
-    static bool tried;
-    if (cnt || tried) return cnt;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (!cu_check(cudaStreamIsCapturing(cu_s, &cs), "attention: capture status") || cs != cudaStreamCaptureStatusNone)
-        return NULL;
-    tried = true;
-    unsigned *c = NULL;
-    if (cudaMalloc(&c, sizeof(unsigned) * ATTN_TICKETS) != cudaSuccess) {
-        cudaGetLastError(); /* not an error: the combine launch stays */
-        return NULL;
-    }
-    if (!cu_check(cudaMemsetAsync(c, 0, sizeof(unsigned) * ATTN_TICKETS, cu_s), "attention: zeroing tickets") ||
-        !cu_check(cudaStreamSynchronize(cu_s), "attention: zeroing tickets")) {
-        cudaFree(c);
-        return NULL;
-    }
-    cnt = c;
-    return cnt;
 }
 
 /* The absorb form's attn_p of a: q_c, q_pe, the caches, seq and pos through io (device
@@ -1498,7 +1075,7 @@ static bool absorb_params(const ds_attn_args *a, cu_io *io, attn_p *p)
 bool cu_attention_parts_ok(const ds_attn_args *a)
 {
     attn_p p = {};
-    if (a->n_tokens <= 0 || a->n_heads <= 0 || !absorb_params(a, NULL, &p) || attn_mq_ok(&p) || !attn_tc_ok(&p))
+    if (a->n_tokens <= 0 || a->n_heads <= 0 || !absorb_params(a, NULL, &p) || !attn_tc_ok(&p))
         return false;
     attn_tc_split(&p, a->n_tokens, a->ctx, TC_PARTS_TILES);
     return p.splits > 1;
@@ -1573,33 +1150,23 @@ static void cu_attention(const ds_attn_args *a, ds_attn_impl impl)
         ok = p.q1 && p.k1 && p.v && p.out;
     }
     p.splits = 1;
-    bool mq = ok && attn_mq_ok(&p), tc = ok && !mq && attn_tc_ok(&p), hg = ok && !mq && !tc && attn_hg_ok(&p);
-    p.pf = cu_v.attn_pf != 0;
-    p.direct = (hg || tc) && cu_v.attn_direct;
+    bool tc = ok && attn_tc_ok(&p), hg = ok && !tc && attn_hg_ok(&p);
+    p.direct = hg || tc;
     p.early = tc && n == 1;
     if (ok) {
-        if (mq) mq_split(&p, n, a->ctx);
-        else if (tc) attn_tc_split(&p, n, a->ctx);
+        if (tc) attn_tc_split(&p, n, a->ctx);
         else if (hg) attn_hg_split(&p, n, a->ctx);
         else attn_split(&p, n, a->ctx);
     }
     if (ok && p.splits > 1) {
-        /* comb3: tickets per (t*H + h, slice) and pm, pl per slice (see attn_p) */
-        size_t slices = attn_slices(p.dv);
-        if (cu_v.comb3 && !mq && !hg && th * slices <= ATTN_TICKETS) p.cnt = attn_tickets();
-        size_t np = th * p.splits, nml = p.cnt ? np * slices : np;
-        p.pm = (float *)cu_alloc(sizeof(float) * (2 * nml + np * (size_t)p.dv)); /* pool: stays valid in a graph */
-        p.pl = p.pm ? p.pm + nml : NULL;
-        p.po = p.pm ? p.pm + 2 * nml : NULL;
+        size_t np = th * p.splits;
+        p.pm = (float *)cu_alloc(sizeof(float) * (2 * np + np * (size_t)p.dv)); /* pool: stays valid in a graph */
+        p.pl = p.pm ? p.pm + np : NULL;
+        p.po = p.pm ? p.pm + 2 * np : NULL;
         ok = p.pm != NULL;
     }
     if (ok && p.seq && p.pos) {
-        if (mq) {
-            if (p.dv <= MQ_THREADS) launch_attn_mq<1>(&p, n);
-            else if (p.dv <= 2 * MQ_THREADS) launch_attn_mq<2>(&p, n);
-            else if (p.dv <= 3 * MQ_THREADS) launch_attn_mq<3>(&p, n);
-            else launch_attn_mq<4>(&p, n);
-        } else if (tc) {
+        if (tc) {
             if (p.dv == 128) launch_attn_tc<128>(&p, n);
             else if (p.dv == 256) launch_attn_tc<256>(&p, n);
             else launch_attn_tc<512>(&p, n);
@@ -2375,7 +1942,6 @@ extern "C" const ds_ops *cuda_backend(void)
          * at 17.2k tok/s in one pass, 15.0k in passes of 2048, 13.0-13.8k in 1024 (session 22) */
         g_ops.prefill_tokens = 8192;
         cu_graph_ops(&g_ops);
-        cuda_reload_variants();
         if (!cu_check(cudaStreamCreateWithFlags(&cu_s, cudaStreamNonBlocking), "creating the stream")) return NULL;
         g_ops.name = "cuda";
     }
