@@ -4,7 +4,7 @@
  * inside one persistent kernel. Each step has the data dependency of a real
  * chain: every block reads values that other blocks wrote in the step before.
  * Figures, not a test (the question is whether a persistent layer kernel could
- * beat the launch boundaries; NOTES.md stage 28).
+ * beat the launch boundaries; docs/cuda.md).
  *   bench_cuda_sync [steps]                                                    */
 #include <cuda_runtime.h>
 #include <stdio.h>

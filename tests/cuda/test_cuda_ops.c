@@ -7,6 +7,9 @@
  * kernels. Each GPU output buffer is poisoned with NaN and followed by guard
  * elements: an unwritten output fails the error check, a write past the end
  * fails the guard check. Error = ||gpu - ref|| / ||ref|| (NaN never passes).
+ * Runs every kernel form, fallbacks included: the cases that reach a fallback on the
+ * H200 set the backend's tuning (cuda_tuning) for their duration (TUNE, TUNE_RESET).
+ * TEST_CUDA_OPS_ONLY=pick, gate or expanded runs those cases alone.
  * Exits 0 with "skipped: no GPU" when there is no CUDA device. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -104,8 +107,8 @@ static bool split_mode(void) { return !cuda_backend_tuning().gemm_bf16; }
  * the last bits of h (the CPU's float32 sums against the tensor cores', or against the
  * decode kernels' sums in another order) can move a code of h by one e4m3 step (1/16 to
  * 1/8 of it); measured 1e-5 (gq_kernel) to 2e-3 (gwq_kernel) at 9+ tokens, and 1.2e-3 at
- * 8 tokens on the decode kernels (session 23: one case of a new random draw; 1.6e-7 in
- * the other cases). A wrong routing, scale or tile gives errors of order 1. */
+ * 8 tokens on the decode kernels (one case of a random draw; 1.6e-7 in the other
+ * cases). A wrong routing, scale or tile gives errors of order 1. */
 #define FP8Q_MOE_TOL 1e-2
 
 /* Whether the FP8 GEMM path's products may run on wgmma (the tuning's fp8_mma and
@@ -1030,9 +1033,10 @@ static void test_many_case(const many_job *mj, int nj, int n, ds_gemm_impl gemm,
     }
 }
 
-/* Stage 20 (NFOLD): matmul_many_normed against rmsnorm_rows then matmul on the CPU (h left
+/* matmul_many_normed against rmsnorm_rows then matmul on the CPU (h left
  * as it was), and matmul_carry against add then matmul; both decline (returning false,
- * nothing queued) what they do not take: n > 1, FP8 rows whose bytes are not a multiple of 16. */
+ * nothing queued) what they do not take: n > 1, FP8 weights (matmul_many_normed), rows whose
+ * bytes are not a multiple of 16. */
 static void test_norm_fold_case(const many_job *mj, int nj, int n, bool taken)
 {
     int k = mj[0].cols;
@@ -1127,7 +1131,7 @@ static void test_norm_fold(void)
     }
 }
 
-/* Stage 8 (MANY): the jobs of a decode step in one gemv launch, on and off. Shapes
+/* matmul_many: the jobs of a decode step in one gemv launch. Shapes
  * cover the launch forms for the rows of all jobs together: 4-row blocks of 8 warps
  * (3072 + 576 rows, 1 token), one row per block (short matrices), 4-row XR blocks
  * (8 tokens), FP8 with one row per block of 4 warps; row offsets and tails per job;
@@ -1196,7 +1200,7 @@ static void test_gate(ds_wfmt fmt, int n, int E, int dim, int K, bool sigmoid, i
     CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ", label, n * K - same, n * K);
     /* past 8 tokens an FP8 gate's product runs on the tensor cores with f16 hi + e4m3 lo
      * activations, whose products the matmul tests hold to SPLIT_TOL: the weights here
-     * had measured 6e-6 .. 1.01e-5 against 1e-5 as the random draw moved (session 24) */
+     * had measured 6e-6 .. 1.01e-5 against 1e-5 as the random draw moved */
     compare(label, gw, rw, (size_t)n * K, fmt == DS_W_FP8 && n > 8 ? SPLIT_TOL : 1e-5);
     free((void *)w.data), free((void *)w.scale);
     cuda_forget_weights();
@@ -1211,7 +1215,7 @@ static void test_gates(void)
     {
         printf("-- gate and routing\n");
         for (int f = DS_W_F32; f <= DS_W_FP8; f++) {
-            /* stage 19's cluster: E <= 128, rows of at most 16 chunks a lane, 1..8 tokens */
+            /* the cluster: E <= 128, rows of at most 16 chunks a lane, 1..8 tokens */
             test_gate((ds_wfmt)f, 8, 128, 1024, 8, true, 8, 3);
             test_gate((ds_wfmt)f, 4, 64, 4096, 6, false, 1, 1);  /* BF16 16 chunks; F32 refused */
             test_gate((ds_wfmt)f, 2, 129, 512, 6, false, 1, 1);  /* 17 warps: refused */
@@ -1221,7 +1225,7 @@ static void test_gates(void)
             test_gate((ds_wfmt)f, 8, 160, 1536, 6, false, 1, 1);  /* V2 */
             test_gate((ds_wfmt)f, 5, 72, 200, 4, true, 4, 2);
             test_gate((ds_wfmt)f, 2, 40, 204, 3, false, 1, 1);    /* F32 16-byte rows, BF16 not: two launches */
-            /* past 8 tokens: gate_tile_kernel (stage 28) where E x k <= 2^18, else two launches */
+            /* past 8 tokens: gate_tile_kernel where E x k <= 2^18, else two launches */
             test_gate((ds_wfmt)f, 20, 64, 256, 6, false, 1, 1);
             test_gate((ds_wfmt)f, 37, 16, 256, 4, true, 4, 2);     /* the golden model's gate */
             test_gate((ds_wfmt)f, 9, 17, 200, 3, true, 1, 1);      /* E % 4, a partial 256-column chunk */
@@ -1230,7 +1234,7 @@ static void test_gates(void)
              * run on the tensor cores with e4m3 low parts, nor on the two launches (bf16 parts
              * on cuBLAS) past 1024 tokens or at k = 8192: both swap a few near-tied experts at
              * such sizes (FP8 2 of 6606 choices at 1101 x 64 x 2048; BF16 2 of 6150 at 1025 x
-             * 64 x 2048, F32 2 of 9600 at 1200 x 32 x 8192; session 26) */
+             * 64 x 2048, F32 2 of 9600 at 1200 x 32 x 8192) */
             if (f == DS_W_FP8) continue;
             test_gate((ds_wfmt)f, 512, 64, 2048, 6, false, 1, 1);  /* 16B prefill */
             test_gate((ds_wfmt)f, 1023, 64, 2048, 6, false, 1, 1); /* a partial last block */
@@ -1427,7 +1431,7 @@ static void mla_attend_case(const char *label, ds_wfmt fmt, int H, int nope, int
     free_weight(&w);
 }
 
-/* mla_attend (stage 12: absorb attention in one launch) */
+/* mla_attend (absorb attention in one launch) */
 static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int n, const int *seq,
                             const int *pos)
 {
@@ -1437,7 +1441,7 @@ static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rop
     mla_attend_case(label, fmt, H, nope, vd, R, rope, ctx, n, seq, pos, false, 2e-5);
 }
 
-/* Products of 2..8 tokens (stage 12: on the tensor cores, gemv_mma_kernel) against the
+/* Products of 2..8 tokens (on the tensor cores, gemv_mma_kernel) against the
  * CPU, each token's row on its own: tokens of magnitudes 1e-6 .. 1e5 (f16 parts of x are
  * scaled per token and step), rows not a multiple of the 16-row tile, an offset row0. */
 static void test_gemv_mma(ds_wfmt fmt, int rows, int k, int n, int row0, int nrows)
@@ -1597,7 +1601,7 @@ static void test_attend_long(void)
     free_weight(&w);
 }
 
-/* Session 21: mla_attend of a contiguous prefill pass in the expanded form
+/* mla_attend of a contiguous prefill pass in the expanded form
  * (cu_mla_expanded): n tokens of sequence 1 from pos0. */
 static void test_mla_expanded(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int n, int pos0)
 {
@@ -1710,8 +1714,8 @@ static void test_expanded(void)
     free_weight(&w);
 }
 
-/* Stage 19: heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even
- * column counts), on and off. Partial 64-column slices, heads across 128-row scale
+/* heads_t3_kernel (matmul_heads_t of 1..8 tokens, heads of <= 128 rows, even column
+ * counts). Partial 64-column slices, heads across 128-row scale
  * blocks, and the shapes it refuses (odd columns, 136-row heads) for the other kernels. */
 static void test_heads_t(void)
 {
@@ -1904,7 +1908,7 @@ int main(void)
     test_attention(DS_ATTN_ABSORB, 5, 200, 40, 0, 0, 37);
     test_attention_dense(4, 128, 32, 40, 0);  /* prefill from position 0 */
     test_attention_dense(3, 160, 16, 17, 25); /* a later chunk of a prompt */
-    /* stage 19's vectorised pack and softmax: a row longer than 1024, a rope part of 6
+    /* the vectorised pack and softmax: a row longer than 1024, a rope part of 6
      * (the scalar pack), rows of 4 k + 2 (the scalar softmax) */
     test_attention_dense(2, 64, 16, 20, 1100);
     test_attention_dense(2, 96, 6, 24, 0);

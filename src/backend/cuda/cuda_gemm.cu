@@ -1,25 +1,28 @@
 /* cuda_gemm.cu - the products of the CUDA backend: matmul (F32, BF16 and FP8
- * block-scaled weights against float32 activations), the FP8 GEMM path
- * (act_quant + block-scaled e4m3 x e4m3 product), and matmul_t.
+ * block-scaled weights against float32 activations), matmul_many (the products of
+ * one input in one launch), matmul_many_normed / matmul_carry (the attention norm and
+ * residual folded into them), matmul_t, the per-head products of absorb attention
+ * (matmul_heads, matmul_heads_t), the FP8 GEMM path's act_quant, and the cuBLAS forms
+ * of the prefill products; also the machine's ceilings for dsv3 bench.
  *
- * Two kernels per product, both plain CUDA cores in float32:
- *   gemv:  n <= 8 tokens (decode). One block of 4 warps per 4 weight rows
- *          (1 row for n > 2), the warps splitting K; each lane reads 16 bytes
- *          of each row at a time (4 F32, 8 BF16 or 16 FP8 weights) and applies them to every
- *          token, so the weights stream once. Rows whose byte length is not a
- *          multiple of 16 take a scalar-load variant.
- *   tiled: n > 8 (prefill). 64 tokens x 64 rows per block through shared
- *          memory, 4x4 outputs per thread; no tensor cores yet.
- *   matmul_many: up to 4 decode products of one weight format and token count
- *          (wq_a + wkv_a, w1 + w3) as the blocks of one gemv launch.
- * The FP8 path keeps one byte per weight and per activation: a K-tile of 32
- * lies inside one 128-block, so partial sums are scaled by s_x[i][kb] *
- * s_w[r/128][kb] once per block, as the reference's fp8_gemm does.
- *
- * Cost (decode): a weight of R x K bytes is read once per call; for V3's
- * expert matrices that is the whole of the time. Nothing here reaches HBM
- * roofline yet: no split-K for short grids, no CUDA graphs, one launch per
- * op and a device synchronisation after each. */
+ * Decode (n <= 8 tokens) is bound by the weights' bytes, read once per call:
+ *   gemv:  one block of 4 (or 8) warps per 4 weight rows (1 row for short matrices,
+ *          4x the blocks), the warps splitting K; each lane reads 16 bytes of each row
+ *          at a time (4 F32, 8 BF16 or 16 FP8 weights) and applies them to every
+ *          token; rows not a multiple of 16 bytes take a scalar-load form. Blocks of
+ *          the first wave load their first weights before the PDL wait.
+ *   gemv_mma: 2..8 tokens of BF16 / FP8 weights on the tensor cores (mma.sync), where
+ *          the gemvs' activation reads would outgrow the weights'.
+ * Prefill (n >= 16): the tensor cores, float32 activations split into bf16 hi + lo
+ * (or rounded once, gemm_bf16): BF16 weights by cuBLAS, FP8 ones by cu_dense_fp8_tc
+ * (cuda_grouped.cu); 9..15 tokens and the shapes those refuse: the tiled kernel
+ * (64 x 64 outputs a block on the CUDA cores). The FP8 GEMM path quantises x by
+ * act_quant (1 x 128 blocks, e4m3) and takes the codes to gq / gwq_kernel
+ * (cuda_grouped.cu) or to the same gemv / tiled kernels, partial sums scaled by
+ * s_x s_w once per 128-block, as the reference's fp8_gemm does.
+ * Tested by tests/cuda/test_cuda_ops.c (test_matmul*, test_heads*, test_many_case,
+ * test_norm_fold, test_gemv_mma, test_fp8_golden: against the CPU backend and the
+ * reference's Triton kernels' outputs). */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -31,8 +34,8 @@
 /* Prefill products (n >= BLAS_MIN tokens, exact-dequantisation path) go to
  * the tensor cores: the float32 activations are split into bf16 hi + lo
  * (x - hi), the lo half accumulated onto the hi product (beta = 1), which keeps ~16
- * bits of the activations. DSV3_CUDA_GEMM=bf16 takes a single bf16 pass (as HF
- * transformers): measured on the tiny golden model (stage 6) it misses issue 7's
+ * bits of the activations. gemm_bf16 takes a single bf16 pass (as HF
+ * transformers): measured on the tiny golden model it misses the golden tests'
  * bar at prefill (s200: cosine 0.70 on some rows: near-tied expert choices flip
  * and the change spreads through attention), so it is not the default.
  * BF16 weights: cuBLAS. FP8 weights: cu_dense_fp8_tc (cuda_grouped.cu, e4m3
@@ -187,7 +190,7 @@ __device__ __forceinline__ void wdecode(uint4 raw, float *out)
  * GEMV_ROWS, and each lane keeps GEMV_ROWS 16-byte weight loads in flight.
  * F: weight format; QA: x is act_quant output (e4m3 bytes + xs scales), F == FP8;
  * VEC: 16-byte loads (K * size(F) % 16 == 0 and x 16-byte aligned).
- * NRM (stage 20, one token, not XR): x is the residual stream h and the product's input is
+ * NRM (one token, not XR): x is the residual stream h and the product's input is
  * rmsnorm(h + nr) * ng (eps) as rmsnorm_rows makes it, never stored: each block sums the
  * squares of h + nr over the chunks it loads anyway and scales its sums by the rms at the end.
  * carry (may be NULL): carry[o] += y[o] before y[o] is overwritten (the residual add of y's
@@ -359,7 +362,7 @@ __global__ void __launch_bounds__(WP * 32) gemv_many_kernel(const gemv_jobs t, i
                                                    t.rows[j], b - t.b0[j], pf, t.nr, t.ng, t.eps);
 }
 
-/* ---- 2..8 tokens on the tensor cores (stage 12, DSV3_CUDA_GEMV_MMA): at 8 tokens the
+/* ---- 2..8 tokens on the tensor cores (gemv_mma_kernel): at 8 tokens the
  * gemvs above do 8 FMAs per weight and their activation reads outgrow the weights' (FP8
  * wq + wkv_a ran at 346 GB/s, the BF16 head at 1060). Here mma.m16n8k16 takes 16 weight
  * rows (A) against the 8 token columns (B): a block of GM_WARPS warps takes a 16-row tile,
@@ -614,10 +617,10 @@ tiled_kernel(float *__restrict__ y, const void *__restrict__ x, const float *__r
  * batch; RW rows per block: 4 shares each activation load among 4 rows.
  * XR (BF16 / F32 weights, 3..8 tokens): every token's activation chunk held in
  * registers (NT x 8 floats at most) and each row decoded once, 4 rows per block
- * (stage 4: one row per block at n = 8 ran the dense gemvs at ~550 GB/s).
+ * (one row per block at n = 8 ran the dense gemvs at ~550 GB/s).
  * FP8 weights at 3..8 tokens: the 4 rows' 16 codes widened once and held, each
- * token's chunk loaded in turn (stage 9; one row per block read the activations
- * once per row). Only act_quant inputs (QA) at 3..8 tokens keep one row per block. */
+ * token's chunk loaded in turn (one row per block read the activations once per
+ * row). Only act_quant inputs (QA) at 3..8 tokens keep one row per block. */
 template <int F, bool QA, int NT>
 struct gemv_cfg {
     static constexpr bool XR = NT > 2 && F != DS_W_FP8 && !QA;
@@ -747,7 +750,7 @@ __global__ void split_bf16_kernel(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const fl
     if (lo) lo[i] = __float2bfloat16_rn(x[i] - __bfloat162float(h));
 }
 
-/* split_bf16_kernel four elements a thread (stage 19): n4 float4s of x */
+/* split_bf16_kernel four elements a thread: n4 float4s of x */
 __global__ void split_bf16x4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4)
 {
     cu_pdl_wait();
@@ -796,6 +799,8 @@ static bool blas_ready(void)
     g_split = cu_gemm_split(); /* read each time: the tuning may change between ops */
     return true;
 }
+
+cublasHandle_t cu_blas(void) { return blas_ready() ? g_blas : NULL; }
 
 static int g_force_split; /* cu_gemm_force_split's nesting */
 
@@ -1094,9 +1099,8 @@ __global__ void heads_kernel(float *__restrict__ y, int ys, const float *__restr
     }
 }
 
-/* heads_kernel with 16-byte weight and activation loads (stage 7, HEADS2): a lane
- * takes 16 / size(F) consecutive columns (a 512-column BF16 row in 2 passes, was 16
- * loads of 2 bytes); k * size(F) % 16 == 0, xs % 4 == 0, w and x 16-byte aligned. */
+/* heads_kernel with 16-byte weight and activation loads: a lane takes 16 / size(F)
+ * consecutive columns (a 512-column BF16 row in 2 passes, not 16 loads of 2 bytes); k * size(F) % 16 == 0, xs % 4 == 0, w and x 16-byte aligned. */
 template <int F>
 __global__ void __launch_bounds__(128)
 heads_vec_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int xs, int n, int H,
@@ -1219,7 +1223,7 @@ heads_t_kernel(float *__restrict__ y, int ys, const float *__restrict__ x, int x
     }
 }
 
-/* heads_t for 1..8 tokens and heads of at most 128 rows (stage 19, DSV3_CUDA_HEADS_T3):
+/* heads_t for 1..8 tokens and heads of at most 128 rows (heads_t3_kernel):
  * block (64-column slice, head) of 16 warps; lane l takes columns c0 + 2l, c0 + 2l + 1 of
  * warp w's rows w, w + 16, ..., w + 112. Those 8 pairs (FP8: times their block scale) are
  * loaded into registers before the PDL wait, so the weights (the whole product's bytes)
@@ -1311,7 +1315,7 @@ __global__ void e4m3_bf16_kernel(__nv_bfloat16 *out, const uint8_t *__restrict__
     if (i < n) out[i] = __float2bfloat16_rn(cu_e4m3(w[i]));
 }
 
-/* e4m3_bf16_kernel eight codes a thread (stage 19): n8 groups of 8 */
+/* e4m3_bf16_kernel eight codes a thread: n8 groups of 8 */
 __global__ void e4m3_bf16x8_kernel(uint4 *out, const uint2 *__restrict__ w, size_t n8)
 {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
@@ -1327,7 +1331,7 @@ __global__ void e4m3_bf16x8_kernel(uint4 *out, const uint2 *__restrict__ w, size
     out[i] = make_uint4(o[0], o[1], o[2], o[3]);
 }
 
-/* split_scaled_kernel / scale_heads_out_kernel four elements a thread (stage 19; rows of
+/* split_scaled_kernel / scale_heads_out_kernel four elements a thread (rows of
  * xs floats, xs % 4 == 0: the four share a row and a 128-column block) */
 __global__ void split_scaled4_kernel(uint2 *hi, uint2 *lo, const float4 *__restrict__ x, size_t n4, int xs, int H,
                                      int cols, const float *__restrict__ s, int kb, int row0, int hstride)
@@ -1560,384 +1564,6 @@ bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const 
     free(op);
     free(ab);
     return ok;
-}
-
-/* ---- dense absorb attention for a prefill (one sequence's consecutive
- * positions): per chunk of tokens, S = q_c KV^T + q_pe PE^T over the cache rows
- * 0 .. L-1 (all heads of a token share them: one product for all heads),
- * causal softmax of S * scale, out = P KV, on the tensor cores. Both operands
- * of each product are float32 activations: in split mode (the default) each is
- * split into bf16 hi + lo and the three terms hi.hi + hi.lo + lo.hi are one
- * GEMM over a K three times as long ([Qh | Qh | Ql] . [Kh | Kl | Kh]); the
- * dropped lo.lo term is ~2^-16 relative. DSV3_CUDA_GEMM=bf16: one term. */
-
-#define DENSE_ATTN_MIN 16
-#define DENSE_ATTN_BYTES ((size_t)256 << 20) /* score matrix per chunk */
-
-/* dst[s * seg + i * ld + c] for s < nseg = bf16 hi of x (or its lo remainder when
- * bit s of lo_mask is set), x = row i of [src1 (d1 columns) | src2 (d2 columns)]. */
-__global__ void attn_pack_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
-                                 const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
-                                 int d2)
-{
-    size_t i = blockIdx.x;
-    for (int c = threadIdx.x; c < d1 + d2; c += blockDim.x) {
-        float v = c < d1 ? s1[i * ss1 + c] : s2[i * ss2 + c - d1];
-        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
-        for (int k = 0; k < nseg; k++) dst[k * seg + i * ld + c] = (lo_mask >> k & 1) ? l : h;
-    }
-}
-
-/* attn_pack_kernel four columns a thread (stage 19): d1, d2, ss1, ss2, ld and seg
- * multiples of 4, sources 16-byte and dst 8-byte aligned */
-__global__ void attn_pack4_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
-                                  const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
-                                  int d2)
-{
-    size_t i = blockIdx.x;
-    for (int c = 4 * threadIdx.x; c < d1 + d2; c += 4 * blockDim.x) {
-        float4 v = c < d1 ? *(const float4 *)(s1 + i * ss1 + c) : *(const float4 *)(s2 + i * ss2 + c - d1);
-        uint2 h, l;
-        h.x = bf16x2_split(v.x, v.y, &l.x);
-        h.y = bf16x2_split(v.z, v.w, &l.y);
-        for (int k = 0; k < nseg; k++) *(uint2 *)(dst + k * seg + i * ld + c) = (lo_mask >> k & 1) ? l : h;
-    }
-}
-
-static void launch_attn_pack(unsigned rows, __nv_bfloat16 *dst, long long seg, int ld, int nseg, unsigned lo_mask,
-                             const float *s1, int ss1, int d1, const float *s2, int ss2, int d2)
-{
-    if (d1 % 4 == 0 && d2 % 4 == 0 && ss1 % 4 == 0 && ss2 % 4 == 0 && ld % 4 == 0 && seg % 4 == 0 &&
-        (uintptr_t)s1 % 16 == 0 && (uintptr_t)s2 % 16 == 0 && (uintptr_t)dst % 8 == 0)
-        attn_pack4_kernel<<<rows, 128, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
-    else
-        attn_pack_kernel<<<rows, 256, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
-}
-
-/* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale,
- * zeros beyond, written as bf16 to p[i][k * L + j] for k < nseg (hi, or lo for bit k of lo_mask). */
-__global__ void causal_softmax_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p, int L, int H,
-                                      int pos0, float scale, int nseg, unsigned lo_mask)
-{
-    __shared__ float red[32];
-    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int nw = blockDim.x / 32;
-    const float *row = s + (size_t)i * L;
-    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
-    float mx = -INFINITY;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, row[j] * scale);
-    mx = cu_warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float sum = 0;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) sum += expf(row[j] * scale - mx);
-    sum = cu_warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    sum = 0;
-    for (int w = 0; w < nw; w++) sum += red[w];
-    float inv = 1.0f / sum;
-    for (int j = threadIdx.x; j < L; j += blockDim.x) {
-        float v = j < len ? expf(row[j] * scale - mx) * inv : 0.0f;
-        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
-        for (int k = 0; k < nseg; k++) prow[(size_t)k * L + j] = (lo_mask >> k & 1) ? l : h;
-    }
-}
-
-/* causal_softmax_kernel with the row in registers (stage 19): thread k holds the V
- * float4s at 4 (k + 256 u), L <= 1024 V, L % 4 == 0; one read of the row, one exp per
- * score, 8-byte stores of the bf16 parts */
-template <int V>
-__global__ void __launch_bounds__(256) causal_softmax4_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p,
-                                                              int L, int H, int pos0, float scale, int nseg,
-                                                              unsigned lo_mask)
-{
-    __shared__ float red[8];
-    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const float4 *row = (const float4 *)(s + (size_t)i * L);
-    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
-    float v[V][4], mx = -INFINITY;
-    #pragma unroll
-    for (int u = 0; u < V; u++) {
-        int j = 4 * (threadIdx.x + 256 * u);
-        float4 f = j < L ? row[j / 4] : make_float4(0, 0, 0, 0);
-        v[u][0] = f.x * scale, v[u][1] = f.y * scale, v[u][2] = f.z * scale, v[u][3] = f.w * scale;
-        #pragma unroll
-        for (int e = 0; e < 4; e++)
-            if (j + e < len) mx = fmaxf(mx, v[u][e]);
-    }
-    mx = cu_warp_max(mx);
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    mx = red[0];
-    #pragma unroll
-    for (int w = 1; w < 8; w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float sum = 0;
-    #pragma unroll
-    for (int u = 0; u < V; u++) {
-        int j = 4 * (threadIdx.x + 256 * u);
-        #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            v[u][e] = j + e < len ? expf(v[u][e] - mx) : 0.0f;
-            sum += v[u][e];
-        }
-    }
-    sum = cu_warp_sum(sum);
-    if (lane == 0) red[warp] = sum;
-    __syncthreads();
-    sum = 0;
-    #pragma unroll
-    for (int w = 0; w < 8; w++) sum += red[w];
-    float inv = 1.0f / sum;
-    #pragma unroll
-    for (int u = 0; u < V; u++) {
-        int j = 4 * (threadIdx.x + 256 * u);
-        if (j >= L) continue;
-        uint2 h, l;
-        h.x = bf16x2_split(v[u][0] * inv, v[u][1] * inv, &l.x);
-        h.y = bf16x2_split(v[u][2] * inv, v[u][3] * inv, &l.y);
-        for (int k = 0; k < nseg; k++) *(uint2 *)(prow + (size_t)k * L + j) = (lo_mask >> k & 1) ? l : h;
-    }
-}
-
-/* Tokens a chunk of a dense attention takes: its scores and probabilities (H rows of L
- * a token, float32 and nseg bf16 parts) within DENSE_ATTN_BYTES, a multiple of 64 so
- * that the chunks' row lengths L keep the pass's alignment (cuBLAS and the four-wide
- * softmax want rows of a multiple of 4 or 8); DSV3_CUDA_ATTN_CHUNK (tests) fewer. */
-static int attn_chunk_tokens(int n, int H, int L, int nseg)
-{
-    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * L;
-    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
-    if (tc >= 64) tc = tc / 64 * 64;
-    if (cu_tune.dense_chunk > 0 && cu_tune.dense_chunk < tc) tc = cu_tune.dense_chunk;
-    if (tc < 1) tc = 1;
-    return tc > n ? n : tc;
-}
-
-/* causal_softmax_kernel, or its four-wide form where the rows allow */
-static void launch_causal_softmax(const float *S, __nv_bfloat16 *P, int rows, int L, int H, int pos0, float scale,
-                                  int nseg, unsigned q_lo)
-{
-    if (L % 4 == 0 && L <= 1024)
-        causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
-    else if (L % 4 == 0 && L <= 4096)
-        causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
-    else
-        causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
-}
-
-bool cu_attention_dense(const ds_attn_args *a)
-{
-    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope;
-    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx) return false;
-    if (!cu_device_readable(a->q_c) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
-        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
-        return false;
-    int nseg = g_split ? 3 : 1, D = R + rp, KD = nseg * D, Lmax = a->pos0 + n, tc = attn_chunk_tokens(n, H, Lmax, nseg);
-    /* scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys [Kh | Kl | Kh], values [Kh; Kl; Kh] */
-    float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * Lmax * tc);
-    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * Lmax * tc * nseg);
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
-    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * KD);
-    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * R * nseg);
-    bool ok = S && P && Q && Kp && V;
-    const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
-    const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
-    const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
-    if (ok) {
-        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, a->q_c, R, R, a->q_pe, rp, rp);
-        launch_attn_pack((unsigned)Lmax, Kp, D, KD, nseg, k_lo, kv, R, R, pe, rp, rp);
-        launch_attn_pack((unsigned)Lmax, V, (long long)Lmax * R, R, nseg, k_lo, kv, R, R, NULL, 0, 0);
-    } else { /* no memory for the tensor-core form: the attention kernel */
-        cu_free(S);
-        cu_free(P);
-        cu_free(Q);
-        cu_free(Kp);
-        cu_free(V);
-        cu_check(cudaGetLastError(), "attention: memory");
-        return false;
-    }
-    const float one = 1.0f, zero = 0.0f;
-    for (int t0 = 0; t0 < n && ok; t0 += tc) {
-        int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
-        /* column-major: S^T (L x rows) = Kp (KD x L)^T Q^T (KD x rows), ldc = L */
-        ok = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, KD, &one, Kp, CUDA_R_16BF, KD,
-                          Q + (size_t)t0 * H * KD, CUDA_R_16BF, KD, &zero, S, CUDA_R_32F, L, CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-        if (ok) launch_causal_softmax(S, P, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-        /* out^T (R x rows) = V' (R x nseg L) P'^T (nseg L x rows): V' segment k at column k * L;
-         * the values are laid out with Lmax rows per segment, so one product per segment
-         * when L < Lmax (earlier chunks), else one product over all */
-        if (ok && L == Lmax)
-            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, nseg * L, &one, V, CUDA_R_16BF, R, P,
-                              CUDA_R_16BF, nseg * L, &zero, a->out + (size_t)t0 * H * R, CUDA_R_32F, R,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-        for (int k = 0; ok && L < Lmax && k < nseg; k++)
-            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, L, &one, V + (size_t)k * Lmax * R, CUDA_R_16BF,
-                              R, P + (size_t)k * L, CUDA_R_16BF, nseg * L, k ? &one : &zero, a->out + (size_t)t0 * H * R,
-                              CUDA_R_32F, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-    }
-    if (!ok) cu_check(cudaErrorUnknown, "attention: cublasGemmEx");
-    cu_free(S);
-    cu_free(P);
-    cu_free(Q);
-    cu_free(Kp);
-    cu_free(V);
-    cu_check(cudaGetLastError(), "attention: launch");
-    return true;
-}
-
-/* ---- absorb attention of a long prefill in the expanded (MHA) form (session 21;
- * ds_ops.mla_attend takes contiguous passes of at least DSV3_CUDA_EXPAND tokens). The
- * pass's sequence so far (positions 0 .. pos0 + n - 1) is expanded once with wkv_b
- * into per-head rows [k_nope | v] (one product), then, for all heads at once by
- * strided batched GEMMs: S = [q_nope | q_pe] [k_nope | pe]^T, the causal softmax,
- * out = P V. A score is nope + rope products (192 at V3's shapes) where the absorb
- * form's is kv_rank + rope (576), an output row vdim (128) where absorb's is kv_rank
- * (512), and absorb's per-head products with wkv_b (q_c and the output) go; taken
- * where that counts fewer multiply-adds, the expansion included. Operands
- * split into bf16 hi + lo as in cu_attention_dense; wkv_b dequantised exactly (the
- * expansion is a DS_GEMM_BF16 product, as absorb's wkv_b products are). */
-
-/* Head h's rows of the expansion into the score and value operands, one block per
- * position i: Kp[h][i] = nseg segments of [e_nope | pe] (seg k the bf16 lo part when
- * bit k of k_lo is set), V[h][k][i] = segment k of e_v; e = E row i, head h's W =
- * nope + vd columns. */
-__global__ void expand_pack_kernel(__nv_bfloat16 *__restrict__ Kp, __nv_bfloat16 *__restrict__ V,
-                                   const float *__restrict__ E, const float *__restrict__ pe, int P, int H, int nope,
-                                   int rp, int vd, int nseg, unsigned k_lo)
-{
-    size_t i = blockIdx.x, h = blockIdx.y;
-    int D = nope + rp, W = nope + vd;
-    const float *e = E + (i * H + h) * W;
-    __nv_bfloat16 *kr = Kp + (h * P + i) * (size_t)(nseg * D);
-    if (nope % 4 == 0 && rp % 4 == 0 && vd % 4 == 0 && (uintptr_t)E % 16 == 0 && (uintptr_t)pe % 16 == 0) {
-        /* four columns a thread: 16-byte loads, 8-byte stores */
-        for (int c = 4 * threadIdx.x; c < D + vd; c += 4 * blockDim.x) {
-            float4 v = *(const float4 *)(c < nope ? e + c : c < D ? pe + i * rp + c - nope : e + nope + c - D);
-            uint2 hi, lo;
-            hi.x = bf16x2_split(v.x, v.y, &lo.x);
-            hi.y = bf16x2_split(v.z, v.w, &lo.y);
-            for (int k = 0; k < nseg; k++) {
-                uint2 x = (k_lo >> k & 1) ? lo : hi;
-                if (c < D) *(uint2 *)(kr + k * D + c) = x;
-                else *(uint2 *)(V + ((h * nseg + k) * P + i) * vd + c - D) = x;
-            }
-        }
-        return;
-    }
-    for (int c = threadIdx.x; c < D + vd; c += blockDim.x) {
-        float v = c < nope ? e[c] : c < D ? pe[i * rp + c - nope] : e[nope + c - D];
-        __nv_bfloat16 hi = __float2bfloat16_rn(v), lo = __float2bfloat16_rn(v - __bfloat162float(hi));
-        for (int k = 0; k < nseg; k++) {
-            __nv_bfloat16 x = (k_lo >> k & 1) ? lo : hi;
-            if (c < D) kr[k * D + c] = x;
-            else V[((h * nseg + k) * P + i) * vd + c - D] = x;
-        }
-    }
-}
-
-/* The strided batched bf16 GEMM of the expanded form (column-major), float32 out */
-static bool expand_gemm(cublasOperation_t ta, int m, int nn, int k, const void *A, int lda, long long sa, const void *B,
-                        int ldb, long long sb, float beta, float *C, int ldc, long long sc, int batch)
-{
-    const float one = 1.0f;
-    return cublasGemmStridedBatchedEx(g_blas, ta, CUBLAS_OP_N, m, nn, k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF,
-                                      ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
-}
-
-bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
-{
-    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope, nope = a->nope, vd = a->vdim;
-    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx || H <= 0 ||
-        nope <= 0 || vd <= 0 || rp < 0 || qk < nope + rp || wkv_b->cols != R || wkv_b->rows < H * (nope + vd))
-        return false;
-    if (!cu_device_readable(q) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
-        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !blas_ready())
-        return false;
-    int nseg = g_split ? 3 : 1, D = nope + rp, KD = nseg * D, W = nope + vd, P = a->pos0 + n;
-    /* multiply-adds of the two forms: per token, position and head nseg (R + rope + R)
-     * against nseg (nope + rope + vd); per token and head absorb's q_c and output products
-     * (2 R (nope + vd), x2 for split activations) against, per position, the expansion
-     * (H R W, x2), weighted 2: with its packing it costs about that much more a
-     * multiply-add (H200, 16B FP8, tok/s expanded / absorb: passes of 16 / 64 / 256 / 1024
-     * tokens onto 4096 cached 1038 / 3490 / 10120 / 8659 against 1525 / 4623 / 11053 /
-     * 6715; from position 0, 16 .. 256 tokens 1-7% faster expanded). A pass onto a deep
-     * cache expands every earlier position for its few tokens: there absorb wins.
-     *   Session 27, after flash_kernel's 128-query blocks (expanded / absorb, onto 4096
-     * cached): 32 tokens 2529 / 3322, 64 4752 / 5216, 128 8613 / 8948, 256 13888 / 12587,
-     * 512 20023 / 14913; onto 1024: 128 11471 / 11027, 256 18165 / 17090. The weight went
-     * 2.5 -> 2, which moves 256 onto 4096 to the expanded form: default / expanded / absorb
-     * onto 4096 cached 128 tokens 9068 / 8649 / 9048, 192 11064 / 11114 / 11150, 256 13895 /
-     * 13839 / 12791, 384 17236 / 17250 / 14227; onto 2048, 256 16500 / 16453 / 16026.
-     * DSV3_CUDA_EXPAND < 0 (tests): the expanded form always. */
-    double pairs = (double)n * P * H, split = g_split ? 2 : 1;
-    double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
-    double expanded = pairs * nseg * (double)(D + vd) + 2.0 * P * H * R * W * split;
-    if (cu_tune.expand_min > 0 && expanded >= absorb) return false;
-    bool flash = cu_flash_ok(D, vd, g_split); /* scores, softmax and values in one launch, none stored */
-    int tc = flash ? 1 : attn_chunk_tokens(n, H, P, nseg);
-    /* the expanded rows grow with the context (V3's 128 heads: 1.5 MB a position): past
-     * half the free device memory the absorb form, which needs far less, runs instead of
-     * an out-of-memory error */
-    size_t need = (sizeof(float) * W + sizeof(__nv_bfloat16) * (KD + nseg * vd)) * (size_t)P * H +
-                  sizeof(__nv_bfloat16) * (size_t)n * H * KD, fr = 0, tot = 0;
-    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || need > fr / 2) {
-        cudaGetLastError();
-        return false;
-    }
-    /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
-     * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
-    float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
-    float *S = flash ? NULL : (float *)cu_alloc(sizeof(float) * (size_t)H * P * tc);
-    __nv_bfloat16 *Pb = flash ? NULL : (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * tc * nseg);
-    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
-    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * KD);
-    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * nseg * P * vd);
-    bool mem = E && (flash || (S && Pb)) && Q && Kp && V, ok = mem; /* no memory: cu_alloc said so */
-    if (mem) {
-        const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
-        const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
-        const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
-        cu_matmul(E, kv, P, wkv_b, 0, H * W, DS_GEMM_BF16, false);
-        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, q, qk, nope, a->q_pe, rp, rp);
-        expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 64, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
-                                                                             k_lo);
-        if (flash)
-            ok = cu_flash_attend(a->out, Q, Kp, V, n, H, P, a->pos0, a->softmax_scale, D, vd, g_split);
-        for (int t0 = 0; t0 < n && ok && !flash; t0 += tc) {
-            int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
-            /* per head h, column-major: S_h^T (L x c) = Kp_h (KD x L)^T Q_h^T (KD x c); row
-             * t * H + h of S (ldc H L) as cu_attention_dense lays them out */
-            ok = expand_gemm(CUBLAS_OP_T, L, c, KD, Kp, KD, (long long)P * KD, Q + (size_t)t0 * H * KD, H * KD, KD, 0.0f,
-                             S, H * L, L, H);
-            if (ok) launch_causal_softmax(S, Pb, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
-            /* out_h^T (vd x c) = V_h' (vd x nseg L) P_h'^T: V_h's segments lie P rows apart,
-             * so one product over all of them when L == P (the last chunk), else one a segment */
-            float *out = a->out + (size_t)t0 * H * vd;
-            if (ok && L == P)
-                ok = expand_gemm(CUBLAS_OP_N, vd, c, nseg * L, V, vd, (long long)nseg * P * vd, Pb, H * nseg * L,
-                                 (long long)nseg * L, 0.0f, out, H * vd, vd, H);
-            for (int k = 0; ok && L < P && k < nseg; k++)
-                ok = expand_gemm(CUBLAS_OP_N, vd, c, L, V + (size_t)k * P * vd, vd, (long long)nseg * P * vd,
-                                 Pb + (size_t)k * L, H * nseg * L, (long long)nseg * L, k ? 1.0f : 0.0f, out, H * vd,
-                                 vd, H);
-        }
-        if (!ok) cu_check(cudaErrorUnknown, "expanded attention: cublasGemmStridedBatchedEx or flash_kernel");
-    }
-    cu_free(E);
-    cu_free(S);
-    cu_free(Pb);
-    cu_free(Q);
-    cu_free(Kp);
-    cu_free(V);
-    if (mem) cu_check(cudaGetLastError(), "expanded attention: launch");
-    return mem;
 }
 
 /* ---- the machine's ceilings (dsv3 bench): device-to-device copy and bf16 GEMM */

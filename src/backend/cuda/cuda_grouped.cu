@@ -1,28 +1,32 @@
 /* cuda_grouped.cu - products of a prefill on the tensor cores that cuBLAS does
  * not cover well: the routed experts (one grouped launch per weight kind over
- * the tokens gathered in expert order) and FP8 weights with block scales.
+ * the tokens gathered in expert order), FP8 weights with block scales, and the
+ * FP8 GEMM path (gemm_impl fp8: act_quant codes against the weights' codes).
  *
  * Tiles: GG_BM = 64 tokens of one expert x BN weight rows per block of 8 warps
- * (2 x 4 warps, float32 sums on the tensor cores). A tile list (expert, first
- * token, end token), made on the device or the host from the routing counts,
- * tells each block its expert, so one launch covers every expert whatever its
- * token count; 16-row fragments wholly past an expert's last token skip their
- * products.
+ * (float32 sums on the tensor cores). A tile list (expert, first token, end token),
+ * made on the device or the host from the routing counts, tells each block its
+ * expert, so one launch covers every expert whatever its token count; 16-row
+ * fragments wholly past an expert's last token skip their products.
  *   up:   B rows 0 .. BN/2-1 are rows r0.. of w1, the rest the same rows of w3;
  *         the epilogue writes h = silu(w1 x) * (w3 x) in the A form of down.
  *   down: B rows are BN rows of w2; the epilogue writes float32 y rows.
  * Activations are split into high + low parts (two products per fragment; the
- * default), or rounded once with DSV3_CUDA_GEMM=bf16. gf_kernel below (mma.sync);
- * it replaced two WMMA kernels in stage 13 (ga_kernel for BF16 weights, gg_kernel
- * for FP8: prefill 512 of the 16B model 33.3 -> 29.2 and 54.4 -> 36.7 ms on the
- * H200). gr_kernel (session 19, the default where the GPU took an sm_90a image)
- * has its tiles and operands on warpgroup MMA: 16B prefill 512 FP8 32.8 -> 26.4,
- * BF16 26.9 -> 23.5 ms. Session 20: its wgmma's N is the tile's 16-token fragments
- * (an expert's tile is rarely full), and with FP8 weights the activations' lo parts
- * are e4m3, their products on the FP8 tensor cores (DSV3_CUDA_LO8): FP8 26.7 -> 24.6.
- * cu_dense_fp8_tc uses their down form for an ordinary FP8 matmul (one "expert",
- * every token).
- * Needs K % 16 == 0 for both products and 16-byte aligned weights. */
+ * default), or rounded once with the tuning's gemm_bf16.
+ * Kernels: gr_kernel on warpgroup MMA where the device runs this build's sm_90a image
+ * (its wgmma's N the tile's 16-token fragments, since an expert's tile is rarely full;
+ * with FP8 weights the activations' lo parts e4m3, their products on the FP8 tensor
+ * cores), else gf_kernel on mma.sync. 16B prefill 512 on the H200: gf_kernel FP8 32.8,
+ * BF16 26.9 ms; gr_kernel 26.4 and 23.5, with e4m3 lo parts FP8 24.6. (WMMA kernels
+ * with e4m3 widened in registers took 54.4 ms FP8, 33.3 BF16.) The FP8 GEMM path:
+ * gwq_kernel (wgmma, e4m3 as it is) on sm_90a, else gq_kernel (mma.sync).
+ * cu_dense_fp8_tc uses the down form for an ordinary FP8 matmul (one "expert", every
+ * token).
+ * Needs K % 16 == 0 for both products and 16-byte aligned weights.
+ * Tested by tests/cuda/test_cuda_ops.c (test_prefill_products, test_shared_merge,
+ * test_fp8mma: against the CPU backend's matmul and moe_experts, both gemm_bf16 modes,
+ * grouped_wgmma on and off, fp8_mma / fp8_wgmma on and off; test_fp8_golden against the
+ * reference's Triton kernels' outputs). */
 #include <cuda_bf16.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +36,7 @@
 #define GG_BM 64
 #define GG_THREADS 256
 
-/* ---- gf_kernel (stage 13): mma.m16n8k16 with raw fragments, cp.async of GF_BK
+/* ---- gf_kernel: mma.m16n8k16 with raw fragments, cp.async of GF_BK
  * columns per stage.
  * FP8 weights: the e4m3 codes go into shared memory as bytes and become f16
  * pairs by the hardware conversion (exact) as each fragment is read; the
@@ -41,8 +45,7 @@
  * nothing overflows f16 and hi + lo keep ~22 bits. Each k step is one chunk:
  * its partial sums are scaled by the chunk's 2^-s and the weight block's scale
  * and added to the float32 sums (the reference's fp8_gemm scales per-block
- * partial sums the same way). Before (gg_kernel): bf16 WMMA, e4m3 widened in
- * registers one code at a time, x as bf16 hi + lo.
+ * partial sums the same way).
  * BF16 weights: bf16 operands, x as bf16 hi (+ lo) of x 2^s (the same chunks;
  * the scale is exact and keeps one code path).
  * Fragments: lane (g = lane / 4, q = lane % 4) takes elements 4q .. 4q + 3 of
@@ -109,16 +112,15 @@ __device__ __forceinline__ uint32_t gs_pair(float a, float b, float2 *f)
  * about the order of k, so the activations that meet those codes are stored in the same
  * order: within each 64-column chunk, column c of hi at gr_perm_hi(c) (and of lo at
  * gr_perm_lo(c), now the natural order).
- * Needs every product's k a multiple of 64 (gr_lo8). Session 19's form loaded 2 bytes
- * a fragment register, 24 shared-memory loads a step where this takes 2. */
+ * Needs every product's k a multiple of 64 (gr_lo8). Loading 2 bytes a fragment register
+ * took 24 shared-memory loads a step where this takes 2. */
 __device__ __forceinline__ size_t gr_perm_hi(size_t i)
 {
     unsigned c = (unsigned)i & 63; /* 16 q + 4 s + 2 h + e -> 16 s + 2 q + 8 h + e */
     return (i & ~(size_t)63) | (c >> 2 & 3) << 4 | (c >> 4) << 1 | (c >> 1 & 1) << 3 | (c & 1);
 }
 /* lo in the natural order: the e4m3 products take their weights (A) from the stage's raw
- * rows by descriptor (session 29; session 28's form took them from the same registers as
- * the f16 products, in this order: 16 q + 8 s + 4 h + e -> 32 s + 16 h + 4 q + e) */
+ * rows by descriptor (faster than from the f16 products' registers) */
 __device__ __forceinline__ size_t gr_perm_lo(size_t i) { return i; }
 
 /* The parts of a, b, c, d (a, b only when !FOUR) at element i: hi in xh, the remainders
@@ -178,9 +180,9 @@ __global__ void gf_gather_kernel(uint16_t *__restrict__ xh, uint16_t *__restrict
 /* The same with one scale per row (xs (n)), as gr_kernel's RS form takes it: one warp
  * per row, each lane holding up to GS_V vectors of VW floats in registers (the rest of
  * a longer row is read twice), so that a row's loads are all in flight at once; the
- * parts go out 4 (or 2) elements a store. Session 25: the warp had looped over its row
- * twice in float2 steps (a chain of dependent loads: 2-5.6 us a product at prefill 512
- * of the 16B model). Rows: the listed rows up to *total_d, then x's rows again idrep
+ * parts go out 4 (or 2) elements a store (a warp looping over its row twice in float2
+ * steps, a chain of dependent loads, took 2-5.6 us a product at prefill 512 of the 16B
+ * model). Rows: the listed rows up to *total_d, then x's rows again idrep
  * times (row total + j idn + t is token t). */
 #define GS_T 128 /* threads a block: 4 rows */
 #define GS_V 16
@@ -589,7 +591,7 @@ __global__ void gw_probe_kernel(int *out)
 
 
 /* Whether the GPU took an sm_90a image of this file (the warpgroup-MMA kernels'
- * bodies; a build whose DSV3_CUDA_ARCH includes 90a), asked once. */
+ * bodies; a build whose CMake DSV3_CUDA_ARCH includes 90a), asked once. */
 static bool gw_image(void)
 {
     static int ok = -1;
@@ -612,13 +614,14 @@ static bool gw_image(void)
  * tuning's grouped_wgmma and run where the device took the sm_90a image), 0 gf_kernel. */
 static int gw_ok(void) { return cu_tune.grouped_wgmma && gw_image() ? 2 : 0; }
 
-/* ---- gr_kernel (session 19, DSV3_CUDA_WGMMA=2): gw_kernel with the operands the
- * other way round. The weights are wgmma's A operand. For the f16 products of FP8
+/* ---- gr_kernel: gf_kernel's tiles on Hopper's warpgroup MMA (wgmma.mma_async, one
+ * instruction 64 x N x 16 where mma.sync does 16 x 8 x 16). The weights are wgmma's A
+ * operand. For the f16 products of FP8
  * weights it comes from registers: each thread reads its fragment's codes from the
  * raw rows that cp.async landed and converts them in registers (e4m3 pairs to f16
  * pairs, exact), so the step needs no conversion pass through shared memory and one
  * barrier. The e4m3 lo products and BF16 weights take the raw rows by descriptor
- * (session 29): their layout in the stage is wgmma's own swizzle. The
+ * in wgmma's own swizzle in the stage. The
  * activations are the B operand (N = the tile's 64 tokens), hi and lo in
  * 128-byte swizzled tiles (GR_SW), read by descriptor. Two warpgroups of 64 weight
  * rows each (UP: warpgroup 0 the w1 rows, 1 the w3 rows); a step is 4 x 16 k,
@@ -632,9 +635,8 @@ static int gw_ok(void) { return cu_tune.grouped_wgmma && gw_image() ? 2 : 0; }
 #define GR_RAW(F) ((F) == DS_W_FP8 ? GF_BK : 2 * GF_BK)
 #define GR_WX(F, n) ((F) == DS_W_FP8 ? ((n) >> 1) & 3 : (n) & 7)
 #define GR_WB(F, n, c) ((n) * GR_RAW(F) + ((((c) >> 4) ^ GR_WX(F, n)) << 4) + ((c) & 15))
-/* gr_kernel's activations (template argument LO): hi only (DSV3_CUDA_GEMM=bf16), hi + lo
- * in the same type (f16 / bf16), or, for FP8 weights, f16 hi + e4m3 lo (DSV3_CUDA_LO8, the
- * default): the lo products then run on the FP8 tensor cores against the weights' own
+/* gr_kernel's activations (template argument LO): hi only (gemm_bf16), hi + lo in the
+ * same type (f16 / bf16), or, for FP8 weights with k a multiple of 64, f16 hi + e4m3 lo: the lo products then run on the FP8 tensor cores against the weights' own
  * codes (k32 per instruction, half the time of a k16 f16 one) and lo's tiles are half the
  * bytes. x = hi + lo to ~2^-15 of each value (gs_put) instead of ~2^-22. */
 #define GR_LO_NONE 0
@@ -646,9 +648,9 @@ static int gw_ok(void) { return cu_tune.grouped_wgmma && gw_image() ? 2 : 0; }
 /* a stage's activation elements (16-bit units): hi, then lo (f16 / bf16: as many; e4m3: half
  * as many) */
 #define GR_AN(LO) (GG_BM * GF_BK * ((LO) == GR_LO_F16 ? 2 : 1) + ((LO) == GR_LO_E4M3 ? GG_BM * GF_BK / 2 : 0))
-/* stages a block cycles through. FP8 with e4m3 lo parts: 21 KB a stage (session 24: the
- * stages were 27 KB, lo given as many bytes as hi and the weight rows padded to 80 bytes).
- * One H200, 16B FP8, dsv3 bench pp512 / pp4096 tok/s: the 27 KB stages x 4 26.5k / 32.6k;
+/* stages a block cycles through. FP8 with e4m3 lo parts: 21 KB a stage (27 KB with lo
+ * given as many bytes as hi and the weight rows padded to 80 bytes). One H200, 16B FP8,
+ * dsv3 bench pp512 / pp4096 tok/s: 27 KB stages x 4 26.5k / 32.6k;
  * 21 KB x 3 26.8-26.9k / 33.0-33.1k, x 4 27.4-27.6k / 33.5-33.6k, x 5 27.0-27.2k /
  * 32.9-33.0k. BF16 with 2 stages instead of 3: pp512 23.0-23.4k against 25.4k. */
 #define GR_ST(F) ((F) == DS_W_FP8 ? 4 : 3)
@@ -1424,7 +1426,7 @@ bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k
     return cu_gemm_split() ? gf_dense<true>(y, x, n, dw, k, row0, rows) : gf_dense<false>(y, x, n, dw, k, row0, rows);
 }
 
-/* ---- gq_kernel (stage 15, DSV3_CUDA_FP8MMA=1): the reference's fp8_gemm on the FP8
+/* ---- gq_kernel: the reference's fp8_gemm on the FP8
  * tensor cores, for gemm_impl fp8 with FP8 weights. The activations come quantised by
  * act_quant (e4m3 codes, a scale per token and 128 columns) and both operands are
  * codes: mma.m16n8k32 e4m3 x e4m3, float32 sums, each 64-column step's sums times
@@ -1432,8 +1434,8 @@ bool cu_dense_fp8_tc(float *y, const float *x, int n, const cu_weight *dw, int k
  * over the reference's 128-column blocks) added to the float32 results. gf_kernel's
  * tiles, warps, B loads and epilogue; A is codes too, in rows of 80 bytes (ldmatrix
  * without bank conflicts). UP writes h = silu(w1 x) * (w3 x) in float32, for
- * act_quant again before w2, as the reference's Expert does. Written after the
- * session's device time was spent: not yet run on a GPU. */
+ * act_quant again before w2, as the reference's Expert does. On sm_90 mma.sync on e4m3
+ * is emulated (the codes widened to f16): the form of devices without the sm_90a image. */
 #define GQ_ST 4
 
 struct gq_stage {
@@ -1561,7 +1563,7 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
     gq_out<UP>(sm.c, oy, t0, t1, r0, rows);
 }
 
-/* ---- gwq_kernel (stage 16, DSV3_CUDA_WGMMA_Q): gq_kernel on Hopper's native FP8 path.
+/* ---- gwq_kernel: gq_kernel on Hopper's native FP8 path (the tuning's fp8_wgmma).
  * On sm_90 mma.sync on e4m3 is emulated (the codes widened to f16 and run on the f16
  * tensor cores: gq_kernel issued ~29 instructions per mma, ALU the busiest pipe);
  * wgmma takes e4m3 as it is, at twice the f16 rate. Same grid, tiles and arguments
@@ -1570,17 +1572,16 @@ gq_kernel(float *__restrict__ oy, const uint8_t *__restrict__ xq, const float *_
  * weight rows (UP: warpgroup 0 the w1 rows, 1 the w3 rows), four wgmma m64n64k32 a
  * step. Both operands are codes in shared memory, a step's 128 codes of a row in
  * one 128-byte swizzled row (gr_kernel's GR_SW and gr_desc, a 16-bit element being
- * a pair of codes; session 19, was the no-swizzle core layout, whose cp.async read
- * half lines of each row). cp.async stages GWQ_ST deep; every
+ * a pair of codes; the no-swizzle core layout's cp.async read half lines of each row).
+ * cp.async stages GWQ_ST deep; every
  * step waits for its own wgmmas, two blocks per SM overlap one another's waits.
  * Needs row0 % 64 == 0 (a warpgroup's rows in one scale block). sm_90a only.
  * Precision: the FP8 tensor cores keep fewer bits than float32 in their own sums
- * (DeepSeek-V3's report: about 14). Added to the float32 sums once per step (fine
- * false, DSV3_CUDA_WGMMA_Q=1, as the reference's Triton fp8_gemm does on Hopper), the
- * error against float32 sums is 1.1e-4 RMS relative and 1.3e-4 / 2.2e-4 of the largest
- * output on the golden fp8_gemm (bar 1e-4); once per instruction (fine, the default)
- * 4.1e-5, 4.2e-5 / 5.3e-5, at ~3% more prefill time (H200, 16B model, gemm_impl fp8:
- * 26.7 against 27.45 ms). */
+ * (DeepSeek-V3's report: about 14), so each instruction's 32-code sums are added to the
+ * float32 sums on their own: 4.1e-5 RMS relative against float32 sums, 4.2e-5 / 5.3e-5 of
+ * the largest output on the golden fp8_gemm (bar 1e-4). Once per 128-code step, as the
+ * reference's Triton fp8_gemm does on Hopper, was ~3% faster (16B prefill, gemm_impl fp8:
+ * 26.7 against 27.45 ms) but 1.1e-4 and 1.3e-4 / 2.2e-4, over the bar. */
 #define GWQ_BK 128 /* codes (bytes) of k per step */
 #define GWQ_ST 4
 

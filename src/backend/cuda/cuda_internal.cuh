@@ -1,9 +1,12 @@
 /* cuda_internal.cuh - what the CUDA backend's files share: error recording,
- * the staging of op arguments between host and device, the weight cache and
- * the element decoders (e4m3, bf16) used by the kernels. */
+ * the staging of op arguments between host and device, the weight cache, the
+ * element decoders (e4m3, bf16), warp and block reductions, PDL and cluster
+ * launches, the tuning in force, and each file's entry points (cuda_backend.cu
+ * lists the files). */
 #ifndef DS_CUDA_INTERNAL_CUH
 #define DS_CUDA_INTERNAL_CUH
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -84,9 +87,8 @@ __device__ __forceinline__ float cu_bf16(uint16_t h) { return __uint_as_float((u
 
 /* The four e4m3 codes in the bytes of p (lowest first) as float32, exact for every finite
  * code (the NaN codes give NaN). sm_89 and later: the hardware converts each pair to an
- * f16x2 in one instruction (stage 12: FP8 batch 1 1.597 -> 1.483 ms, batch 8 7.51 ->
- * 6.45 on the H200; the per-code conversion of stage 1 was slow, the pair form is not).
- * Before: each pair into an f16x2 by integer ops (a code's 7 low bits shifted left 7 with
+ * f16x2 in one instruction (FP8 batch 1 1.483 ms against 1.597 by the per-code
+ * conversion, batch 8 6.45 against 7.51 on the H200). Older devices: each pair into an f16x2 by integer ops (a code's 7 low bits shifted left 7 with
  * its sign at bit 15 is the f16 of its value times 2^-8, subnormals included), times 2^8
  * (exact in f16); the NaN codes then give +-480. Then widened on the FP pipe. */
 __device__ __forceinline__ void cu_e4m3x4(uint32_t p, float *out)
@@ -539,8 +541,8 @@ static inline int cu_sm_count(void)
 
 static inline unsigned cu_blocks(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
-/* Device memory from the pool: scratch whose contents are undefined (see
- * DSV3_CUDA_SCRATCH_FILL), or zeroed (ds_ops.alloc). */
+/* Device memory from the pool: scratch whose contents are undefined (see the tuning's
+ * scratch_fill), or zeroed (ds_ops.alloc). */
 void *cu_alloc(size_t bytes);
 void *cu_alloc_zeroed(size_t bytes);
 void cu_free(void *p);
@@ -550,14 +552,33 @@ void cu_sync(void);
 void cu_zero(void *p, size_t bytes);
 ds_status cu_upload_weight(ds_weight *w);
 
-/* The scalar ops (cuda_ops.cu) and the products (cuda_gemm.cu). */
+/* Norms, rope and small ops (cuda_norm.cu). */
+void cu_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps);
+void cu_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w, int n, int dim,
+                     float eps);
+void cu_rope(float *x, int n, int nvec, int stride, int off, int rope, const int *pos, const float *cos_tab,
+             const float *sin_tab);
+void cu_rope_copy(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
+                  const int *pos, const float *cos_tab, const float *sin_tab);
+void cu_mla_prologue(float *kv, float *pe, const int *row, const float *kvx, const float *norm_w, float eps, float *qp,
+                     const float *q, int n, int H, int qk, int nope, int R, int rope, const int *pos,
+                     const float *cos_tab, const float *sin_tab);
+void cu_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, int row0);
+/* Decode attention (cuda_attn_decode.cu) and sampling (cuda_sample.cu). */
+void cu_attention(const ds_attn_args *a, ds_attn_impl impl);
+void cu_pick_rows(int32_t *host_out, float *x, int n, int V, const ds_pick *p);
+/* The backend's cuBLAS handle on its stream (made on first use; cuda_gemm.cu), NULL when
+ * cuBLAS cannot start. */
+cublasHandle_t cu_blas(void);
+
+/* The products (cuda_gemm.cu). */
 void cu_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
                bool ue8m0);
 /* The jobs' gemvs in one launch when they fit (1..4 jobs, the same 1..8 tokens and
- * weight format, 16-byte loads, not the FP8 act_quant path, DSV3_CUDA_MANY on);
+ * weight format, 16-byte loads, not the FP8 act_quant path);
  * else cu_matmul per job. */
 void cu_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
-/* ds_ops.matmul_many_normed and matmul_carry at one token (stage 20, DSV3_CUDA_NFOLD). */
+/* ds_ops.matmul_many_normed (BF16 weights) and matmul_carry at one token. */
 bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0, const float *h,
                            const float *r, const float *g, float eps);
 bool cu_matmul_carry(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0, float *h);
@@ -584,10 +605,10 @@ void cu_silu_mul(float *a, const float *b, size_t n);
 bool cu_blas_grouped(float *y, const float *x, int total, const int *off, const int *cnt, const cu_weight *w, int np,
                      int k, int rows);
 /* True when prefill products split activations into bf16 hi + lo halves (~16
- * bits; the default); DSV3_CUDA_GEMM=bf16: rounded to bf16 once. */
+ * bits; the default); the tuning's gemm_bf16: rounded to bf16 once. */
 bool cu_gemm_split(void);
 /* Products queued between cu_gemm_force_split(true) and (false) split their activations
- * whatever DSV3_CUDA_GEMM says (the gate's, which moe_gate promises exact). */
+ * whatever gemm_bf16 says (the gate's, which moe_gate promises exact). */
 void cu_gemm_force_split(bool on);
 /* The routed experts of a prefill on the tensor cores (cuda_grouped.cu):
  * ys (total, dim) = per expert w2(silu(w1 x) * w3 x) over the rows list[i] of x
@@ -631,8 +652,8 @@ void cu_act_quant_rows(const float *x, const int *list, const int *total_d, int 
  * sum_b s_x s_w sum_k q_x q_w, as sum_b s_w sum_k (q_x s_x) q_w: equal but for float
  * rounding (cuda_gemm.cu). */
 void cu_fake_quant(float *y, const float *x, int m, int k, float *y2, const float *x2, int m2, int k2, bool ue8m0);
-/* The reference's fp8_gemm on the FP8 tensor cores (gq_kernel, cuda_grouped.cu;
- * DSV3_CUDA_FP8MMA): y (n, rows) from act_quant's codes xq (n, k) and scales xs and
+/* The reference's fp8_gemm on the FP8 tensor cores (gq_kernel / gwq_kernel,
+ * cuda_grouped.cu): y (n, rows) from act_quant's codes xq (n, k) and scales xs and
  * the FP8 weight rows row0..; k % 16 == 0, row0 % 32 == 0. False: nothing queued. */
 bool cu_dense_fp8q(float *y, const uint8_t *xq, const float *xs, int n, const cu_weight *dw, int k, int row0, int rows);
 /* The experts of a prefill the same way: cu_grouped_experts_dev's arguments (FP8
@@ -643,7 +664,7 @@ bool cu_grouped_experts_q(float *ys, const float *x, const int *list, const int4
 /* Absorb attention of a prefill (a->contiguous, n >= 16 tokens, device
  * buffers) as float32 GEMMs; false when it does not apply (nothing queued). */
 bool cu_attention_dense(const ds_attn_args *a);
-/* Split partials of a decode attention in the absorb form (cuda_ops.cu): per (t*H + h)
+/* Split partials of a decode attention in the absorb form (cuda_attn_decode.cu): per (t*H + h)
  * and split z, the running max pm, sum pl and unnormalised o_c po (kv_rank floats) at
  * index (t*H + h) * splits + z; a split past the token's position has pm = -inf and no
  * po. pm heads one pool allocation (cu_free(pm) frees all). */
@@ -660,11 +681,11 @@ bool cu_attention_parts(const ds_attn_args *a, cu_attn_parts *out);
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
 /* Whether flash_kernel takes score rows of D and value rows of DV, with split (hi + lo)
- * operands or not (DSV3_CUDA_FLASH on, its shared memory granted). */
+ * operands or not (the tuning's flash not 0, its shared memory granted). */
 bool cu_flash_ok(int D, int DV, bool split);
 /* The expanded form's attention of n queries (positions pos0 ..) of H heads over P keys
  * from cu_mla_expanded's bf16 packs (split: hi and lo parts), into out (n H rows of DV)
- * in one launch (cuda_flash.cu); false when nothing was queued. */
+ * in one launch (cuda_attn_prefill.cu); false when nothing was queued. */
 bool cu_flash_attend(float *out, const void *Q, const void *Kp, const void *V, int n, int H, int P, int pos0,
                      float scale, int D, int DV, bool split);
 /* Fills the graph entries of the ops table (cuda_mem.cu). */

@@ -10,13 +10,17 @@
  * synchronises, so a test may read and write them from the host. Arguments
  * that are plain host memory are copied through a reusable device arena for
  * the duration of one op (that op then synchronises). Weights are copied once
- * at load by upload_weight (w->dev); weights without one (tests) are (host mmap'd checkpoint data) are copied to
- * cudaMalloc'd memory on first use, whole, one byte per FP8 weight plus its
+ * at load by upload_weight (w->dev); weights without one (tests; host mmap'd
+ * checkpoint data) are copied to cudaMalloc'd memory on first use, whole, one byte per FP8 weight plus its
  * scales, and found again by their host data pointer in an open-addressing
  * table. A cached copy is checked against a signature of the host bytes on
  * every use (the first and last 256 bytes and the first scales) so that a
  * pointer reused by a later mmap of different data is caught and re-uploaded;
- * cuda_forget_weights() drops everything. */
+ * cuda_forget_weights() drops everything. A decode step can be captured as a CUDA
+ * graph (graph_* ops): scratch taken during a capture stays the graph's.
+ * Tested by tests/cuda/test_cuda_ops.c (host and device arguments, moved weights,
+ * guards past every output) and test_cuda_golden (graphs against eager steps; its
+ * "nan-scratch" run fills new scratch with NaN bytes). */
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,27 +1,31 @@
-/* cuda_moe.cu - the routed experts of an MoE layer (moe_experts).
+/* cuda_moe.cu - the MoE layer: the gate and routing (moe_gate, moe_route) and the
+ * routed and shared experts (moe_experts).
  *
- * Decode (n <= MOE_GROUPED_MAX tokens): two launches read the routing choice
- * (idx, wt; n x K) on the device, so the layer never waits for the host and
- * the step can be captured in a CUDA graph:
- *   up:   one block per (token, k, 4-row tile) computes rows of w1 and w3 of
- *         expert idx[t][k] against x[t] and writes h = silu(w1 x) * w3 x;
- *   down: one block per (token, 4-row tile of dim) sums over k the rows of w2
- *         of each chosen expert against h[t][k], weighted by wt[t][k], the
- *         (expert, chunk) pairs spread over the threads (deterministic order;
- *         no atomics).
- * At 2..8 tokens the pairs (up) and tokens (down) vary fastest in the grids
- * (stage 7, DSV3_CUDA_MOE_SWAP), so an expert chosen by several tokens is read
- * from DRAM about once (L2 serves the other blocks). moe_*_dedup_kernel (one
- * block per distinct expert, DSV3_CUDA_MOE_DEDUP=1) is kept opt-in: slower.
- * Experts outside [e0, e0 + ne) (another rank's) are skipped. The experts'
- * device addresses are kept in a per-layer table on the device, re-uploaded
- * only when a weight moved.
- * Prefill: the routing choice is downloaded (one synchronisation per layer)
- * and tokens grouped per local expert on the host; BF16 experts (and FP8 ones
- * outside the FP8 GEMM path) then run as two grouped tensor-core launches over
- * all experts (cuda_grouped.cu) and one combine. Otherwise grouped cuBLAS
- * (BF16), or per expert gather -> w1, w3 -> silu * -> w2 -> weighted
- * scatter-add. */
+ * Decode (n <= MOE_GROUPED_MAX tokens): two launches read the routing choice (idx, wt;
+ * n x K) on the device, so the layer never waits for the host and the step can be
+ * captured in a CUDA graph. moe_up_warp_kernel computes h = silu(w1 x) * (w3 x) for
+ * every (token, k) pair's expert rows and the shared experts' rows, warps walking 4-row
+ * tiles with the next step's loads in flight; moe_down_pipe_kernel sums over k the w2
+ * rows of each chosen expert against h, weighted by wt, plus the shared experts' w2,
+ * one block per (token, 4 rows of dim), its (expert, chunk) items one or two ahead, in
+ * a fixed order (deterministic, no atomics). At 2..8 tokens the pairs (up) and tokens
+ * (down) vary fastest, so an expert chosen by several tokens is read from DRAM about
+ * once (L2 serves the others). The routed experts' weights are loaded evict-first, so
+ * that streaming them leaves the L2 lines of what other kernels started early. Experts
+ * outside [e0, e0 + ne) (another rank's) are skipped. The experts' device addresses sit
+ * in a per-layer table on the device, re-uploaded only when a weight moved.
+ * Prefill: the routing is grouped per local expert on the device (moe_count_kernel,
+ * moe_place_kernel: no download), the experts run as two grouped tensor-core launches
+ * (cuda_grouped.cu), the shared experts merged into them as pseudo-experts where their
+ * shapes allow, and one combine sums each token's rows in k order. Otherwise (weights
+ * the grouped kernels refuse) the routing is downloaded and the experts run by grouped
+ * cuBLAS (BF16) or one expert at a time.
+ * The gate: one launch for gate product and routing at 1..8 tokens (a cluster of 8
+ * blocks, or the last block routing), gate_tile_kernel for small gates past 8 tokens,
+ * else a matmul and moe_route.
+ * Tested by tests/cuda/test_cuda_ops.c (test_moe*, test_gates: every path against the
+ * CPU backend's moe_experts, moe_gate and moe_route) and, in the model, by
+ * test_cuda_golden. */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,7 +159,7 @@ __device__ __forceinline__ void moe_dot_chunk(float *acc, const float *xv, const
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) {
         const uint4 *a = (const uint4 *)((const uint8_t *)w + (base[rr] + c) * cu_wsize<F>::v);
-        raw[rr] = evf ? __ldcs(a) : *a; /* evf: streamed once, evict first (DSV3_CUDA_EVF) */
+        raw[rr] = evf ? __ldcs(a) : *a; /* evf: streamed once, evict first */
     }
     #pragma unroll
     for (int rr = 0; rr < MOE_RW; rr++) {
@@ -198,8 +202,7 @@ __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
     return s;
 }
 
-/* The shared experts of a decode step inside the grouped launches (stage 8,
- * DSV3_CUDA_MOE_SHARED): their w1 / w3 rows as more blocks of moe_up, one "pair"
+/* The shared experts of a decode step inside the grouped launches: their w1 / w3 rows as more blocks of moe_up, one "pair"
  * per token, and their w2 rows as more items of each moe_down block, weight 1.
  * Their weights do not depend on the routing, so those blocks start them towards
  * L2 before waiting for the previous kernel (PDL). inter == 0: none. */
@@ -270,12 +273,12 @@ moe_up_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, 
     moe_up_tile<F>(h + (size_t)p * inter, x + (size_t)(p / K) * k, tab[e], tab[ne + e], k, inter, r0, evf);
 }
 
-/* ---- stage 10 (DSV3_CUDA_MOE_WARP): the decode MoE kernels with their loads in flight
- * ahead of the arithmetic. In the kernels above a block of moe_up does one 4-row tile
- * and ends: for 16 KB of FP8 weights it pays the routing lookups, a DRAM round trip and
- * two block barriers, and at 80 registers 6 blocks fit an SM; a moe_down thread walks
- * its (expert, chunk) items one dependent load chain at a time. In the graph the FP8
- * MoE streamed at ~1.8 TB/s, no faster than BF16 with twice the bytes.
+/* ---- the decode MoE kernels with their loads in flight ahead of the arithmetic. A
+ * block of moe_up_kernel (above) does one 4-row tile and ends: for 16 KB of FP8 weights
+ * it pays the routing lookups, a DRAM round trip and two block barriers, and at 80
+ * registers 6 blocks fit an SM; a thread walking its (expert, chunk) items one dependent
+ * load chain at a time streamed the FP8 MoE at ~1.8 TB/s, no faster than BF16 with twice
+ * the bytes.
  *   moe_up_warp_kernel: a grid that fits on the GPU at once; each warp walks 4-row tiles
  *   (w1 and w3, so each chunk of x serves 8 weight chunks) in steps of one 16-byte chunk
  *   per lane and row, loading the next step (or the next tile's first) before computing
@@ -425,13 +428,13 @@ __device__ __forceinline__ void mw_up_walk(int it, int end, int W, int nsh, floa
 }
 
 /* h as moe_up_kernel: silu(w1 x) * (w3 x) for every routed pair's rows and the shared rows.
- * early (DSV3_CUDA_MOE_EARLY): the shared tiles depend on nothing that the routing
+ * early: the shared tiles depend on nothing that the routing
  * kernels write (x is the norm's, three launches back, complete once the routing kernel
  * has passed its own wait and let this one start), so they are computed whole before the
  * PDL wait, spread over every warp, while the routing runs; the routed tiles after it,
- * spread again. Else every tile waits (the stage-10 kernel loaded a shared first tile's
- * first step before the wait). (Letting the routing kernel release this one before its wait, so that the shared
- * tiles overlap the gate product too, measured no better: BF16 batch 1 2.120 ms.) */
+ * spread again (BF16 batch 1 2.173 -> 2.122 ms). Else (x written by the launch just
+ * before) every tile waits. Letting the routing kernel release this one before its own
+ * wait, so that the shared tiles overlap the gate product too, measured no better. */
 template <int F, int MINB>
 __global__ void __launch_bounds__(MW_THREADS, MINB)
 moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
@@ -711,9 +714,8 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
 
 /* y += w2(silu(w1 x) * w3 x) for n rows (the shared experts where the grouped decode
  * kernels do not take them): at 16 tokens or more (a prefill, outside the FP8 GEMM
- * path) with FP8 weights on the grouped prefill kernels (DSV3_CUDA_SHARED_GR: unset
- * FP8 only; 1 BF16 too, whose products cuBLAS runs faster; 0 never), else one op at a
- * time. */
+ * path) with FP8 weights on the grouped prefill kernels (BF16 ones by cuBLAS, which
+ * runs their products faster), else one op at a time. */
 static void moe_shared_add(float *y, const float *x, int n, const ds_mlp_w *sh, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = sh->w1->cols, inter = sh->w1->rows;
@@ -756,8 +758,8 @@ __device__ __forceinline__ void mc_add(float4 &acc, float4 v) { acc.x += v.x, ac
 /* y[t][j] = sum_k wt[t*K + k] * ys[at[t*K + k]][j] over the pairs with at >= 0 (local experts), in k order;
  * then, with np pseudo-experts of the shared experts (rows sh + (i n + t) * dim, i < np), plus their sum.
  * V: float, or float4 for four columns a thread (dim counted in V). Each round of MC_ROUND pairs
- * loads all its rows before the sums (session 26: the one-column form with one load in flight a
- * thread reached ~50% of HBM's rate at 4096 tokens; four columns with the round 3.1 TB/s). */
+ * loads all its rows before the sums (one column a thread with one load in flight reached ~50%
+ * of HBM's rate at 4096 tokens; four columns with the round 3.1 TB/s). */
 #define MC_ROUND 8
 template <typename V>
 __global__ void moe_combine_kernel(V *__restrict__ y, const V *__restrict__ ys, const int *__restrict__ at,
@@ -850,7 +852,7 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
     return ok;
 }
 
-/* ---- prefill's routing grouped per expert on the device (stage 9, DSV3_CUDA_MOE_DEVSORT):
+/* ---- prefill's routing grouped per expert on the device:
  * what moe_experts_host builds on the host after downloading the routing, without the
  * download (the GPU idled while the host waited for it and built the lists, once per MoE
  * layer). Two launches over chunks of SORT_CHUNK pairs: moe_count_kernel counts each
@@ -860,9 +862,9 @@ static bool moe_experts_blas(float *y, const float *x, int n, int K, const float
  * (expert, first, end) of at most bm sorted rows (then empty ones up to mt). The order of
  * an expert's rows inside a chunk varies from run to run, but no result depends on it:
  * each sorted row's products are its own, and the combine sums each token's K rows in k
- * order. (Stage 9 placed the pairs stably with one warp, 32 at a time: 42-55 us per MoE
- * layer at 3072 pairs, a chain through shared memory; then one block of 1024 threads
- * until session 25: 12.5 us at 3072 pairs, 62 us at 24576.) list: [token of sorted row |
+ * order. (Placing the pairs stably with one warp, 32 at a time, took 42-55 us per MoE
+ * layer at 3072 pairs, a chain through shared memory; one block of 1024 threads 12.5 us
+ * at 3072 pairs, 62 us at 24576.) list: [token of sorted row |
  * its weight (float bits) | sorted row of pair p, or -1 when p's expert is another
  * rank's]; *total: sorted rows. With np > 0 the tiles start with the shared experts' np
  * pseudo-experts (moe_experts_dev): ne + i over rows nk + i n .. of n tokens, w = ld,
@@ -972,14 +974,14 @@ __global__ void __launch_bounds__(SORT_THREADS) moe_place_kernel(int *list, int4
 }
 
 /* BF16 shared experts merge by default in passes of at most this many tokens. One H200,
- * 16B BF16, dsv3 bench tok/s apart / merged (session 24, two rounds): pp256 17.6k / 18.9k,
+ * 16B BF16, dsv3 bench tok/s apart / merged (two rounds): pp256 17.6k / 18.9k,
  * pp512 27.6k / 29.0k, pp1024 34.8k / 35.0-35.5k, pp2048 36.2-36.6k / 35.9-36.0k, pp3072
  * 35.6-35.8k / 35.1-35.3k, pp4096 34.9-35.0k / 34.4-34.5k. */
 #define SHARED_MERGE_BF16_MAX 1024
 
 /* How many pseudo-experts of the routed experts' width the shared experts sh of a
- * prefill of n tokens make in moe_experts_dev's launches (DSV3_CUDA_SHARED_MERGE: unset
- * FP8 always, BF16 up to SHARED_MERGE_BF16_MAX tokens); 0: they run apart. */
+ * prefill of n tokens make in moe_experts_dev's launches (FP8 always, BF16 up to
+ * SHARED_MERGE_BF16_MAX tokens); 0: they run apart. */
 static int moe_shared_parts(const ds_mlp_w *sh, const ds_weight *ew1, bool q, int n)
 {
     if (!sh || q || !cu_grouped_ld_ok()) return 0;
@@ -1003,7 +1005,7 @@ static bool moe_experts_dev(float *y, const float *x, int n, int K, const int *i
                             const ds_mlp_w *sh, bool *sh_done, ds_gemm_impl gemm, bool ue8m0)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K, bm = cu_grouped_tile();
-    /* the FP8 GEMM path (act_quant): on the FP8 tensor cores with DSV3_CUDA_FP8MMA */
+    /* the FP8 GEMM path (act_quant): on the FP8 tensor cores (the tuning's fp8_mma) */
     bool q = gemm == DS_GEMM_FP8 && ew1[0].fmt == DS_W_FP8;
     *sh_done = false;
     if (!cu_grouped_ok(ew1, ew2) || (q && !cu_tune.fp8_mma) ||
@@ -1086,7 +1088,7 @@ static void moe_experts_host(float *y, const float *x, int n, int K, const int *
     cu_upload(dl, hl, sizeof(int) * 3 * (size_t)nk);
     if (cu_grouped_ok(ew1, ew2) && (ew1[0].fmt == DS_W_BF16 || gemm == DS_GEMM_BF16) &&
         cu_device_readable(x) && cu_device_readable(y) && cu_device_readable(wt)) {
-        /* tensor cores (bf16 hi + lo activations, or bf16 in DSV3_CUDA_GEMM=bf16 mode):
+        /* tensor cores (bf16 hi + lo activations, or bf16 once with gemm_bf16):
          * a gather, two grouped launches, then the combine in k order */
         const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, NULL, 0);
         if (cnt[ne] == 0) {
@@ -1150,7 +1152,7 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
     if (shared && !sh_done) moe_shared_add(y, x, n, shared, gemm, ue8m0);
 }
 
-/* ---- the gate and the routing in one launch (stage 8, DSV3_CUDA_GATE) */
+/* ---- the gate and the routing in one launch */
 
 #define GATE_THREADS 128
 #define GATE_NMAX 8
@@ -1219,8 +1221,8 @@ gate_route_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, i
     }
 }
 
-/* The gate and the routing in one cluster of GC_BLOCKS blocks (stage 19,
- * DSV3_CUDA_GATE_CL): warp w of block b takes gate row e = b * warps + w, its CH
+/* The gate and the routing in one cluster of GC_BLOCKS blocks (where the gate fits
+ * their registers): warp w of block b takes gate row e = b * warps + w, its CH
  * 16-byte chunks per lane loaded into registers before the PDL wait (the gate is
  * constant). After the wait each warp's scores go straight into block 0's shared
  * memory; after the cluster barrier block 0's warps route the tokens from there.
@@ -1302,8 +1304,7 @@ static bool launch_gate_cluster(int *idx, float *wt, float *sc, const float *x, 
     return true;
 }
 
-/* Past 8 tokens (a prefill) a small gate on the CUDA cores (stage 28,
- * DSV3_CUDA_GATE_TILE): block b takes tokens 4 b .. 4 b + 3 against every expert, so
+/* Past 8 tokens (a prefill) a small gate on the CUDA cores: block b takes tokens 4 b .. 4 b + 3 against every expert, so
  * it can route them itself, a warp a token. Their x rows are copied to shared memory
  * once, each 32 EL-column chunk permuted so that a warp's 16-byte loads of one token
  * are contiguous (a lane's EL columns c .. c + EL - 1 sit at lane * 4 + q * 128 for
@@ -1494,4 +1495,44 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
     cu_matmul(sc, x, n, gate, 0, E, DS_GEMM_BF16, false);
     cu_gemm_force_split(false);
     cu_moe_route(idx, wt, sc, bias, n, E, K, groups, limited_groups, sigmoid, route_scale);
+}
+
+/* ---- moe_route: one warp per token (profiled at 65 us per call with one thread doing
+ * the top-k; now the lanes hold experts lane, lane + 32, ...). Softmax / sigmoid with warp
+ * reductions, group scores one lane per group, then K rounds of a warp argmax over the
+ * experts not taken (ties to the lowest index, as the reference's first strict maximum). */
+
+#define ROUTE_MAXE 1024 /* 32 per lane: the taken set is one 32-bit mask per lane */
+
+__global__ void __launch_bounds__(32) moe_route_kernel(int *idx, float *wt, float *sc_all, const float *__restrict__ bias,
+                                                       int E, int K, int G, int limited, bool sigmoid, float rscale)
+{
+    extern __shared__ float sm[]; /* [E] biased scores, [E] probabilities, [G] group scores, [E] the bias */
+    float *bs = bias ? sm + 2 * E + G : nullptr;
+    if (bias) /* a weight: read before the wait, while the gate product drains */
+        for (int e = threadIdx.x; e < E; e += 32) bs[e] = bias[e];
+    cu_pdl_wait();
+    cu_pdl_launch();
+    __syncwarp();
+    int t = blockIdx.x;
+    cu_route_warp(idx + (size_t)t * K, wt + (size_t)t * K, sc_all + (size_t)t * E, bs, sm, sm + E, sm + 2 * E, E, K,
+                  G, limited, sigmoid, rscale);
+}
+
+void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+                         int limited_groups, bool sigmoid, float route_scale)
+{
+    if (n <= 0) return;
+    cu_io io = {};
+    float *dsc = (float *)cu_out(&io, sc, sizeof(float) * (size_t)n * E, true);
+    int *di = (int *)cu_out(&io, idx, sizeof(int) * (size_t)n * K, false);
+    float *dw = (float *)cu_out(&io, wt, sizeof(float) * (size_t)n * K, false);
+    const float *db = (const float *)cu_in(&io, bias, sizeof(float) * (size_t)E);
+    size_t smem = sizeof(float) * (2 * (size_t)E + groups + (bias ? E : 0));
+    if (E > ROUTE_MAXE || K > 32 || K > E)
+        cu_check(cudaErrorInvalidValue, "moe_route: more than 1024 experts, or more than 32 (or E) chosen");
+    else if (dsc && di && dw && (db || !bias))
+        cu_launch(moe_route_kernel, (unsigned)n, 32, smem, di, dw, dsc, db, E, K, groups, limited_groups, sigmoid,
+                  route_scale);
+    cu_end(&io, "moe_route");
 }

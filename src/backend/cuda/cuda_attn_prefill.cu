@@ -1,11 +1,426 @@
-/* Prefill attention of the expanded (MHA) form in one launch per pass (session 23,
- * DSV3_CUDA_FLASH): for each head and 64-query tile, the scores against 32-key tiles,
- * the causal mask, a running (online) softmax and the value products, all on the
- * tensor cores (bf16 operands, float32 sums: warpgroup MMA on Hopper, mma.m16n8k16
- * elsewhere), without writing the scores. cu_mla_expanded's chunk loop wrote every score (float32), read them back for
- * the softmax, wrote the probabilities as bf16 parts and read them again for the
- * values: two cuBLAS products and a softmax launch per chunk of tokens, each over the
- * whole square, masked half included.
+/* cuda_attn_prefill.cu - attention of a prefill pass (several consecutive tokens of
+ * one sequence), on the tensor cores.
+ *
+ * Absorb form (cu_attention_dense, ds_ops.attention with n >= 16 contiguous tokens):
+ * S = q_c KV^T + q_pe PE^T for all heads at once, causal softmax, out = P KV, as
+ * cuBLAS products over chunks of tokens. Expanded form (cu_mla_expanded, reached
+ * through ds_ops.mla_attend where it counts fewer multiply-adds: long passes near the
+ * start of the cache): the cached latents expanded once with wkv_b into per-head keys
+ * and values, then MHA, by flash_kernel (scores, softmax and values in one launch, on
+ * warpgroup MMA on Hopper, mma.sync elsewhere) where its head sizes are compiled in,
+ * else by cuBLAS products and a softmax launch per chunk. Float32 operands are split
+ * into bf16 hi + lo (three products hi.hi + hi.lo + lo.hi, ~16 bits) unless the
+ * tuning's gemm_bf16 rounds them once.
+ * Tested by tests/cuda/test_cuda_ops.c (test_attention_dense, test_expanded: against
+ * the CPU backend's attention and matmul steps, every flash form, both gemm_bf16
+ * modes, chunks of 1 and 2 key tiles) and by test_cuda_golden (its "expanded" run
+ * takes every pass of the golden sequences in the expanded form). */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cuda_internal.cuh"
+
+/* The cuBLAS handle and the activations' split mode of the op in progress (attn_blas). */
+static cublasHandle_t g_blas;
+static bool g_split;
+
+/* Takes the backend's cuBLAS handle and the tuning's split mode for this op; false when
+ * cuBLAS cannot start. */
+static bool attn_blas(void)
+{
+    g_blas = cu_blas();
+    g_split = cu_gemm_split();
+    return g_blas != NULL;
+}
+
+/* ---- dense absorb attention for a prefill (one sequence's consecutive
+ * positions): per chunk of tokens, S = q_c KV^T + q_pe PE^T over the cache rows
+ * 0 .. L-1 (all heads of a token share them: one product for all heads),
+ * causal softmax of S * scale, out = P KV, on the tensor cores. Both operands
+ * of each product are float32 activations: in split mode (the default) each is
+ * split into bf16 hi + lo and the three terms hi.hi + hi.lo + lo.hi are one
+ * GEMM over a K three times as long ([Qh | Qh | Ql] . [Kh | Kl | Kh]); the
+ * dropped lo.lo term is ~2^-16 relative. gemm_bf16: one term. */
+
+#define DENSE_ATTN_MIN 16
+#define DENSE_ATTN_BYTES ((size_t)256 << 20) /* score matrix per chunk */
+
+/* dst[s * seg + i * ld + c] for s < nseg = bf16 hi of x (or its lo remainder when
+ * bit s of lo_mask is set), x = row i of [src1 (d1 columns) | src2 (d2 columns)]. */
+__global__ void attn_pack_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                                 const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
+                                 int d2)
+{
+    size_t i = blockIdx.x;
+    for (int c = threadIdx.x; c < d1 + d2; c += blockDim.x) {
+        float v = c < d1 ? s1[i * ss1 + c] : s2[i * ss2 + c - d1];
+        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
+        for (int k = 0; k < nseg; k++) dst[k * seg + i * ld + c] = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+/* attn_pack_kernel four columns a thread: d1, d2, ss1, ss2, ld and seg
+ * multiples of 4, sources 16-byte and dst 8-byte aligned */
+__global__ void attn_pack4_kernel(__nv_bfloat16 *__restrict__ dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                                  const float *__restrict__ s1, int ss1, int d1, const float *__restrict__ s2, int ss2,
+                                  int d2)
+{
+    size_t i = blockIdx.x;
+    for (int c = 4 * threadIdx.x; c < d1 + d2; c += 4 * blockDim.x) {
+        float4 v = c < d1 ? *(const float4 *)(s1 + i * ss1 + c) : *(const float4 *)(s2 + i * ss2 + c - d1);
+        uint2 h, l;
+        h.x = bf16x2_split(v.x, v.y, &l.x);
+        h.y = bf16x2_split(v.z, v.w, &l.y);
+        for (int k = 0; k < nseg; k++) *(uint2 *)(dst + k * seg + i * ld + c) = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+static void launch_attn_pack(unsigned rows, __nv_bfloat16 *dst, long long seg, int ld, int nseg, unsigned lo_mask,
+                             const float *s1, int ss1, int d1, const float *s2, int ss2, int d2)
+{
+    if (d1 % 4 == 0 && d2 % 4 == 0 && ss1 % 4 == 0 && ss2 % 4 == 0 && ld % 4 == 0 && seg % 4 == 0 &&
+        (uintptr_t)s1 % 16 == 0 && (uintptr_t)s2 % 16 == 0 && (uintptr_t)dst % 8 == 0)
+        attn_pack4_kernel<<<rows, 128, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
+    else
+        attn_pack_kernel<<<rows, 256, 0, cu_s>>>(dst, seg, ld, nseg, lo_mask, s1, ss1, d1, s2, ss2, d2);
+}
+
+/* Row i = token t * H + head: softmax over keys j <= pos0 + t of s[i][j] * scale,
+ * zeros beyond, written as bf16 to p[i][k * L + j] for k < nseg (hi, or lo for bit k of lo_mask). */
+__global__ void causal_softmax_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p, int L, int H,
+                                      int pos0, float scale, int nseg, unsigned lo_mask)
+{
+    __shared__ float red[32];
+    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int nw = blockDim.x / 32;
+    const float *row = s + (size_t)i * L;
+    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
+    float mx = -INFINITY;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) mx = fmaxf(mx, row[j] * scale);
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < nw; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) sum += expf(row[j] * scale - mx);
+    sum = cu_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0;
+    for (int w = 0; w < nw; w++) sum += red[w];
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        float v = j < len ? expf(row[j] * scale - mx) * inv : 0.0f;
+        __nv_bfloat16 h = __float2bfloat16_rn(v), l = __float2bfloat16_rn(v - __bfloat162float(h));
+        for (int k = 0; k < nseg; k++) prow[(size_t)k * L + j] = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+/* causal_softmax_kernel with the row in registers: thread k holds the V
+ * float4s at 4 (k + 256 u), L <= 1024 V, L % 4 == 0; one read of the row, one exp per
+ * score, 8-byte stores of the bf16 parts */
+template <int V>
+__global__ void __launch_bounds__(256) causal_softmax4_kernel(const float *__restrict__ s, __nv_bfloat16 *__restrict__ p,
+                                                              int L, int H, int pos0, float scale, int nseg,
+                                                              unsigned lo_mask)
+{
+    __shared__ float red[8];
+    int i = blockIdx.x, len = min(L, pos0 + i / H + 1), lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const float4 *row = (const float4 *)(s + (size_t)i * L);
+    __nv_bfloat16 *prow = p + (size_t)i * L * nseg;
+    float v[V][4], mx = -INFINITY;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        float4 f = j < L ? row[j / 4] : make_float4(0, 0, 0, 0);
+        v[u][0] = f.x * scale, v[u][1] = f.y * scale, v[u][2] = f.z * scale, v[u][3] = f.w * scale;
+        #pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (j + e < len) mx = fmaxf(mx, v[u][e]);
+    }
+    mx = cu_warp_max(mx);
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    mx = red[0];
+    #pragma unroll
+    for (int w = 1; w < 8; w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float sum = 0;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        #pragma unroll
+        for (int e = 0; e < 4; e++) {
+            v[u][e] = j + e < len ? expf(v[u][e] - mx) : 0.0f;
+            sum += v[u][e];
+        }
+    }
+    sum = cu_warp_sum(sum);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = 0;
+    #pragma unroll
+    for (int w = 0; w < 8; w++) sum += red[w];
+    float inv = 1.0f / sum;
+    #pragma unroll
+    for (int u = 0; u < V; u++) {
+        int j = 4 * (threadIdx.x + 256 * u);
+        if (j >= L) continue;
+        uint2 h, l;
+        h.x = bf16x2_split(v[u][0] * inv, v[u][1] * inv, &l.x);
+        h.y = bf16x2_split(v[u][2] * inv, v[u][3] * inv, &l.y);
+        for (int k = 0; k < nseg; k++) *(uint2 *)(prow + (size_t)k * L + j) = (lo_mask >> k & 1) ? l : h;
+    }
+}
+
+/* Tokens a chunk of a dense attention takes: its scores and probabilities (H rows of L
+ * a token, float32 and nseg bf16 parts) within DENSE_ATTN_BYTES, a multiple of 64 so
+ * that the chunks' row lengths L keep the pass's alignment (cuBLAS and the four-wide
+ * softmax want rows of a multiple of 4 or 8); the tuning's dense_chunk (tests) fewer. */
+static int attn_chunk_tokens(int n, int H, int L, int nseg)
+{
+    size_t per_tok = (sizeof(float) + sizeof(__nv_bfloat16) * nseg) * (size_t)H * L;
+    int tc = (int)(DENSE_ATTN_BYTES / per_tok);
+    if (tc >= 64) tc = tc / 64 * 64;
+    if (cu_tune.dense_chunk > 0 && cu_tune.dense_chunk < tc) tc = cu_tune.dense_chunk;
+    if (tc < 1) tc = 1;
+    return tc > n ? n : tc;
+}
+
+/* causal_softmax_kernel, or its four-wide form where the rows allow */
+static void launch_causal_softmax(const float *S, __nv_bfloat16 *P, int rows, int L, int H, int pos0, float scale,
+                                  int nseg, unsigned q_lo)
+{
+    if (L % 4 == 0 && L <= 1024)
+        causal_softmax4_kernel<1><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+    else if (L % 4 == 0 && L <= 4096)
+        causal_softmax4_kernel<4><<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+    else
+        causal_softmax_kernel<<<rows, 256, 0, cu_s>>>(S, P, L, H, pos0, scale, nseg, q_lo);
+}
+
+bool cu_attention_dense(const ds_attn_args *a)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope;
+    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx) return false;
+    if (!cu_device_readable(a->q_c) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
+        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !attn_blas())
+        return false;
+    int nseg = g_split ? 3 : 1, D = R + rp, KD = nseg * D, Lmax = a->pos0 + n, tc = attn_chunk_tokens(n, H, Lmax, nseg);
+    /* scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys [Kh | Kl | Kh], values [Kh; Kl; Kh] */
+    float *S = (float *)cu_alloc(sizeof(float) * (size_t)H * Lmax * tc);
+    __nv_bfloat16 *P = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * Lmax * tc * nseg);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
+    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * KD);
+    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)Lmax * R * nseg);
+    bool ok = S && P && Q && Kp && V;
+    const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
+    const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
+    const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
+    if (ok) {
+        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, a->q_c, R, R, a->q_pe, rp, rp);
+        launch_attn_pack((unsigned)Lmax, Kp, D, KD, nseg, k_lo, kv, R, R, pe, rp, rp);
+        launch_attn_pack((unsigned)Lmax, V, (long long)Lmax * R, R, nseg, k_lo, kv, R, R, NULL, 0, 0);
+    } else { /* no memory for the tensor-core form: the attention kernel */
+        cu_free(S);
+        cu_free(P);
+        cu_free(Q);
+        cu_free(Kp);
+        cu_free(V);
+        cu_check(cudaGetLastError(), "attention: memory");
+        return false;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    for (int t0 = 0; t0 < n && ok; t0 += tc) {
+        int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
+        /* column-major: S^T (L x rows) = Kp (KD x L)^T Q^T (KD x rows), ldc = L */
+        ok = cublasGemmEx(g_blas, CUBLAS_OP_T, CUBLAS_OP_N, L, rows, KD, &one, Kp, CUDA_R_16BF, KD,
+                          Q + (size_t)t0 * H * KD, CUDA_R_16BF, KD, &zero, S, CUDA_R_32F, L, CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+        if (ok) launch_causal_softmax(S, P, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+        /* out^T (R x rows) = V' (R x nseg L) P'^T (nseg L x rows): V' segment k at column k * L;
+         * the values are laid out with Lmax rows per segment, so one product per segment
+         * when L < Lmax (earlier chunks), else one product over all */
+        if (ok && L == Lmax)
+            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, nseg * L, &one, V, CUDA_R_16BF, R, P,
+                              CUDA_R_16BF, nseg * L, &zero, a->out + (size_t)t0 * H * R, CUDA_R_32F, R,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+        for (int k = 0; ok && L < Lmax && k < nseg; k++)
+            ok = cublasGemmEx(g_blas, CUBLAS_OP_N, CUBLAS_OP_N, R, rows, L, &one, V + (size_t)k * Lmax * R, CUDA_R_16BF,
+                              R, P + (size_t)k * L, CUDA_R_16BF, nseg * L, k ? &one : &zero, a->out + (size_t)t0 * H * R,
+                              CUDA_R_32F, R, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+    }
+    if (!ok) cu_check(cudaErrorUnknown, "attention: cublasGemmEx");
+    cu_free(S);
+    cu_free(P);
+    cu_free(Q);
+    cu_free(Kp);
+    cu_free(V);
+    cu_check(cudaGetLastError(), "attention: launch");
+    return true;
+}
+
+/* ---- absorb attention of a long prefill in the expanded (MHA) form (ds_ops.mla_attend
+ * takes contiguous passes of at least the tuning's expand_min tokens here). The
+ * pass's sequence so far (positions 0 .. pos0 + n - 1) is expanded once with wkv_b
+ * into per-head rows [k_nope | v] (one product), then, for all heads at once by
+ * strided batched GEMMs: S = [q_nope | q_pe] [k_nope | pe]^T, the causal softmax,
+ * out = P V. A score is nope + rope products (192 at V3's shapes) where the absorb
+ * form's is kv_rank + rope (576), an output row vdim (128) where absorb's is kv_rank
+ * (512), and absorb's per-head products with wkv_b (q_c and the output) go; taken
+ * where that counts fewer multiply-adds, the expansion included. Operands
+ * split into bf16 hi + lo as in cu_attention_dense; wkv_b dequantised exactly (the
+ * expansion is a DS_GEMM_BF16 product, as absorb's wkv_b products are). */
+
+/* Head h's rows of the expansion into the score and value operands, one block per
+ * position i: Kp[h][i] = nseg segments of [e_nope | pe] (seg k the bf16 lo part when
+ * bit k of k_lo is set), V[h][k][i] = segment k of e_v; e = E row i, head h's W =
+ * nope + vd columns. */
+__global__ void expand_pack_kernel(__nv_bfloat16 *__restrict__ Kp, __nv_bfloat16 *__restrict__ V,
+                                   const float *__restrict__ E, const float *__restrict__ pe, int P, int H, int nope,
+                                   int rp, int vd, int nseg, unsigned k_lo)
+{
+    size_t i = blockIdx.x, h = blockIdx.y;
+    int D = nope + rp, W = nope + vd;
+    const float *e = E + (i * H + h) * W;
+    __nv_bfloat16 *kr = Kp + (h * P + i) * (size_t)(nseg * D);
+    if (nope % 4 == 0 && rp % 4 == 0 && vd % 4 == 0 && (uintptr_t)E % 16 == 0 && (uintptr_t)pe % 16 == 0) {
+        /* four columns a thread: 16-byte loads, 8-byte stores */
+        for (int c = 4 * threadIdx.x; c < D + vd; c += 4 * blockDim.x) {
+            float4 v = *(const float4 *)(c < nope ? e + c : c < D ? pe + i * rp + c - nope : e + nope + c - D);
+            uint2 hi, lo;
+            hi.x = bf16x2_split(v.x, v.y, &lo.x);
+            hi.y = bf16x2_split(v.z, v.w, &lo.y);
+            for (int k = 0; k < nseg; k++) {
+                uint2 x = (k_lo >> k & 1) ? lo : hi;
+                if (c < D) *(uint2 *)(kr + k * D + c) = x;
+                else *(uint2 *)(V + ((h * nseg + k) * P + i) * vd + c - D) = x;
+            }
+        }
+        return;
+    }
+    for (int c = threadIdx.x; c < D + vd; c += blockDim.x) {
+        float v = c < nope ? e[c] : c < D ? pe[i * rp + c - nope] : e[nope + c - D];
+        __nv_bfloat16 hi = __float2bfloat16_rn(v), lo = __float2bfloat16_rn(v - __bfloat162float(hi));
+        for (int k = 0; k < nseg; k++) {
+            __nv_bfloat16 x = (k_lo >> k & 1) ? lo : hi;
+            if (c < D) kr[k * D + c] = x;
+            else V[((h * nseg + k) * P + i) * vd + c - D] = x;
+        }
+    }
+}
+
+/* The strided batched bf16 GEMM of the expanded form (column-major), float32 out */
+static bool expand_gemm(cublasOperation_t ta, int m, int nn, int k, const void *A, int lda, long long sa, const void *B,
+                        int ldb, long long sb, float beta, float *C, int ldc, long long sc, int batch)
+{
+    const float one = 1.0f;
+    return cublasGemmStridedBatchedEx(g_blas, ta, CUBLAS_OP_N, m, nn, k, &one, A, CUDA_R_16BF, lda, sa, B, CUDA_R_16BF,
+                                      ldb, sb, &beta, C, CUDA_R_32F, ldc, sc, batch, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS;
+}
+
+bool cu_mla_expanded(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, rp = a->rope, nope = a->nope, vd = a->vdim;
+    if (!a->contiguous || n < DENSE_ATTN_MIN || a->seq0 < 0 || a->pos0 < 0 || a->pos0 + n > a->ctx || H <= 0 ||
+        nope <= 0 || vd <= 0 || rp < 0 || qk < nope + rp || wkv_b->cols != R || wkv_b->rows < H * (nope + vd))
+        return false;
+    if (!cu_device_readable(q) || !cu_device_readable(a->kv_cache) || !cu_device_readable(a->out) ||
+        (rp && (!cu_device_readable(a->q_pe) || !cu_device_readable(a->pe_cache))) || !attn_blas())
+        return false;
+    int nseg = g_split ? 3 : 1, D = nope + rp, KD = nseg * D, W = nope + vd, P = a->pos0 + n;
+    /* multiply-adds of the two forms: per token, position and head nseg (R + rope + R)
+     * against nseg (nope + rope + vd); per token and head absorb's q_c and output products
+     * (2 R (nope + vd), x2 for split activations) against, per position, the expansion
+     * (H R W, x2), weighted 2: with its packing it costs about that much more a
+     * multiply-add (H200, 16B FP8, tok/s expanded / absorb: passes of 16 / 64 / 256 / 1024
+     * tokens onto 4096 cached 1038 / 3490 / 10120 / 8659 against 1525 / 4623 / 11053 /
+     * 6715; from position 0, 16 .. 256 tokens 1-7% faster expanded). A pass onto a deep
+     * cache expands every earlier position for its few tokens: there absorb wins.
+     *   With flash_kernel's 128-query blocks (expanded / absorb, onto 4096 cached): 32
+     * tokens 2529 / 3322, 64 4752 / 5216, 128 8613 / 8948, 256 13888 / 12587, 512 20023 /
+     * 14913; onto 1024: 128 11471 / 11027, 256 18165 / 17090. A weight of 2 (not 2.5)
+     * moves 256 onto 4096 to the expanded form: chosen / expanded / absorb onto 4096
+     * cached 128 tokens 9068 / 8649 / 9048, 192 11064 / 11114 / 11150, 256 13895 / 13839 /
+     * 12791, 384 17236 / 17250 / 14227; onto 2048, 256 16500 / 16453 / 16026.
+     * expand_min < 0 (tests): the expanded form always. */
+    double pairs = (double)n * P * H, split = g_split ? 2 : 1;
+    double absorb = pairs * nseg * (2.0 * R + rp) + (double)n * H * 2.0 * R * W * split;
+    double expanded = pairs * nseg * (double)(D + vd) + 2.0 * P * H * R * W * split;
+    if (cu_tune.expand_min > 0 && expanded >= absorb) return false;
+    bool flash = cu_flash_ok(D, vd, g_split); /* scores, softmax and values in one launch, none stored */
+    int tc = flash ? 1 : attn_chunk_tokens(n, H, P, nseg);
+    /* the expanded rows grow with the context (V3's 128 heads: 1.5 MB a position): past
+     * half the free device memory the absorb form, which needs far less, runs instead of
+     * an out-of-memory error */
+    size_t need = (sizeof(float) * W + sizeof(__nv_bfloat16) * (KD + nseg * vd)) * (size_t)P * H +
+                  sizeof(__nv_bfloat16) * (size_t)n * H * KD, fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess || need > fr / 2) {
+        cudaGetLastError();
+        return false;
+    }
+    /* the expansion, scores, probabilities [Ph | Ph | Pl], queries [Qh | Qh | Ql], keys
+     * [Kh | Kl | Kh] per head, values [Vh; Vl; Vh] per head */
+    float *E = (float *)cu_alloc(sizeof(float) * (size_t)P * H * W);
+    float *S = flash ? NULL : (float *)cu_alloc(sizeof(float) * (size_t)H * P * tc);
+    __nv_bfloat16 *Pb = flash ? NULL : (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * tc * nseg);
+    __nv_bfloat16 *Q = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)n * H * KD);
+    __nv_bfloat16 *Kp = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * P * KD);
+    __nv_bfloat16 *V = (__nv_bfloat16 *)cu_alloc(sizeof(__nv_bfloat16) * (size_t)H * nseg * P * vd);
+    bool mem = E && (flash || (S && Pb)) && Q && Kp && V, ok = mem; /* no memory: cu_alloc said so */
+    if (mem) {
+        const float *kv = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
+        const float *pe = rp ? a->pe_cache + (size_t)a->seq0 * a->ctx * rp : NULL;
+        const unsigned q_lo = 4u, k_lo = 2u; /* segment 2 of q, segment 1 of k: the lo halves */
+        cu_matmul(E, kv, P, wkv_b, 0, H * W, DS_GEMM_BF16, false);
+        launch_attn_pack((unsigned)(n * H), Q, D, KD, nseg, q_lo, q, qk, nope, a->q_pe, rp, rp);
+        expand_pack_kernel<<<dim3((unsigned)P, (unsigned)H), 64, 0, cu_s>>>(Kp, V, E, pe, P, H, nope, rp, vd, nseg,
+                                                                             k_lo);
+        if (flash)
+            ok = cu_flash_attend(a->out, Q, Kp, V, n, H, P, a->pos0, a->softmax_scale, D, vd, g_split);
+        for (int t0 = 0; t0 < n && ok && !flash; t0 += tc) {
+            int c = n - t0 < tc ? n - t0 : tc, L = a->pos0 + t0 + c, rows = c * H;
+            /* per head h, column-major: S_h^T (L x c) = Kp_h (KD x L)^T Q_h^T (KD x c); row
+             * t * H + h of S (ldc H L) as cu_attention_dense lays them out */
+            ok = expand_gemm(CUBLAS_OP_T, L, c, KD, Kp, KD, (long long)P * KD, Q + (size_t)t0 * H * KD, H * KD, KD, 0.0f,
+                             S, H * L, L, H);
+            if (ok) launch_causal_softmax(S, Pb, rows, L, H, a->pos0 + t0, a->softmax_scale, nseg, q_lo);
+            /* out_h^T (vd x c) = V_h' (vd x nseg L) P_h'^T: V_h's segments lie P rows apart,
+             * so one product over all of them when L == P (the last chunk), else one a segment */
+            float *out = a->out + (size_t)t0 * H * vd;
+            if (ok && L == P)
+                ok = expand_gemm(CUBLAS_OP_N, vd, c, nseg * L, V, vd, (long long)nseg * P * vd, Pb, H * nseg * L,
+                                 (long long)nseg * L, 0.0f, out, H * vd, vd, H);
+            for (int k = 0; ok && L < P && k < nseg; k++)
+                ok = expand_gemm(CUBLAS_OP_N, vd, c, L, V + (size_t)k * P * vd, vd, (long long)nseg * P * vd,
+                                 Pb + (size_t)k * L, H * nseg * L, (long long)nseg * L, k ? 1.0f : 0.0f, out, H * vd,
+                                 vd, H);
+        }
+        if (!ok) cu_check(cudaErrorUnknown, "expanded attention: cublasGemmStridedBatchedEx or flash_kernel");
+    }
+    cu_free(E);
+    cu_free(S);
+    cu_free(Pb);
+    cu_free(Q);
+    cu_free(Kp);
+    cu_free(V);
+    if (mem) cu_check(cudaGetLastError(), "expanded attention: launch");
+    return mem;
+}
+
+/* ---- flash_kernel: the expanded form's attention in one launch per pass (the tuning's
+ * flash): for each head and 64-query tile, the scores against 32-key tiles, the causal
+ * mask, a running (online) softmax and the value products, all on the tensor cores (bf16
+ * operands, float32 sums: warpgroup MMA on Hopper, mma.m16n8k16 elsewhere), without
+ * writing the scores. cu_mla_expanded's chunk loop (flash 0) writes every score (float32),
+ * reads them back for the softmax, writes the probabilities as bf16 parts and reads them
+ * again for the values: two cuBLAS products and a softmax launch per chunk of tokens,
+ * each over the whole square, masked half included.
  *
  * The operands are cu_mla_expanded's packs: with split activations (the default) each
  * is a bf16 hi part and a lo part (x - hi rounded again), and every product is
@@ -14,7 +429,6 @@
  * t * H + h, KD = 3 D elements [hi | hi | lo]; keys of head h: row h * P + i,
  * [hi | lo | hi]; values of head h: segments (h * 3 + s) * P + i of DV elements, s = 0
  * hi, 1 lo. Without the split, one segment of each. */
-#include "cuda_internal.cuh"
 
 #define FL_BM 64 /* query rows a warpgroup: four warps of 16 */
 #define FL_BN 32 /* keys a tile (64 in blocks of two warpgroups: FL_BN_OF) */
@@ -231,8 +645,8 @@ __device__ __forceinline__ void fl_store(const fl_work &w, float (*o)[4], const 
     }
 }
 
-/* ---- the products on warpgroup MMA (WG: DSV3_CUDA_FLASH=2, the default where the device
- * runs the build's sm_90a code; D and DV multiples of 64). The block's four warps are one
+/* ---- the products on warpgroup MMA (WG: the tuning's flash >= 2, where the device runs
+ * the build's sm_90a code; D and DV multiples of 64). The block's four warps are one
  * warpgroup. The queries are the A operand from registers, loaded once for every key
  * tile; the key and value tiles are B operands by descriptor, in wgmma's 128-byte swizzle
  * (FW_SW: sub-tiles of 32 rows of 64 columns, a row's 16-byte chunk c at c ^ (row % 8)).
@@ -541,16 +955,15 @@ __device__ __forceinline__ void fl_tiles2(R &r, SM &sm, const __nv_bfloat16 *Q, 
  * warpgroups a block, each 64 query rows against the same key and value tiles; with two,
  * the tiles are 64 keys (the scores m64n64k16), each is read from L2 once for 128 queries,
  * and a warpgroup skips a tile past its last row.
- *   Session 27 (H200, FP8 16B, `dsv3 bench --device cuda -p 512,1024,2048,4096 -n 0 -r 3`,
- * alternated): NW 2 with 32-key tiles pp4096 34.2k -> 34.95k tok/s, pp512 level; with
- * 64-key tiles against NW 1: pp512 29.6k -> 30.0k, pp1024 35.2k -> 35.5k, pp2048 37.2k ->
- * 37.8k, pp4096 34.96k -> 35.9-36.1k; then two stages (one barrier a tile, where there
- * were four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k, pp512 level. ncu then
- * (pp4096): SMs active 77% of the launch; with the heads fastest in the grid (every
- * head's longest tiles dispatched first) pp4096 35.7k -> 36.5k, pp8192 32.0k -> 32.7k;
- * pingpong (NW 2; DSV3_CUDA_FLASH_PP, on): warpgroup 1's scores wait for 0's, 0's values
- * for 1's scores, so that each softmax runs under the other warpgroup's products: pp4096
- * 36.5k -> 36.6k, pp8192 32.2-32.3k -> 32.55-32.6k. */
+ *   Measured (H200, FP8 16B, `dsv3 bench --device cuda -p 512,1024,2048,4096 -n 0 -r 3`,
+ * alternated): NW 2 with 64-key tiles against NW 1: pp512 29.6k -> 30.0k tok/s, pp1024
+ * 35.2k -> 35.5k, pp2048 37.2k -> 37.8k, pp4096 34.96k -> 35.9-36.1k; two stages (one
+ * barrier a tile, not four): pp4096 35.4-35.6k -> 35.8k, pp8192 31.6k -> 31.9k; the heads
+ * fastest in the grid (every head's longest tiles dispatched first; ncu had the SMs
+ * active 77% of the launch): pp4096 35.7k -> 36.5k, pp8192 32.0k -> 32.7k; ping-pong
+ * (warpgroup 1's scores wait for 0's, 0's values for 1's scores, so that each softmax
+ * runs under the other warpgroup's products): pp4096 36.5k -> 36.6k, pp8192 32.2-32.3k
+ * -> 32.55-32.6k. */
 template <int D, int DV, bool SPLIT, bool WG, int NW>
 __global__ void __launch_bounds__(FL_THREADS * NW, 2 / NW)
 flash_kernel(float *__restrict__ out, float *__restrict__ part, float2 *__restrict__ ml,
