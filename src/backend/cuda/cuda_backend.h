@@ -3,13 +3,15 @@
  * Activations, the KV cache and the weights live in device memory (cudaMalloc);
  * every op is queued on one stream and returns without waiting, so the host
  * never touches activations: it uploads the per-pass token arrays and
- * downloads the logits (and, per MoE layer of a prefill, the routing choice;
- * decode reads it on the device). A decode step can be recorded as a CUDA
- * graph and replayed (ops graph_*; model_forward does it). Weights are
- * copied once at load (upload_weight); a weight without a device copy is
+ * downloads the logits; the routing is read and grouped on the device (only
+ * weights the grouped MoE kernels refuse download it). A decode step can be
+ * recorded as a CUDA graph and replayed (ops graph_*). Weights are copied
+ * once at load (upload_weight); a weight without a device copy is
  * copied on first use and cached by its host data pointer. Pointers an op
  * receives may also be managed or plain host memory (tests): host arguments
  * are staged through device memory, and that op waits before it returns.
+ * docs/cuda.md describes the design; the kernels' choices are steered by
+ * cuda_tuning (below), never by the environment.
  *
  * Not thread-safe: one thread at a time may call the ops of this backend. */
 #ifndef DS_CUDA_BACKEND_H
@@ -106,8 +108,9 @@ typedef struct cuda_tuning {
                       * block, 1 mma.sync always; 0 cuBLAS products and a softmax launch
                       * per chunk. Each form falls back to the next where it cannot run */
     int flash_kc;    /* flash_kernel's chunks of key tiles hold at least this many (default 4) */
-    int dense_chunk; /* tokens per chunk of the cuBLAS attention forms; 0 (default): as many
-                      * as a 256 MiB score matrix holds */
+    int dense_chunk; /* at most this many tokens per chunk of the cuBLAS attention forms
+                      * (tests: several chunks on small shapes); 0 (default): as many as a
+                      * 256 MiB score matrix holds */
     /* ---- memory */
     int scratch_fill;  /* what new scratch memory holds: 0 (default) whatever was there (a
                         * memset node in a captured step costs more than most kernels); 1
