@@ -32,6 +32,7 @@
 #pragma weak cmd_generate
 #pragma weak cmd_tokenize
 #pragma weak cmd_bench
+#pragma weak cmd_perplexity
 
 static const struct {
     const char *name;
@@ -41,6 +42,7 @@ static const struct {
     {"generate", cmd_generate, "chat interactively or complete a file of prompts"},
     {"logits", cmd_logits, "write the model's logits for a token sequence"},
     {"tokenize", cmd_tokenize, "print the token ids of a text or a chat"},
+    {"perplexity", cmd_perplexity, "measure the model's perplexity on a text file"},
     {"bench", cmd_bench, "measure prefill and decode speed against the hardware limits"},
     {"convert", cmd_convert, "shard a Hugging Face checkpoint for model parallelism"},
     {"cast-bf16", cmd_cast_bf16, "dequantise an FP8 checkpoint to BF16"},

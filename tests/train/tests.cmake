@@ -10,3 +10,6 @@ dsv3_script_test(train_cli ${CMAKE_CURRENT_LIST_DIR}/test_trained_cli.sh)
 set_tests_properties(train_tok_diff train_cli PROPERTIES
   ENVIRONMENT "DSV3_TOKENIZER=${DSV3_TRAINED_DIR};DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};${DSV3_TEST_ENV}")
 set_tests_properties(train_trained train_tok_diff train_cli PROPERTIES LABELS train TIMEOUT 300)
+dsv3_script_test(train_perplexity ${CMAKE_CURRENT_LIST_DIR}/test_perplexity.sh)
+set_tests_properties(train_perplexity PROPERTIES LABELS train TIMEOUT 300
+  ENVIRONMENT "DSV3_TRAINED=${DSV3_TRAINED_DIR};DSV3_BIN=$<TARGET_FILE:dsv3>;${DSV3_TEST_ENV}")
