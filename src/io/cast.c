@@ -132,7 +132,9 @@ static ds_status cast_file(const ds_ckpt *c, const st_file *f, const cast_opts *
     /* Rows per chunk: enough for ~CHUNK_BYTES of output, at least one. */
     int64_t chunk_rows = (int64_t)(CHUNK_BYTES / 2) / max_cols;
     if (chunk_rows < 1) chunk_rows = 1;
-    if (!s && !(buf = malloc((size_t)(chunk_rows * max_cols) * 2))) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+    if (!s && !(buf = malloc((size_t)(chunk_rows * max_cols) * 2)))
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for the %lld-byte dequantisation buffer",
+                      (long long)(chunk_rows * max_cols) * 2);
     if (!s) s = st_writer_begin(w);
     for (size_t i = 0; !s && i < f->n_tensors; i++) {
         const st_tensor *t = &f->tensors[i];
