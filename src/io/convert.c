@@ -8,7 +8,8 @@
  * needs) and streams each source tensor's slices straight from the mapping.
  *
  * Differences from convert.py, all deliberate: MTP layers are dropped by index
- * (>= num_hidden_layers of config.json) instead of the fixed "model.layers.61";
+ * (>= num_hidden_layers of config.json) instead of the fixed "model.layers.61",
+ * and --keep-mtp keeps them, names mapped as the rest;
  * an expert index outside [0, n_experts) or n_experts % mp != 0 is an error
  * instead of silently dropping tensors; config.json is copied too. */
 #include "convert.h"
@@ -103,6 +104,10 @@ static const struct { const char *key, *new_key; int dim; } k_mapping[] = {
     {"kv_a_layernorm", "kv_norm", -1}, {"kv_b_proj", "wkv_b", 0}, {"o_proj", "wo", 1},
     {"gate", "gate", -1}, {"gate_proj", "w1", 0}, {"down_proj", "w2", 1}, {"up_proj", "w3", 0},
     {"norm", "norm", -1}, {"lm_head", "head", 0}, {"scale", "scale", -1},
+    /* the MTP module (--keep-mtp; convert.py drops it): enorm, hnorm and eh_proj whole
+     * on every rank, shared_head.head split by vocabulary as the output head is;
+     * shared_head.norm and embed_tokens take the entries above */
+    {"enorm", "enorm", -1}, {"hnorm", "hnorm", -1}, {"eh_proj", "eh_proj", -1}, {"head", "head", 0},
 };
 
 /* Python's s.replace(from, to): every non-overlapping occurrence, left to right. Frees s. */

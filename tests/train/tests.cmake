@@ -13,3 +13,6 @@ set_tests_properties(train_trained train_tok_diff train_cli PROPERTIES LABELS tr
 dsv3_script_test(train_perplexity ${CMAKE_CURRENT_LIST_DIR}/test_perplexity.sh)
 set_tests_properties(train_perplexity PROPERTIES LABELS train TIMEOUT 300
   ENVIRONMENT "DSV3_TRAINED=${DSV3_TRAINED_DIR};DSV3_BIN=$<TARGET_FILE:dsv3>;${DSV3_TEST_ENV}")
+dsv3_script_test(train_convert_mtp ${CMAKE_CURRENT_LIST_DIR}/test_convert_mtp.sh)
+set_tests_properties(train_convert_mtp PROPERTIES LABELS train TIMEOUT 300
+  ENVIRONMENT "DSV3_TRAINED=${DSV3_TRAINED_DIR};DSV3_BIN=$<TARGET_FILE:dsv3>;${DSV3_TEST_ENV}")
