@@ -250,7 +250,7 @@ DS_API ds_engine_params ds_engine_default_params(void);
 
 /* A model's shape and names, from its config (and tokenizer when loaded). */
 typedef struct {
-    const char *name;     /* "deepseek_v3" style architecture name, or the checkpoint's directory name */
+    const char *name;     /* the checkpoint directory's name */
     int n_vocab, max_seq_len, max_batch_size;
     int n_layers, n_dense_layers, dim, n_heads;
     int n_routed_experts, n_activated_experts, n_shared_experts;
@@ -412,7 +412,7 @@ typedef struct {
  * previous turn of a chat) and computes the rest in chunks, then the
  * sequences decode in lockstep, one batched step for all. The slots end up
  * holding prompt + completion. samplers[i] NULL is greedy. out[i] receives
- * sequence i's completion; on a cancel the calls returns DS_OK with what was
+ * sequence i's completion; on a cancel the call returns DS_OK with what was
  * made. A prompt longer than the context is DS_ERR_RANGE. */
 DS_API ds_status ds_generate(ds_engine *e, int n, const int *seqs, const int32_t *const *prompts, const int *lens,
                              ds_token_sampler *const *samplers, const ds_generate_params *p, ds_completion *out);

@@ -356,6 +356,21 @@ static void test_tokenizer(void)
     ds_free(a);
     ds_free(b);
     ds_free(rendered);
+    /* the thinking flag, tools and a tool call reach the template as variables */
+    cp.template_text = "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}"
+                       "[{{ m.tool_calls[0].function.name }}]{% endif %};{% endfor %}"
+                       "{% if thinking %}T{% endif %}{% if tools %}{{ tools[0].name }}{% endif %}";
+    cp.thinking = true;
+    cp.tools = "[{\"name\": \"get_weather\"}]";
+    ds_chat_message turn[3] = {{.role = "user", .content = "Hi!"},
+                               {.role = "assistant", .content = "", .tool_calls = "[{\"function\": {\"name\": \"f\"}}]"},
+                               {.role = "tool", .content = "sunny", .tool_call_id = "1"}};
+    CHECK_OK(ds_chat_apply(t, turn, 3, &cp, &rendered, NULL, NULL));
+    CHECK_MSG(rendered && !strcmp(rendered, "user:Hi!;assistant:[f];tool:sunny;Tget_weather"), "'%s'", rendered);
+    ds_free(rendered);
+    turn[1].tool_calls = "{not json";
+    CHECK(ds_chat_apply(t, turn, 3, &cp, &rendered, NULL, NULL) == DS_ERR_ARG && strstr(ds_last_error(), "message 2"));
+    cp = ds_chat_default_params();
     m[1].content = "caf\xe9";
     CHECK(ds_chat_apply(t, m, 2, &cp, NULL, &a, &na) == DS_ERR_ARG && strstr(ds_last_error(), "message 2"));
     m[1].content = "ok";
