@@ -11,8 +11,8 @@ case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev tmux openmpi-bin libopenmpi-dev)
-[ "$mode" = test ] && pkgs+=(clang)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev tmux openmpi-bin libopenmpi-dev libmicrohttpd-dev)
+[ "$mode" = test ] && pkgs+=(clang jq curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,6 +43,9 @@ demo)
 test)
   if [ -f tests/tok/node/package.json ]; then
     (cd tests/tok/node && npm ci --silent --no-audit --no-fund >/dev/null)
+  fi
+  if [ -f tests/serve/node/package.json ]; then
+    (cd tests/serve/node && npm ci --silent --no-audit --no-fund >/dev/null)
   fi
   ctest --test-dir build --output-on-failure -j"$jobs"
   cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null

@@ -33,6 +33,8 @@
 #pragma weak cmd_tokenize
 #pragma weak cmd_bench
 #pragma weak cmd_perplexity
+int cmd_serve(int argc, char **argv); /* tools/cmd_serve.c */
+#pragma weak cmd_serve
 
 static const struct {
     const char *name;
@@ -43,6 +45,7 @@ static const struct {
     {"logits", cmd_logits, "write the model's logits for a token sequence"},
     {"tokenize", cmd_tokenize, "print the token ids of a text or a chat"},
     {"perplexity", cmd_perplexity, "measure the model's perplexity on a text file"},
+    {"serve", cmd_serve, "serve an OpenAI-compatible HTTP API (chat, completions, streaming)"},
     {"bench", cmd_bench, "measure prefill and decode speed against the hardware limits"},
     {"convert", cmd_convert, "shard a Hugging Face checkpoint for model parallelism"},
     {"cast-bf16", cmd_cast_bf16, "dequantise an FP8 checkpoint to BF16"},

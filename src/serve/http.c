@@ -1,0 +1,709 @@
+/* http.c - the HTTP side of `dsv3 serve` on libmicrohttpd.
+ *
+ * A thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler may block
+ * until its job has output. While it waits it polls its socket, so a client
+ * that goes away is seen within one wait (50 ms) and its job cancelled; the
+ * scheduler frees the slots at its next step boundary. Requests are checked
+ * before they are queued: API key (constant time), body size, JSON, fields,
+ * prompt length; the queue is bounded (503 with Retry-After). The engine is
+ * loaded after the socket listens, so /health says 503 until it is ready. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <microhttpd.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server.h"
+
+#if MHD_VERSION < 0x00097002
+typedef int mhd_result;
+#else
+typedef enum MHD_Result mhd_result;
+#endif
+
+double srv_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+srv_options srv_default_options(void)
+{
+    return (srv_options){.host = "127.0.0.1", .port = 8080, .parallel = 4, .device = "auto", .queue = 64,
+                         .timeout_s = 600, .prefill_chunk = 256, .max_body = 8u << 20, .limits = srv_default_limits()};
+}
+
+/* ---- jobs */
+
+static void job_free(job *j)
+{
+    for (int i = 0; j->ch && i < j->req.n; i++) {
+        choice *c = &j->ch[i];
+        ds_sampler_free(c->smp);
+        ds_text_stream_free(c->ts);
+        stop_free(&c->stop);
+        outp_free(&c->parser);
+        sb_free(&c->content);
+        sb_free(&c->reasoning);
+        json_decref(c->logprobs);
+        json_decref(c->tool_calls);
+    }
+    free(j->ch);
+    req_free(&j->req);
+    ds_free(j->prompt);
+    ds_free(j->prompt_text);
+    sb_free(&j->out);
+    pthread_cond_destroy(&j->cv);
+    free(j);
+}
+
+void job_unref_locked(job *j)
+{
+    if (--j->refs == 0) job_free(j);
+}
+
+void job_sse_locked(job *j, json_t *obj)
+{
+    char *d = json_dumps(obj, JSON_COMPACT);
+    json_decref(obj);
+    if (!d) return;
+    sb_adds(&j->out, "data: ");
+    sb_adds(&j->out, d);
+    sb_adds(&j->out, "\n\n");
+    free(d);
+}
+
+/* ---- connections */
+
+typedef struct {
+    srv *s;
+    struct MHD_Connection *conn;
+    sbuf body;
+    bool too_big, started;
+    int status;       /* for the log line */
+    job *j;           /* a generation request */
+    double t0;
+    int prompt_tokens, completion_tokens;
+    char method[8], path[64];
+} conn_ctx;
+
+static bool client_gone(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return true;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
+    char b;
+    return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+static mhd_result send_text(conn_ctx *cc, int status, const char *type, const char *body, size_t len)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", type);
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+    if (status == 503) MHD_add_response_header(r, "Retry-After", "1");
+    if (status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    mhd_result rc = MHD_queue_response(cc->conn, (unsigned)status, r);
+    MHD_destroy_response(r);
+    cc->status = status;
+    return rc;
+}
+
+static mhd_result send_json(conn_ctx *cc, int status, json_t *o)
+{
+    char *d = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!d) return send_text(cc, 500, "application/json", "{}", 2);
+    mhd_result rc = send_text(cc, status, "application/json", d, strlen(d));
+    free(d);
+    return rc;
+}
+
+static mhd_result send_error(conn_ctx *cc, const srv_error *e) { return send_json(cc, e->status, reply_error(e)); }
+
+static mhd_result send_errorf(conn_ctx *cc, int status, const char *type, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static mhd_result send_errorf(conn_ctx *cc, int status, const char *type, const char *code, const char *fmt, ...)
+{
+    srv_error e = {.status = status, .type = type, .code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    return send_error(cc, &e);
+}
+
+/* Bearer key check over the whole key whatever the input (no early exit). */
+static bool key_ok(const srv *s, struct MHD_Connection *conn, const char *key)
+{
+    if (!key) return true;
+    const char *h = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Authorization");
+    const char *given = h && !strncmp(h, "Bearer ", 7) ? h + 7 : "";
+    size_t kl = strlen(key), gl = strlen(given);
+    unsigned char diff = kl != gl;
+    for (size_t i = 0; i < kl; i++) diff |= (unsigned char)(key[i] ^ given[i < gl ? i : 0]);
+    (void)s;
+    return diff == 0;
+}
+
+/* ---- generation */
+
+/* Tokenizes the request's prompt into j (chat: through the template). */
+static int make_prompt(srv *s, job *j, srv_error *err)
+{
+    srv_request *r = &j->req;
+    ds_status st;
+    if (r->kind == REQ_CHAT) {
+        ds_chat_params p = ds_chat_default_params();
+        p.add_generation_prompt = true;
+        p.thinking = r->thinking;
+        p.tools = r->tools_json;
+        p.extra_vars = r->template_vars;
+        char *text = NULL;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = ds_chat_apply_json(s->tok, r->messages_json, &p, &text, &ids, &n);
+        if (st) {
+            srv_err(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", ds_last_error());
+            return -1;
+        }
+        j->in_reasoning = prompt_opens_think(text, strlen(text));
+        ds_free(text);
+        j->prompt = ids;
+        j->n_prompt = (int)n;
+    } else if (r->prompt) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        if (ds_tokenize(s->tok, r->prompt, strlen(r->prompt), 0, &ids, &n)) {
+            srv_err(err, 400, "invalid_request_error", "invalid_value", "prompt", "%s", ds_last_error());
+            return -1;
+        }
+        int32_t bos = ds_engine_bos(s->e);
+        int32_t *all = malloc(sizeof(int32_t) * (n + 1));
+        if (!all) {
+            ds_free(ids);
+            srv_err(err, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+        size_t k = 0;
+        if (bos >= 0) all[k++] = bos; /* as the chat template starts: a completion continues a document */
+        memcpy(all + k, ids, sizeof(int32_t) * n);
+        ds_free(ids);
+        j->prompt = all;
+        j->n_prompt = (int)(n + k);
+        j->prompt_text = strdup(r->prompt);
+    } else {
+        for (int i = 0; i < r->n_prompt_ids; i++)
+            if (r->prompt_ids[i] >= ds_engine_n_vocab(s->e)) {
+                srv_err(err, 400, "invalid_request_error", "invalid_value", "prompt", "prompt[%d] is %d; token ids are below %d",
+                        i, r->prompt_ids[i], ds_engine_n_vocab(s->e));
+                return -1;
+            }
+        j->prompt = malloc(sizeof(int32_t) * (size_t)r->n_prompt_ids);
+        if (!j->prompt) {
+            srv_err(err, 500, "server_error", NULL, NULL, "out of memory");
+            return -1;
+        }
+        memcpy(j->prompt, r->prompt_ids, sizeof(int32_t) * (size_t)r->n_prompt_ids);
+        j->n_prompt = r->n_prompt_ids;
+    }
+    const char *field = r->kind == REQ_CHAT ? "messages" : "prompt";
+    if (j->n_prompt < 1) {
+        srv_err(err, 400, "invalid_request_error", "invalid_value", field, "'%s' gives an empty prompt", field);
+        return -1;
+    }
+    if (j->n_prompt >= s->n_ctx) {
+        srv_err(err, 400, "invalid_request_error", "context_length_exceeded", field,
+                "the prompt has %d tokens; this server's context holds %d (--ctx-size), room for at least one more is needed",
+                j->n_prompt, s->n_ctx);
+        return -1;
+    }
+    if (r->n > ds_engine_n_seq(s->e)) {
+        srv_err(err, 400, "invalid_request_error", "invalid_value", "n", "'n' is %d; this server runs %d sequences (--parallel)",
+                r->n, ds_engine_n_seq(s->e));
+        return -1;
+    }
+    return 0;
+}
+
+/* Waits until j has unsent output or is finished; false when the client went
+ * away or the deadline passed (the job is then cancelled). Holds s->mu. */
+static bool wait_output(srv *s, conn_ctx *cc, job *j, double keepalive_s)
+{
+    double t_idle = srv_now();
+    while (j->sent == j->out.n && !j->finished) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000;
+        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&j->cv, &s->mu, &ts);
+        if (j->sent < j->out.n || j->finished) break;
+        double now = srv_now();
+        if (client_gone(cc->conn) || (j->deadline > 0 && now > j->deadline)) {
+            j->cancelled = true;
+            pthread_cond_signal(&s->wake);
+            return false;
+        }
+        if (keepalive_s > 0 && now - t_idle > keepalive_s) { /* an SSE comment while queued */
+            sb_adds(&j->out, ": keep-alive\n\n");
+            break;
+        }
+    }
+    return true;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    conn_ctx *cc = cls;
+    job *j = cc->j;
+    srv *s = cc->s;
+    (void)pos;
+    pthread_mutex_lock(&s->mu);
+    if (!wait_output(s, cc, j, 5.0)) {
+        pthread_mutex_unlock(&s->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    size_t n = j->out.n - j->sent < max ? j->out.n - j->sent : max;
+    memcpy(buf, j->out.p + j->sent, n);
+    j->sent += n;
+    bool end = n == 0 && j->finished;
+    pthread_mutex_unlock(&s->mu);
+    return end ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+}
+
+static mhd_result generate(conn_ctx *cc, req_kind kind)
+{
+    srv *s = cc->s;
+    srv_error err;
+    job *j = calloc(1, sizeof *j);
+    if (!j) return send_errorf(cc, 500, "server_error", NULL, "out of memory");
+    pthread_cond_init(&j->cv, NULL);
+    j->refs = 1;
+    j->s = s;
+    j->status = 200;
+    if (req_parse(cc->body.p ? cc->body.p : "", cc->body.n, kind, &s->o.limits, &j->req, &err) ||
+        make_prompt(s, j, &err)) {
+        job_free(j);
+        return send_error(cc, &err);
+    }
+    pthread_mutex_lock(&s->mu);
+    snprintf(j->id, sizeof j->id, "%s-%016llx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)s->salt++ * 0x9e3779b97f4a7c15ull);
+    pthread_mutex_unlock(&s->mu);
+    j->created = (long)time(NULL);
+    j->t_start = srv_now();
+    j->deadline = s->o.timeout_s > 0 ? j->t_start + s->o.timeout_s : 0;
+    cc->prompt_tokens = j->n_prompt;
+    if (j->req.stream && kind == REQ_CHAT) /* the role comes first, one chunk per choice */
+        for (int i = 0; i < j->req.n; i++) job_sse_locked(j, reply_chunk(j, i, "assistant", NULL, NULL, NULL, NULL, NULL));
+    if (!sched_submit(s, j)) {
+        job_free(j);
+        return send_errorf(cc, 503, "server_error", "overloaded", "the server is busy (%d requests queued); retry later",
+                           s->o.queue);
+    }
+    cc->j = j;
+    if (j->req.stream) {
+        struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cc, NULL);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, "Content-Type", "text/event-stream");
+        MHD_add_response_header(r, "Cache-Control", "no-cache");
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        mhd_result rc = MHD_queue_response(cc->conn, 200, r);
+        MHD_destroy_response(r);
+        cc->status = 200;
+        return rc;
+    }
+    pthread_mutex_lock(&s->mu);
+    bool ok = true;
+    while (ok && !j->finished) ok = wait_output(s, cc, j, 0), j->sent = j->out.n;
+    pthread_mutex_unlock(&s->mu);
+    if (!ok) { /* the client left, or the deadline passed */
+        cc->status = 499;
+        return j->deadline > 0 && srv_now() > j->deadline
+                   ? send_errorf(cc, 504, "server_error", "timeout", "the request ran past %d s (--timeout)", s->o.timeout_s)
+                   : MHD_NO;
+    }
+    cc->completion_tokens = j->completion_tokens;
+    return send_text(cc, j->status, "application/json", j->out.p ? j->out.p : "{}", j->out.p ? j->out.n : 2);
+}
+
+/* ---- the other endpoints */
+
+static mhd_result models(conn_ctx *cc)
+{
+    srv *s = cc->s;
+    return send_json(cc, 200, json_pack("{s:s, s:[{s:s, s:s, s:i, s:s}]}", "object", "list", "data", "id", s->model_name,
+                                        "object", "model", "created", 0, "owned_by", "dsv3"));
+}
+
+static mhd_result tokenize(conn_ctx *cc)
+{
+    srv *s = cc->s;
+    json_t *o = json_loadb(cc->body.p ? cc->body.p : "", cc->body.n, 0, NULL);
+    json_t *c = json_object_get(o, "content");
+    if (!c) c = json_object_get(o, "prompt");
+    json_t *msgs = json_object_get(o, "messages");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ds_status st = DS_OK;
+    if (json_is_string(c)) {
+        bool special = json_is_true(json_object_get(o, "parse_special"));
+        st = ds_tokenize(s->tok, json_string_value(c), json_string_length(c), special ? DS_TOKENIZE_PARSE_SPECIAL : 0,
+                         &ids, &n);
+    } else if (json_is_array(msgs)) {
+        srv_request r;
+        srv_error err;
+        char *d = json_dumps(o, JSON_COMPACT);
+        int bad = !d || req_parse(d, strlen(d), REQ_CHAT, &s->o.limits, &r, &err);
+        free(d);
+        if (bad) {
+            json_decref(o);
+            return send_error(cc, &err);
+        }
+        ds_chat_params p = ds_chat_default_params();
+        p.add_generation_prompt = !json_is_false(json_object_get(o, "add_generation_prompt"));
+        p.thinking = r.thinking;
+        p.tools = r.tools_json;
+        p.extra_vars = r.template_vars;
+        st = ds_chat_apply_json(s->tok, r.messages_json, &p, NULL, &ids, &n);
+        req_free(&r);
+    } else {
+        json_decref(o);
+        return send_errorf(cc, 400, "invalid_request_error", "invalid_value",
+                           "the body must be {\"content\": string} or {\"messages\": [...]}");
+    }
+    json_decref(o);
+    if (st) return send_errorf(cc, 400, "invalid_request_error", "invalid_value", "%s", ds_last_error());
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    ds_free(ids);
+    return send_json(cc, 200, json_pack("{s:o}", "tokens", a));
+}
+
+static mhd_result detokenize(conn_ctx *cc)
+{
+    srv *s = cc->s;
+    json_t *o = json_loadb(cc->body.p ? cc->body.p : "", cc->body.n, 0, NULL);
+    json_t *t = json_object_get(o, "tokens");
+    size_t n = json_array_size(t);
+    int32_t *ids = malloc(sizeof(int32_t) * (n ? n : 1));
+    bool ok = json_is_array(t) && ids;
+    for (size_t i = 0; ok && i < n; i++) {
+        json_t *x = json_array_get(t, i);
+        ok = json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < ds_tokenizer_n_vocab(s->tok);
+        if (ok) ids[i] = (int32_t)json_integer_value(x);
+    }
+    json_decref(o);
+    char *text = NULL;
+    size_t len = 0;
+    if (!ok || ds_detokenize(s->tok, ids, n, 0, &text, &len)) {
+        free(ids);
+        return send_errorf(cc, 400, "invalid_request_error", "invalid_value",
+                           "the body must be {\"tokens\": [ids below %d]}", ds_tokenizer_n_vocab(s->tok));
+    }
+    free(ids);
+    json_t *r = json_pack("{s:s%}", "content", text, len);
+    ds_free(text);
+    return send_json(cc, 200, r);
+}
+
+static void hist(sbuf *b, const char *name, const char *help, const long *bk, double sum, long count)
+{
+    static const char *le[11] = {"0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10"};
+    char line[256];
+    snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    sb_adds(b, line);
+    long acc = 0;
+    for (int i = 0; i < 12; i++) {
+        acc += bk[i];
+        snprintf(line, sizeof line, "%s_bucket{le=\"%s\"} %ld\n", name, i < 11 ? le[i] : "+Inf", acc);
+        sb_adds(b, line);
+    }
+    snprintf(line, sizeof line, "%s_sum %.6f\n%s_count %ld\n", name, sum, name, count);
+    sb_adds(b, line);
+}
+
+static mhd_result metrics(conn_ctx *cc)
+{
+    srv *s = cc->s;
+    sbuf b = {0};
+    char line[512];
+    pthread_mutex_lock(&s->mu);
+    srv_metrics m = s->m;
+    pthread_mutex_unlock(&s->mu);
+    static const char *cls[6] = {"2xx", "400", "401_404", "413", "503", "5xx"};
+    sb_adds(&b, "# HELP dsv3_requests_total HTTP requests answered, by status class.\n# TYPE dsv3_requests_total counter\n");
+    for (int i = 0; i < 6; i++) {
+        snprintf(line, sizeof line, "dsv3_requests_total{status=\"%s\"} %ld\n", cls[i], m.requests[i]);
+        sb_adds(&b, line);
+    }
+    snprintf(line, sizeof line,
+             "# TYPE dsv3_prompt_tokens_total counter\ndsv3_prompt_tokens_total %ld\n"
+             "# TYPE dsv3_completion_tokens_total counter\ndsv3_completion_tokens_total %ld\n"
+             "# TYPE dsv3_prompt_cache_hit_tokens_total counter\ndsv3_prompt_cache_hit_tokens_total %ld\n"
+             "# TYPE dsv3_requests_cancelled_total counter\ndsv3_requests_cancelled_total %ld\n"
+             "# TYPE dsv3_queue_depth gauge\ndsv3_queue_depth %d\n"
+             "# TYPE dsv3_running_sequences gauge\ndsv3_running_sequences %d\n"
+             "# TYPE dsv3_batch_tokens gauge\ndsv3_batch_tokens %d\n",
+             m.prompt_tokens, m.completion_tokens, m.cache_hit_tokens, m.cancelled, m.queue_depth, m.running,
+             m.batch_tokens);
+    sb_adds(&b, line);
+    hist(&b, "dsv3_time_to_first_token_seconds", "Time from a request's arrival to its first token.", m.ttft_bucket,
+         m.ttft_sum, m.ttft_count);
+    hist(&b, "dsv3_decode_step_seconds", "Time of one batched decode step (per-token latency).", m.step_bucket,
+         m.step_sum, m.step_count);
+    mhd_result rc = send_text(cc, 200, "text/plain; version=0.0.4", b.p, b.n);
+    sb_free(&b);
+    return rc;
+}
+
+/* ---- dispatch */
+
+static bool path_is(const char *url, const char *p) { return !strcmp(url, p); }
+
+static mhd_result route(conn_ctx *cc, const char *method, const char *url)
+{
+    srv *s = cc->s;
+    bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(method, "OPTIONS")) {
+        struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", "*");
+        MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        mhd_result rc = MHD_queue_response(cc->conn, 204, r);
+        MHD_destroy_response(r);
+        cc->status = 204;
+        return rc;
+    }
+    pthread_mutex_lock(&s->mu);
+    bool ready = s->ready;
+    pthread_mutex_unlock(&s->mu);
+    if (get && path_is(url, "/health"))
+        return ready ? send_text(cc, 200, "application/json", "{\"status\":\"ok\"}", 15)
+                     : send_text(cc, 503, "application/json", "{\"status\":\"loading\"}", 20);
+    if (get && (path_is(url, "/") || path_is(url, "/index.html")))
+        return send_text(cc, 200, "text/html; charset=utf-8", srv_page_html, strlen(srv_page_html));
+    if (!key_ok(s, cc->conn, s->o.api_key_file ? s->o.api_key_file : NULL))
+        return send_errorf(cc, 401, "invalid_request_error", "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+    if (cc->too_big)
+        return send_errorf(cc, 413, "invalid_request_error", "request_too_large", "the request body is over %zu bytes",
+                           s->o.max_body);
+    if (!ready) return send_errorf(cc, 503, "server_error", "loading", "the model is loading");
+    if (get && path_is(url, "/metrics")) return metrics(cc);
+    if (get && (path_is(url, "/v1/models") || path_is(url, "/models"))) return models(cc);
+    if (post && (path_is(url, "/v1/chat/completions") || path_is(url, "/chat/completions"))) return generate(cc, REQ_CHAT);
+    if (post && (path_is(url, "/v1/completions") || path_is(url, "/completions"))) return generate(cc, REQ_COMPLETION);
+    if (post && path_is(url, "/tokenize")) return tokenize(cc);
+    if (post && path_is(url, "/detokenize")) return detokenize(cc);
+    bool known = path_is(url, "/v1/chat/completions") || path_is(url, "/chat/completions") ||
+                 path_is(url, "/v1/completions") || path_is(url, "/completions") || path_is(url, "/tokenize") ||
+                 path_is(url, "/detokenize") || path_is(url, "/metrics") || path_is(url, "/v1/models");
+    if (known) return send_errorf(cc, 405, "invalid_request_error", "method_not_allowed", "%s is not allowed on %s", method, url);
+    return send_errorf(cc, 404, "invalid_request_error", "not_found", "no such endpoint: %s", url);
+}
+
+static mhd_result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                             const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    srv *s = cls;
+    (void)version;
+    conn_ctx *cc = *con_cls;
+    if (!cc) {
+        if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
+        cc->s = s;
+        cc->conn = conn;
+        cc->t0 = srv_now();
+        snprintf(cc->method, sizeof cc->method, "%s", method);
+        snprintf(cc->path, sizeof cc->path, "%s", url);
+        *con_cls = cc;
+        const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body) cc->too_big = true;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cc->too_big && cc->body.n + *upload_size > s->o.max_body) cc->too_big = true;
+        if (!cc->too_big && !sb_add(&cc->body, upload, *upload_size)) cc->too_big = true;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cc->started) return MHD_YES;
+    cc->started = true;
+    return route(cc, method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    srv *s = cls;
+    conn_ctx *cc = *con_cls;
+    (void)conn;
+    if (!cc) return;
+    pthread_mutex_lock(&s->mu);
+    if (cc->j) {
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cc->j->finished) {
+            cc->j->cancelled = true;
+            pthread_cond_signal(&s->wake);
+        }
+        if (!cc->completion_tokens) cc->completion_tokens = cc->j->completion_tokens;
+        if (!cc->j->finished) cc->status = 499;
+        job_unref_locked(cc->j);
+    }
+    int st = cc->status;
+    int k = st >= 200 && st < 300 ? 0 : st == 400 ? 1 : st == 401 || st == 404 || st == 405 ? 2 : st == 413 ? 3
+            : st == 503 ? 4 : st >= 500 ? 5 : -1;
+    if (k >= 0) s->m.requests[k]++;
+    pthread_mutex_unlock(&s->mu);
+    fprintf(stderr, "%s %s %d prompt=%d completion=%d %.0f ms\n", cc->method, cc->path, st, cc->prompt_tokens,
+            cc->completion_tokens, (srv_now() - cc->t0) * 1e3);
+    sb_free(&cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ---- the server's life */
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static char *read_key(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) buf[--n] = 0;
+    return n ? strdup(buf) : NULL;
+}
+
+int srv_run(const srv_options *opt)
+{
+    srv *s = calloc(1, sizeof *s);
+    if (!s) return 1;
+    s->o = *opt;
+    s->salt = (uint64_t)time(NULL);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->wake, NULL);
+    char *key = NULL;
+    if (opt->api_key_file && !(key = read_key(opt->api_key_file))) {
+        fprintf(stderr, "dsv3 serve: %s: cannot read an API key from it\n", opt->api_key_file);
+        free(s);
+        return 1;
+    }
+    s->o.api_key_file = key; /* from here on: the key itself */
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port)};
+    if (inet_pton(AF_INET, opt->host, &addr.sin_addr) != 1) {
+        fprintf(stderr, "dsv3 serve: --host %s is not an IPv4 address\n", opt->host);
+        free(key);
+        free(s);
+        return 1;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(
+        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)opt->port, NULL,
+        NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(opt->queue + 64), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+        MHD_OPTION_END);
+    if (!d) {
+        fprintf(stderr, "dsv3 serve: cannot listen on %s:%d: %s\n", opt->host, opt->port, strerror(errno));
+        free(key);
+        free(s);
+        return 1;
+    }
+    int port = opt->port;
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    if (di && di->port) port = di->port;
+    fprintf(stderr, "dsv3 serve: listening on http://%s:%d/ (loading %s)\n", opt->host, port, opt->ckpt);
+    signal(SIGPIPE, SIG_IGN);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    ds_engine_params p = ds_engine_default_params();
+    p.config_path = opt->config;
+    p.device = opt->device;
+    p.n_threads = opt->threads;
+    p.n_ctx = opt->ctx;
+    p.n_seq = opt->parallel;
+    int rc = 0;
+    if (ds_engine_load(opt->ckpt, &p, &s->e)) {
+        fprintf(stderr, "dsv3 serve: %s\n", ds_last_error());
+        rc = 1;
+    } else if (!(s->tok = ds_engine_tokenizer(s->e))) {
+        fprintf(stderr, "dsv3 serve: %s has no tokenizer\n", opt->ckpt);
+        rc = 1;
+    }
+    if (!rc) {
+        s->n_ctx = ds_engine_n_ctx(s->e);
+        const char *name = opt->model_name;
+        if (!name) { /* the checkpoint directory's name */
+            const char *c = opt->ckpt;
+            size_t n = strlen(c);
+            while (n > 1 && c[n - 1] == '/') n--;
+            size_t b = n;
+            while (b && c[b - 1] != '/') b--;
+            snprintf(s->model_name, sizeof s->model_name, "%.*s", (int)(n - b), c + b);
+        } else {
+            snprintf(s->model_name, sizeof s->model_name, "%s", name);
+        }
+        if (pthread_create(&s->sched, NULL, sched_main, s)) {
+            fprintf(stderr, "dsv3 serve: cannot start the scheduler thread\n");
+            rc = 1;
+        }
+    }
+    if (!rc) {
+        pthread_mutex_lock(&s->mu);
+        s->ready = 1;
+        pthread_mutex_unlock(&s->mu);
+        fprintf(stderr, "dsv3 serve: ready: %s on %s, %d sequences of %d tokens, http://%s:%d/v1\n", s->model_name,
+                ds_engine_device_name(s->e), ds_engine_n_seq(s->e), s->n_ctx, opt->host, port);
+        while (!g_stop) {
+            struct timespec ts = {0, 100000000};
+            nanosleep(&ts, NULL);
+        }
+        fprintf(stderr, "dsv3 serve: stopping\n");
+        pthread_mutex_lock(&s->mu);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->wake);
+        pthread_mutex_unlock(&s->mu);
+        pthread_join(s->sched, NULL);
+    }
+    pthread_mutex_lock(&s->mu);
+    for (job *j = s->q_head; j; j = j->next) { /* answered now, so that their connections end */
+        sb_clear(&j->out);
+        j->sent = 0;
+        sb_adds(&j->out, j->req.stream ? "data: [DONE]\n\n" : "{\"error\":{\"message\":\"the server is stopping\","
+                                                                "\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+        j->status = 503;
+        j->finished = true;
+        pthread_cond_broadcast(&j->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    MHD_stop_daemon(d);
+    /* jobs still queued after the daemon stopped: nobody waits for them */
+    for (job *j = s->q_head, *n; j; j = n) {
+        n = j->next;
+        pthread_mutex_lock(&s->mu);
+        job_unref_locked(j);
+        pthread_mutex_unlock(&s->mu);
+    }
+    ds_engine_free(s->e);
+    free(key);
+    free(s);
+    return rc;
+}

@@ -1,0 +1,606 @@
+/* sched.c - the scheduler: the one thread that uses the engine.
+ *
+ * Continuous batching: every step is one ds_decode over a batch made of one
+ * token for each running choice plus, within a token budget
+ * (--prefill-chunk), the next chunk of the prompts being prefilled, so that a
+ * long prompt never stalls the running streams. Requests join at any step
+ * boundary when slots are free and leave when they finish or their client
+ * goes away (the HTTP thread sets job.cancelled; the next step boundary frees
+ * the slots).
+ *
+ * Prefix cache: a slot keeps its tokens' KV after its request ends. A new
+ * request's first choice takes the slot (free or running) whose tokens share
+ * the longest prefix with its prompt: a free one is truncated to that prefix,
+ * a running one's prefix is forked into a free slot; the rest of the prompt is
+ * computed. Other choices are forked from the first once its prompt is in.
+ * Free slots are reused least recently used first. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server.h"
+
+/* Per-slot state, the scheduler's alone. */
+typedef struct {
+    bool busy;
+    long used; /* LRU stamp */
+} slot_info;
+
+typedef struct {
+    srv *s;
+    ds_engine *e;
+    int n_slots, n_vocab;
+    slot_info *slots;
+    long clock;
+    job **active;
+    int n_active;
+    /* the batch */
+    int32_t *tok;
+    int *seq;
+    bool *want;
+    job **row_job;   /* per wanted row: its job and choice (-1: a prefill's last token) */
+    int *row_choice;
+    ds_token_sampler **pick_smp;
+    int32_t *next;
+    float *scratch;
+} sched;
+
+static const char *k_markers[] = {"<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                                  "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"};
+
+static void bucket(long *b, double v)
+{
+    static const double le[11] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+    int i = 0;
+    while (i < 11 && v > le[i]) i++;
+    b[i]++;
+}
+
+static int free_slots(const sched *c)
+{
+    int n = 0;
+    for (int i = 0; i < c->n_slots; i++) n += !c->slots[i].busy;
+    return n;
+}
+
+/* The least recently used free slot, other than avoid. */
+static int lru_slot(const sched *c, int avoid)
+{
+    int best = -1;
+    for (int i = 0; i < c->n_slots; i++)
+        if (!c->slots[i].busy && i != avoid && (best < 0 || c->slots[i].used < c->slots[best].used)) best = i;
+    return best;
+}
+
+static void take_slot(sched *c, int i)
+{
+    c->slots[i].busy = true;
+    c->slots[i].used = ++c->clock;
+}
+
+static void release_slot(sched *c, int i)
+{
+    c->slots[i].busy = false;
+    c->slots[i].used = ++c->clock;
+}
+
+/* Emits what a choice produced this step (the caller holds s->mu). */
+static void emit(sched *c, job *j, int ci, const sbuf *content, const sbuf *reasoning, json_t *tool_calls,
+                 const char *finish, json_t *lp)
+{
+    choice *ch = &j->ch[ci];
+    if (!j->req.stream) {
+        sb_add(&ch->content, content->p ? content->p : "", content->n);
+        sb_add(&ch->reasoning, reasoning->p ? reasoning->p : "", reasoning->n);
+        return;
+    }
+    if (!content->n && !reasoning->n && !tool_calls && !finish && !lp) return;
+    json_t *o = reply_chunk(j, ci, NULL, content, reasoning, tool_calls, finish, lp);
+    if (o) job_sse_locked(j, o);
+    pthread_cond_broadcast(&j->cv);
+}
+
+/* Ends choice ci: flushes the held text, frees its decoding state, releases its slot. */
+static void finish_choice(sched *c, job *j, int ci, const char *why)
+{
+    srv *s = c->s;
+    choice *ch = &j->ch[ci];
+    sbuf text = {0}, content = {0}, reasoning = {0};
+    const char *tail;
+    size_t tl;
+    bool stopped = !strcmp(why, "stop_string");
+    if (!stopped && ch->ts && ds_text_stream_finish(ch->ts, &tail, &tl) == DS_OK && tl)
+        stopped = stop_push(&ch->stop, tail, tl, &text);
+    if (!stopped) stop_flush(&ch->stop, &text);
+    if (stopped) why = "stop";
+    outp_push(&ch->parser, text.p ? text.p : "", text.n, &content, &reasoning);
+    outp_finish(&ch->parser, &content, &reasoning);
+    json_t *calls = j->req.kind == REQ_CHAT ? outp_tool_calls(&ch->parser, s->salt++) : NULL;
+    if (calls && !strcmp(why, "stop")) why = "tool_calls";
+    ch->finish = why;
+    pthread_mutex_lock(&s->mu);
+    emit(c, j, ci, &content, &reasoning, calls, why, NULL);
+    pthread_mutex_unlock(&s->mu);
+    if (j->req.stream) json_decref(calls);
+    else ch->tool_calls = calls; /* for reply_final */
+    sb_free(&text);
+    sb_free(&content);
+    sb_free(&reasoning);
+    ds_sampler_free(ch->smp);
+    ds_text_stream_free(ch->ts);
+    ch->smp = NULL;
+    ch->ts = NULL;
+    if (ch->slot >= 0) release_slot(c, ch->slot);
+    ch->slot = -1;
+}
+
+/* Ends a job whose choices are all finished (or that failed with err): its
+ * last events or its whole body, then the scheduler's reference. */
+static void finish_job(sched *c, job *j, const srv_error *err)
+{
+    srv *s = c->s;
+    for (int i = 0; i < j->req.n; i++)
+        if (j->ch && j->ch[i].slot >= 0) {
+            release_slot(c, j->ch[i].slot);
+            j->ch[i].slot = -1;
+        }
+    pthread_mutex_lock(&s->mu);
+    j->state = JOB_DONE;
+    if (err) {
+        json_t *e = reply_error(err);
+        if (j->req.stream) {
+            job_sse_locked(j, e);
+        } else {
+            char *d = json_dumps(e, JSON_COMPACT);
+            sb_clear(&j->out);
+            if (d) sb_adds(&j->out, d);
+            free(d);
+            json_decref(e);
+            j->status = err->status;
+        }
+    } else if (j->req.stream) {
+        if (j->req.include_usage) {
+            json_t *u = reply_chunk(j, -1, NULL, NULL, NULL, NULL, NULL, NULL);
+            if (u) job_sse_locked(j, u);
+        }
+    } else {
+        json_t *r = reply_final(j);
+        char *d = r ? json_dumps(r, JSON_COMPACT) : NULL;
+        sb_clear(&j->out);
+        if (d) sb_adds(&j->out, d);
+        free(d);
+        json_decref(r);
+        j->status = d ? 200 : 500;
+    }
+    if (j->req.stream) sb_adds(&j->out, "data: [DONE]\n\n");
+    s->m.prompt_tokens += j->n_prompt;
+    s->m.completion_tokens += j->completion_tokens;
+    s->m.cache_hit_tokens += j->cached;
+    j->finished = true;
+    pthread_cond_broadcast(&j->cv);
+    job_unref_locked(j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void drop_active(sched *c, int k)
+{
+    c->active[k] = c->active[--c->n_active];
+}
+
+/* Whether the token is a special token other than a marker the parser reads. */
+static bool hidden_special(const ds_tokenizer *t, int32_t id)
+{
+    if (!ds_token_is_special(t, id)) return false;
+    const char *p = ds_token_piece(t, id);
+    for (size_t i = 0; p && i < sizeof k_markers / sizeof *k_markers; i++)
+        if (!strcmp(p, k_markers[i])) return false;
+    return true;
+}
+
+/* A sampled token for choice ci: text through the stop matcher and the parser;
+ * finishes the choice on eos, a stop string, max_tokens or the context end. */
+static void on_token(sched *c, job *j, int ci, int32_t t, json_t *lp)
+{
+    srv *s = c->s;
+    choice *ch = &j->ch[ci];
+    if (!j->t_first) {
+        j->t_first = srv_now();
+        pthread_mutex_lock(&s->mu);
+        s->m.ttft_sum += j->t_first - j->t_start;
+        s->m.ttft_count++;
+        bucket(s->m.ttft_bucket, j->t_first - j->t_start);
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (t == ds_engine_eos(c->e) && !j->req.ignore_eos) {
+        json_decref(lp);
+        finish_choice(c, j, ci, "stop");
+        return;
+    }
+    ch->n_gen++;
+    j->completion_tokens++;
+    sbuf text = {0}, content = {0}, reasoning = {0};
+    bool stopped = false;
+    const char *piece = NULL;
+    size_t pl = 0;
+    if (t < ds_tokenizer_n_vocab(s->tok) && !hidden_special(s->tok, t) &&
+        ds_text_stream_push(ch->ts, t, &piece, &pl) == DS_OK && pl)
+        stopped = stop_push(&ch->stop, piece, pl, &text);
+    outp_push(&ch->parser, text.p ? text.p : "", text.n, &content, &reasoning);
+    pthread_mutex_lock(&s->mu);
+    json_t *lpo = NULL;
+    if (lp && j->req.kind == REQ_CHAT) {
+        if (j->req.stream) lpo = json_pack("{s:[o]}", "content", lp);
+        else json_array_append_new(json_object_get(ch->logprobs, "content"), lp);
+    } else if (lp) { /* completions: the legacy parallel arrays */
+        json_t *dst = j->req.stream ? (lpo = json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs",
+                                                       "top_logprobs", "text_offset"))
+                                    : ch->logprobs;
+        json_t *top = json_object();
+        size_t i;
+        json_t *alt;
+        json_array_foreach(json_object_get(lp, "top_logprobs"), i, alt)
+            json_object_set(top, json_string_value(json_object_get(alt, "token")), json_object_get(alt, "logprob"));
+        json_array_append(json_object_get(dst, "tokens"), json_object_get(lp, "token"));
+        json_array_append(json_object_get(dst, "token_logprobs"), json_object_get(lp, "logprob"));
+        json_array_append_new(json_object_get(dst, "top_logprobs"), top);
+        json_array_append_new(json_object_get(dst, "text_offset"), json_integer((json_int_t)ch->content.n));
+        json_decref(lp);
+    }
+    emit(c, j, ci, &content, &reasoning, NULL, NULL, lpo);
+    pthread_mutex_unlock(&s->mu);
+    sb_free(&text);
+    sb_free(&content);
+    sb_free(&reasoning);
+    if (stopped) finish_choice(c, j, ci, "stop_string");
+    else if (ch->n_gen >= j->max_new || ds_seq_len(c->e, ch->slot) + 1 >= ds_engine_n_ctx(c->e))
+        finish_choice(c, j, ci, "length");
+    else ch->pending = t;
+}
+
+static bool job_done(const job *j)
+{
+    for (int i = 0; i < j->req.n; i++)
+        if (!j->ch[i].finish) return false;
+    return true;
+}
+
+/* Per-choice decoding state (samplers seeded per choice: seed + index). */
+static ds_status init_choices(sched *c, job *j)
+{
+    srv *s = c->s;
+    if (!(j->ch = calloc((size_t)j->req.n, sizeof *j->ch))) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    uint64_t seed = j->req.has_seed ? j->req.seed : (uint64_t)time(NULL) * 2654435761u + s->salt++;
+    for (int i = 0; i < j->req.n; i++) {
+        choice *ch = &j->ch[i];
+        ch->slot = -1;
+        ch->pending = -1;
+        ds_sampler_params p = ds_sampler_default_params();
+        p.temperature = (float)j->req.temperature;
+        p.top_p = (float)j->req.top_p;
+        p.top_k = j->req.top_k;
+        p.presence_penalty = (float)j->req.presence_penalty;
+        p.frequency_penalty = (float)j->req.frequency_penalty;
+        p.repetition_penalty = (float)j->req.repetition_penalty;
+        p.seed = seed + (uint64_t)i;
+        ds_status st = ds_sampler_new(&p, c->n_vocab, &ch->smp);
+        if (!st) st = ds_text_stream_new(s->tok, DS_DETOKENIZE_SKIP_SPECIAL, &ch->ts);
+        if (st) return st;
+        stop_init(&ch->stop, j->req.stop, j->req.n_stop);
+        outp_init(&ch->parser, j->in_reasoning);
+        if (j->req.logprobs)
+            ch->logprobs = j->req.kind == REQ_CHAT
+                               ? json_pack("{s:[]}", "content")
+                               : json_pack("{s:[],s:[],s:[],s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                                           "text_offset");
+    }
+    return DS_OK;
+}
+
+/* Slots for a queued job and its prompt prefix from the cache. */
+static ds_status admit(sched *c, job *j)
+{
+    ds_status st = init_choices(c, j);
+    if (st) return st;
+    int best = -1, k = 0;
+    for (int i = 0; i < c->n_slots; i++) {
+        int m = ds_seq_common_prefix(c->e, i, j->prompt, j->n_prompt);
+        if (m > k) k = m, best = i;
+    }
+    if (k > j->n_prompt - 1) k = j->n_prompt - 1; /* the last token is computed for its logits */
+    int s0;
+    if (best >= 0 && k > 0 && !c->slots[best].busy) {
+        s0 = best;
+        st = ds_seq_truncate(c->e, s0, k);
+    } else {
+        s0 = lru_slot(c, -1);
+        st = k > 0 ? ds_seq_fork(c->e, s0, best, k) : ds_seq_truncate(c->e, s0, 0);
+    }
+    if (st) return st;
+    take_slot(c, s0);
+    j->ch[0].slot = s0;
+    for (int i = 1; i < j->req.n; i++) {
+        int q = lru_slot(c, -1);
+        take_slot(c, q);
+        j->ch[i].slot = q;
+    }
+    j->n_fed = k;
+    j->cached = k;
+    int room = ds_engine_n_ctx(c->e) - j->n_prompt;
+    j->max_new = j->req.max_tokens > 0 && j->req.max_tokens < room ? j->req.max_tokens : room;
+    j->state = JOB_PREFILL;
+    return DS_OK;
+}
+
+static void fail_job(sched *c, job *j, int status, const char *msg)
+{
+    srv_error err;
+    srv_err(&err, status, status >= 500 ? "server_error" : "invalid_request_error", NULL, NULL, "%s", msg);
+    for (int i = 0; j->ch && i < j->req.n; i++) {
+        ds_sampler_free(j->ch[i].smp);
+        ds_text_stream_free(j->ch[i].ts);
+        j->ch[i].smp = NULL;
+        j->ch[i].ts = NULL;
+    }
+    finish_job(c, j, &err);
+}
+
+/* Moves queued jobs into the running set while slots allow (FIFO). */
+static void admit_queued(sched *c)
+{
+    srv *s = c->s;
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        job *j = s->q_head;
+        if (!j || j->req.n > free_slots(c)) {
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
+        s->q_head = j->next;
+        if (!s->q_head) s->q_tail = NULL;
+        s->n_queued--;
+        j->next = NULL;
+        bool gone = j->cancelled;
+        pthread_mutex_unlock(&s->mu);
+        if (gone) {
+            pthread_mutex_lock(&s->mu);
+            s->m.cancelled++;
+            pthread_mutex_unlock(&s->mu);
+            finish_job(c, j, NULL);
+            continue;
+        }
+        ds_status st = admit(c, j);
+        if (st) {
+            fail_job(c, j, 500, ds_last_error());
+            continue;
+        }
+        c->active[c->n_active++] = j;
+    }
+}
+
+/* Jobs whose client went away or whose deadline passed: their slots are freed now. */
+static void reap_cancelled(sched *c)
+{
+    srv *s = c->s;
+    double now = srv_now();
+    for (int k = 0; k < c->n_active;) {
+        job *j = c->active[k];
+        pthread_mutex_lock(&s->mu);
+        bool gone = j->cancelled || (j->deadline > 0 && now > j->deadline);
+        if (gone && !j->cancelled) j->cancelled = true;
+        if (gone) s->m.cancelled++;
+        pthread_mutex_unlock(&s->mu);
+        if (!gone) {
+            k++;
+            continue;
+        }
+        for (int i = 0; i < j->req.n; i++)
+            if (!j->ch[i].finish) finish_choice(c, j, i, "length");
+        drop_active(c, k);
+        finish_job(c, j, NULL);
+    }
+}
+
+/* The logprob entry of token t from an untouched logits row, when wanted. */
+static json_t *logprob_of(sched *c, job *j, int32_t t, const float *row)
+{
+    if (!j->req.logprobs) return NULL;
+    return reply_logprob_entry(c->s->tok, t, row, c->n_vocab, j->req.top_logprobs);
+}
+
+/* Samples choice ci's next token from row (kept intact) with its slot's history. */
+static int32_t sample_row(sched *c, job *j, int ci, const float *row)
+{
+    choice *ch = &j->ch[ci];
+    memcpy(c->scratch, row, sizeof(float) * (size_t)c->n_vocab);
+    return ds_sampler_sample(ch->smp, c->scratch, ds_seq_tokens(c->e, ch->slot), ds_seq_len(c->e, ch->slot));
+}
+
+/* One forward pass over every running choice and a prefill chunk; returns
+ * false when there was nothing to do. */
+static bool step(sched *c)
+{
+    srv *s = c->s;
+    int n = 0, rows = 0, budget = s->o.prefill_chunk;
+    bool any_lp = false, any_prefill = false;
+    for (int k = 0; k < c->n_active; k++) {
+        job *j = c->active[k];
+        if (j->state != JOB_DECODE) continue;
+        for (int i = 0; i < j->req.n; i++) {
+            choice *ch = &j->ch[i];
+            if (ch->finish) continue;
+            c->tok[n] = ch->pending;
+            c->seq[n] = ch->slot;
+            c->want[n] = true;
+            c->pick_smp[rows] = ch->smp;
+            c->row_job[rows] = j;
+            c->row_choice[rows++] = i;
+            any_lp |= j->req.logprobs;
+            n++;
+        }
+    }
+    int n_decode = n;
+    for (int k = 0; k < c->n_active && budget > 0; k++) {
+        job *j = c->active[k];
+        if (j->state != JOB_PREFILL) continue;
+        int m = j->n_prompt - j->n_fed < budget ? j->n_prompt - j->n_fed : budget;
+        for (int i = 0; i < m; i++) {
+            c->tok[n] = j->prompt[j->n_fed + i];
+            c->seq[n] = j->ch[0].slot;
+            c->want[n] = j->n_fed + i == j->n_prompt - 1;
+            if (c->want[n]) {
+                c->row_job[rows] = j;
+                c->row_choice[rows++] = -1;
+            }
+            n++;
+        }
+        budget -= m;
+        any_prefill = true;
+    }
+    if (n == 0) return false;
+    ds_batch b = {.n_tokens = n, .token = c->tok, .seq = c->seq, .logits = c->want};
+    double t0 = srv_now();
+    ds_status st = !any_prefill && !any_lp ? ds_decode_pick(c->e, &b, c->pick_smp, c->next) : ds_decode(c->e, &b);
+    double dt = srv_now() - t0;
+    pthread_mutex_lock(&s->mu);
+    s->m.batch_tokens = n;
+    if (n_decode) {
+        s->m.step_sum += dt;
+        s->m.step_count++;
+        bucket(s->m.step_bucket, dt);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (st) { /* the slots are as they were: every job in the batch fails */
+        char msg[512];
+        snprintf(msg, sizeof msg, "the engine failed: %s", ds_last_error());
+        fprintf(stderr, "dsv3 serve: %s\n", msg);
+        for (int k = 0; k < c->n_active;) {
+            job *j = c->active[k];
+            drop_active(c, k);
+            fail_job(c, j, 500, msg);
+        }
+        return true;
+    }
+    /* prefill progress first: the batch order puts decodes before prefills */
+    for (int k = 0; k < c->n_active; k++) {
+        job *j = c->active[k];
+        if (j->state != JOB_PREFILL) continue;
+        j->n_fed = ds_seq_len(c->e, j->ch[0].slot);
+    }
+    for (int r = 0; r < rows; r++) {
+        job *j = c->row_job[r];
+        int ci = c->row_choice[r];
+        if (ci >= 0) {
+            if (!any_prefill && !any_lp) on_token(c, j, ci, c->next[r], NULL);
+            else {
+                const float *row = ds_logits(c->e, r);
+                int32_t t = sample_row(c, j, ci, row);
+                on_token(c, j, ci, t, logprob_of(c, j, t, row));
+            }
+            continue;
+        }
+        /* a prompt is in: fork it to the other choices, then each draws its first token */
+        for (int i = 1; i < j->req.n; i++)
+            if ((st = ds_seq_fork(c->e, j->ch[i].slot, j->ch[0].slot, j->n_prompt))) break;
+        const float *row = ds_logits(c->e, r);
+        j->state = JOB_DECODE;
+        for (int i = 0; !st && i < j->req.n; i++) {
+            int32_t t = sample_row(c, j, i, row);
+            on_token(c, j, i, t, logprob_of(c, j, t, row));
+        }
+        if (st) j->cancelled = true, fprintf(stderr, "dsv3 serve: %s\n", ds_last_error());
+    }
+    for (int k = 0; k < c->n_active;) {
+        job *j = c->active[k];
+        if (j->state == JOB_DECODE && job_done(j)) {
+            drop_active(c, k);
+            finish_job(c, j, NULL);
+        } else {
+            k++;
+        }
+    }
+    return true;
+}
+
+static void update_gauges(sched *c)
+{
+    int running = 0;
+    for (int k = 0; k < c->n_active; k++) running += c->active[k]->req.n;
+    pthread_mutex_lock(&c->s->mu);
+    c->s->m.running = running;
+    c->s->m.queue_depth = c->s->n_queued;
+    pthread_mutex_unlock(&c->s->mu);
+}
+
+void *sched_main(void *arg)
+{
+    srv *s = arg;
+    sched c = {.s = s, .e = s->e, .n_slots = ds_engine_n_seq(s->e), .n_vocab = ds_engine_n_vocab(s->e)};
+    int cap = c.n_slots + s->o.prefill_chunk + 1;
+    c.slots = calloc((size_t)c.n_slots, sizeof *c.slots);
+    c.active = calloc((size_t)c.n_slots, sizeof *c.active);
+    c.tok = calloc((size_t)cap, sizeof *c.tok);
+    c.seq = calloc((size_t)cap, sizeof *c.seq);
+    c.want = calloc((size_t)cap, sizeof *c.want);
+    c.row_job = calloc((size_t)cap, sizeof *c.row_job);
+    c.row_choice = calloc((size_t)cap, sizeof *c.row_choice);
+    c.pick_smp = calloc((size_t)cap, sizeof *c.pick_smp);
+    c.next = calloc((size_t)cap, sizeof *c.next);
+    c.scratch = calloc((size_t)c.n_vocab, sizeof *c.scratch);
+    if (!c.slots || !c.active || !c.tok || !c.seq || !c.want || !c.row_job || !c.row_choice || !c.pick_smp ||
+        !c.next || !c.scratch) {
+        fprintf(stderr, "dsv3 serve: out of memory for the scheduler\n");
+        exit(1);
+    }
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        while (!s->stopping && !s->q_head && c.n_active == 0) pthread_cond_wait(&s->wake, &s->mu);
+        bool stop = s->stopping;
+        pthread_mutex_unlock(&s->mu);
+        if (stop) break;
+        reap_cancelled(&c);
+        admit_queued(&c);
+        update_gauges(&c);
+        if (!step(&c) && c.n_active == 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        update_gauges(&c);
+    }
+    for (int k = 0; k < c.n_active; k++) {
+        job *j = c.active[k];
+        for (int i = 0; i < j->req.n; i++)
+            if (!j->ch[i].finish) finish_choice(&c, j, i, "length");
+        finish_job(&c, j, NULL);
+    }
+    free(c.slots);
+    free(c.active);
+    free(c.tok);
+    free(c.seq);
+    free(c.want);
+    free(c.row_job);
+    free(c.row_choice);
+    free(c.pick_smp);
+    free(c.next);
+    free(c.scratch);
+    return NULL;
+}
+
+bool sched_submit(srv *s, job *j)
+{
+    pthread_mutex_lock(&s->mu);
+    bool ok = s->n_queued < s->o.queue && !s->stopping;
+    if (ok) {
+        j->refs++;
+        j->next = NULL;
+        if (s->q_tail) s->q_tail->next = j;
+        else s->q_head = j;
+        s->q_tail = j;
+        s->n_queued++;
+        s->m.queue_depth = s->n_queued;
+        pthread_cond_signal(&s->wake);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}

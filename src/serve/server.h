@@ -1,0 +1,109 @@
+/* server.h - what the HTTP threads and the scheduler thread share.
+ *
+ * One mutex (srv.mu) guards the queue, every job's output buffer and flags,
+ * and the metrics. The engine, the slots and the per-choice decoding state are
+ * the scheduler thread's alone. A job is owned by two references, the HTTP
+ * connection's and the scheduler's; the last to let go frees it. */
+#ifndef DS_SERVE_SERVER_H
+#define DS_SERVE_SERVER_H
+
+#include <pthread.h>
+
+#include "serve.h"
+
+typedef struct srv srv;
+
+/* One of a request's n choices: a sequence being decoded in a slot. */
+typedef struct {
+    int slot;                /* -1 before admission and after release */
+    ds_token_sampler *smp;
+    ds_text_stream *ts;
+    stop_matcher stop;
+    out_parser parser;
+    int32_t pending;         /* the token fed at the next step */
+    int n_gen;
+    const char *finish;      /* NULL while running */
+    sbuf content, reasoning; /* the whole reply (not streamed) */
+    json_t *logprobs;        /* chat: content entries; completion: the legacy object */
+    json_t *tool_calls;      /* parsed at the end (not streamed) */
+    bool role_sent;
+} choice;
+
+typedef enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE, JOB_DONE } job_state;
+
+typedef struct job {
+    struct job *next;
+    srv *s;
+    srv_request req;
+    int32_t *prompt;
+    int n_prompt;
+    char *prompt_text;       /* completion echo */
+    bool in_reasoning;       /* the rendered prompt opened <think> */
+    char id[48];
+    long created;
+    double t_start, t_first, deadline;
+    /* scheduler-only */
+    job_state state;
+    int n_fed;               /* prompt tokens in choice 0's slot */
+    int cached;              /* of them, taken from the prefix cache */
+    int max_new;
+    choice *ch;
+    int completion_tokens;
+    /* under srv.mu */
+    sbuf out;                /* SSE events, or the whole body when finished */
+    size_t sent;             /* bytes of out handed to the connection */
+    int status;              /* HTTP status of a non-streamed reply */
+    bool finished, cancelled;
+    int refs;
+    pthread_cond_t cv;
+} job;
+
+typedef struct {
+    long requests[6];        /* by class: 2xx, 400, 401/403/404/405, 413, 503, 5xx */
+    long prompt_tokens, completion_tokens, cache_hit_tokens, cancelled;
+    int queue_depth, running, batch_tokens;
+    long ttft_bucket[12], step_bucket[12];
+    double ttft_sum, step_sum;
+    long ttft_count, step_count;
+} srv_metrics;
+
+struct srv {
+    srv_options o;
+    ds_engine *e;
+    const ds_tokenizer *tok;
+    char model_name[128];
+    int ready;               /* 0 loading, 1 serving (under mu) */
+    int n_ctx;
+    pthread_mutex_t mu;
+    pthread_cond_t wake;
+    job *q_head, *q_tail;
+    int n_queued;
+    bool stopping;
+    srv_metrics m;
+    pthread_t sched;
+    uint64_t salt;
+};
+
+double srv_now(void);
+/* Drops one reference (the caller holds s->mu); frees the job at zero. */
+void job_unref_locked(job *j);
+/* Appends an SSE event "data: <json>\n\n" (the caller holds s->mu). */
+void job_sse_locked(job *j, json_t *obj);
+
+/* The scheduler thread: runs until s->stopping. */
+void *sched_main(void *arg);
+/* Queues j (the scheduler takes a reference). Returns false when the queue is full. */
+bool sched_submit(srv *s, job *j);
+
+/* ---- reply objects (reply.c) */
+json_t *reply_usage(const job *j);
+/* A streamed chunk for choice index (any of the parts may be NULL). */
+json_t *reply_chunk(const job *j, int index, const char *role, const sbuf *content, const sbuf *reasoning,
+                    json_t *tool_calls, const char *finish, json_t *logprobs);
+/* The whole reply of a finished job. */
+json_t *reply_final(const job *j);
+json_t *reply_error(const srv_error *e);
+/* The token's text and log-probability entry ({token, logprob, bytes, top_logprobs}). */
+json_t *reply_logprob_entry(const ds_tokenizer *t, int32_t id, const float *logits, int n_vocab, int top);
+
+#endif
