@@ -319,6 +319,7 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
     m->cfg = *cfg;
     if (opt) m->opt = *opt;
     m->ops = m->opt.ops ? m->opt.ops : cpu_backend(true);
+    backend_complete(&m->be, m->ops, m->opt.tune.expand_min);
     m->rank = m->opt.comm ? m->opt.comm->rank : 0;
     m->world_size = m->opt.comm ? m->opt.comm->world_size : 1;
     ds_status s = config_validate(cfg, "config");

@@ -37,7 +37,8 @@ typedef struct {
      * 0: the backend's choice (ds_ops.prefill_tokens), else 1024. */
     int prefill_chunk;
     /* Prefill passes of at least this many tokens run attention in the expanded
-     * (MHA) form where the backend supports it (ds_ops.attn_head_last). 0: 384. */
+     * (MHA) form where the backend supports it (ds_ops.attn_head_last; fallback.c).
+     * 0: 384. */
     int expand_min;
     /* Run every decode step eagerly instead of replaying a recorded backend graph. */
     bool no_graphs;
@@ -54,7 +55,8 @@ typedef struct {
 typedef struct {
     ds_config cfg;
     ds_model_opts opt;
-    const ds_ops *ops;
+    const ds_ops *ops;       /* the backend's own table: its capabilities (graphs, picks, uploads) */
+    ds_backend be;           /* ops completed with the generic fallbacks: what the forward pass calls */
     int rank, world_size;
     int n_local_heads, n_local_experts, expert0, vocab_local, vocab0;
     int qk_head_dim;
@@ -92,7 +94,7 @@ typedef struct {
     int n_layers;
     const ds_ops *ops;
     /* Decode steps of n <= DS_GRAPH_NMAX tokens recorded as backend graphs
-     * (ops->graph_*; forward.c), indexed by class (0: positions below DS_GRAPH_SHORT,
+     * (ops->graph_*; exec.c), indexed by class (0: positions below DS_GRAPH_SHORT,
      * 1: any) and n. */
     ds_graph_slot dec[2][DS_GRAPH_NMAX + 1];
 } ds_kvcache;

@@ -1,0 +1,214 @@
+/* exec.c - runs forward passes (model.h's model_forward and model_forward_pick)
+ * around the model's math in forward.c: checks a batch and uploads its arrays
+ * once, replays recorded decode steps where the backend records graphs, and
+ * delivers the logits (gathered across ranks) or only the picked tokens (on the
+ * device where the backend picks). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/forward.h"
+#include "model/sampler.h"
+
+/* ColumnParallel head: each rank holds a vocabulary slice; gather the slices
+ * (rank, n_out, vocab_local) and interleave them into rows of the full vocabulary. */
+static ds_status gather_logits(ds_model *m, const float *part, int n_out, float *logits)
+{
+    size_t vl = (size_t)m->vocab_local, per = (size_t)n_out * vl;
+    /* part and logits are host memory (downloaded), so the gather is too */
+    float *all = malloc(sizeof(float) * per * m->world_size);
+    if (!all) return ds_errorf(DS_ERR_NOMEM, "out of memory gathering logits");
+    ds_status s = m->opt.comm->all_gather(m->opt.comm, part, per, all);
+    for (int r = 0; !s && r < m->world_size; r++)
+        for (int i = 0; i < n_out; i++)
+            memcpy(logits + (size_t)i * vl * m->world_size + r * vl, all + r * per + i * vl, sizeof(float) * vl);
+    free(all);
+    return s;
+}
+
+static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                             const int *pos)
+{
+    for (int i = 0; i < n; i++) {
+        if (tok[i] < 0 || tok[i] >= m->cfg.vocab_size)
+            return ds_errorf(DS_ERR_RANGE, "token id %d is outside the vocabulary [0, %d)", tok[i], m->cfg.vocab_size);
+        if (seq[i] < 0 || seq[i] >= kv->n_seq)
+            return ds_errorf(DS_ERR_RANGE, "sequence %d is outside the KV cache's %d sequences", seq[i], kv->n_seq);
+        if (pos[i] < 0 || pos[i] >= kv->ctx)
+            return ds_errorf(DS_ERR_RANGE, "position %d is beyond the context of %d tokens%s", pos[i], kv->ctx,
+                             kv->ctx == m->cfg.max_seq_len ? " (max_seq_len)" : "");
+    }
+    return DS_OK;
+}
+
+/* The batch of the n tokens whose arrays ids_d [tok | seq | pos | cache row |
+ * wanted rows] are in ops->alloc memory. contig (NULL: not known to be): the tokens
+ * are one sequence's consecutive positions, from sequence contig[0] position contig[1]. */
+static ds_batch batch_of(const int32_t *ids_d, int n, int n_out, const int *contig, int pos_bound)
+{
+    return (ds_batch){n, n_out, ids_d, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, ids_d + 4 * n, contig != NULL,
+                      contig ? contig[0] : 0, contig ? contig[1] : 0, pos_bound};
+}
+
+/* sampler_pick_u for a host row with p's settings (NULL: greedy), after p's penalty
+ * (on row). */
+static int32_t pick_host(float *row, int V, const ds_pick *p)
+{
+    if (p && p->n_hist > 0) sampler_penalise(row, p->hist, p->n_hist, p->penalty);
+    if (!p || !(p->temperature > 0)) return sampler_argmax(row, V);
+    if (!(p->top_k > 0 || p->top_p < 1)) {
+        float *scratch = malloc(sizeof(float) * (size_t)V);
+        int32_t k = scratch ? sampler_draw(row, V, p->temperature, p->u, scratch) : sampler_argmax(row, V);
+        free(scratch);
+        return k;
+    }
+    ds_sampler s;
+    ds_sampling set = {p->temperature, p->top_k, p->top_p, 1.0f};
+    if (sampler_init(&s, &set, 0, V)) return sampler_argmax(row, V); /* out of memory */
+    int32_t k = sampler_pick_u(&s, row, p->u);
+    sampler_free(&s);
+    return k;
+}
+
+/* what a pass hands back: logits rows, or when next is set only the picks */
+typedef struct {
+    float *logits;
+    const ds_pick *pick;
+    int32_t *next;
+} fwd_out;
+
+/* The n rows of logits in device (alloc'd) memory d to the caller: into o->logits,
+ * or when o->next is set only the picks (see ds_ops.pick_rows), on the device
+ * when the backend can (o->logits then unused; else the host's scratch).
+ * World size 1: the rows are the whole vocabulary. */
+static void deliver(ds_model *m, float *d, int n, const fwd_out *o)
+{
+    int V = m->vocab_local;
+    if (o->next && m->ops->pick_rows) {
+        m->ops->pick_rows(o->next, d, n, V, o->pick);
+        return;
+    }
+    m->be.download(&m->be, o->logits, d, sizeof(float) * (size_t)n * V);
+    for (int i = 0; o->next && i < n; i++)
+        o->next[i] = pick_host(o->logits + (size_t)i * V, V, o->pick ? o->pick + i : NULL);
+}
+
+/* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
+ * the backend's recorded graph for n: the first step of each n runs eagerly
+ * (warm-up: weights, tables and buffers settle), the second is recorded, and
+ * every later one uploads its token arrays to the recording's fixed buffer and
+ * replays it. Returns false when the step must run eagerly instead (no graph
+ * support, the recording failed, tune.no_graphs). */
+static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, const fwd_out *o,
+                          ds_status *s)
+{
+    const ds_ops *ops = m->ops;
+    ds_backend *be = &m->be;
+    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs) return false;
+    /* class 0 (short contexts) only where a backend op can use the bound */
+    int cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
+    ds_graph_slot *d = &kv->dec[cls][n];
+    if (d->failed || (!d->graph && d->runs++ < 1)) return false;
+    if (!d->ids) d->ids = be->alloc(be, sizeof(int32_t) * 5 * (size_t)n);
+    if (!d->logits) d->logits = be->alloc_scratch(be, sizeof(float) * (size_t)n * m->vocab_local);
+    if (!d->ids || !d->logits) return false;
+    be->upload(be, d->ids, ids, sizeof(int32_t) * 5 * (size_t)n);
+    if (!d->graph) {
+        ops->graph_begin();
+        /* positions vary between replays, within the class's bound */
+        ds_batch b = batch_of(d->ids, n, n, NULL, cls ? 0 : DS_GRAPH_SHORT);
+        *s = transformer_forward(m, kv, &b, d->logits);
+        d->graph = ops->graph_end();
+        if (!d->graph) { /* nothing ran (an op had to wait): this n runs eagerly from now on */
+            d->failed = true;
+            *s = DS_OK;
+            return false;
+        }
+        if (*s) return true;
+    }
+    ops->graph_run(d->graph);
+    deliver(m, d->logits, n, o);
+    return true;
+}
+
+/* model_forward, or with o->next set model_forward_pick (o->logits: the host rows,
+ * as scratch where the picks are made on the host). */
+static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                             const bool *want, const fwd_out *o)
+{
+    ds_backend *be = &m->be;
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
+    ds_status s = check_batch(m, kv, n, tok, seq, pos);
+    if (s) return s;
+    int n_out = 0;
+    for (int i = 0; i < n; i++) n_out += want[i];
+    /* per-token arrays, uploaded once: tok, seq, pos, cache row, wanted rows */
+    int32_t *ids = malloc(sizeof(int32_t) * 5 * (size_t)n), *ids_d = NULL;
+    float *part = NULL, *lg = NULL;
+    if (!ids) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+    int pos_max = 0;
+    for (int i = 0, j = 0; i < n; i++) {
+        pos_max = pos[i] > pos_max ? pos[i] : pos_max;
+        ids[i] = tok[i];
+        ids[n + i] = seq[i];
+        ids[2 * n + i] = pos[i];
+        ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
+        if (want[i]) ids[4 * n + j++] = i;
+    }
+    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, o, &s)) goto done;
+    size_t nl = (size_t)n_out * m->vocab_local;
+    if (!(ids_d = be->alloc(be, sizeof(int32_t) * 5 * (size_t)n)) ||
+        (n_out && !(lg = be->alloc_scratch(be, sizeof(float) * nl))) ||
+        (n_out && m->world_size > 1 && !(part = malloc(sizeof(float) * nl)))) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens", n);
+        goto done;
+    }
+    be->upload(be, ids_d, ids, sizeof(int32_t) * 5 * (size_t)n);
+    int contig[2] = {seq[0], pos[0]};
+    bool one_run = true;
+    for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
+    ds_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
+    if ((s = transformer_forward(m, kv, &b, lg))) goto done;
+    if (n_out && m->world_size == 1) {
+        deliver(m, lg, n_out, o);
+    } else if (n_out) {
+        be->download(be, part, lg, sizeof(float) * nl);
+        s = gather_logits(m, part, n_out, o->logits);
+        for (int i = 0; !s && o->next && i < n_out; i++)
+            o->next[i] = pick_host(o->logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size,
+                                   o->pick ? o->pick + i : NULL);
+    } else {
+        be->sync(be);
+    }
+done:;
+    ds_status os = be->status(be); /* an op that could not run recorded why */
+    if (!s) s = os;
+    be->free(be, lg);
+    be->free(be, ids_d);
+    free(part);
+    free(ids);
+    return s;
+}
+
+ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                        const bool *want, float *logits)
+{
+    fwd_out o = {logits, NULL, NULL};
+    return forward_run(m, kv, n, tok, seq, pos, want, &o);
+}
+
+ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                             const ds_pick *pick, int32_t *next)
+{
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
+    bool *want = malloc((size_t)n), host = !m->ops->pick_rows || m->world_size > 1;
+    float *logits = NULL;
+    if (want) memset(want, 1, (size_t)n);
+    /* the rows reach the host only where the backend cannot pick */
+    if (host) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
+    fwd_out o = {logits, pick, next};
+    ds_status s = !want || (host && !logits) ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
+                                             : forward_run(m, kv, n, tok, seq, pos, want, &o);
+    free(want);
+    free(logits);
+    return s;
+}
