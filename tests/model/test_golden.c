@@ -8,6 +8,9 @@
  * FP8 GEMM path: mean cosine >= 0.9 against the fp8gemm rows (FP8 activation
  * quantisation makes this random network chaotic; see the golden README).
  * On s40 (absorb) also model_forward_pick against the host sampler (pick_check.h).
+ * The absorb and naive rows again through the fast backend without its batched
+ * ops (host loops) and with its required ops only: the generic ops of
+ * backend/fallback.c in the model.
  *
  * Flags (tests/model/tests.cmake runs the variants): --expand-min N (prefill
  * passes from N tokens in the expanded attention form), --cpu-isa avx2 (the
@@ -65,19 +68,31 @@ int main(int argc, char **argv)
     json_t *seqs = json_load_file(t_golden("sequences.json"), 0, &je);
     CHECK(seqs != NULL);
     if (t_failures) return t_done("golden");
-    /* host_loops: the fast backend without its batched heads, experts and multi-matrix ops,
-     * as on a CPU without AVX-512: the model's own loops over heads and experts */
+    /* host_loops: the fast backend without its batched heads, experts and multi-matrix ops:
+     * the generic loops over heads and experts (backend/fallback.c) */
     ds_ops loops = *base;
     loops.matmul_heads = NULL;
     loops.matmul_heads_t = NULL;
     loops.moe_experts = NULL;
     loops.matmul_many = NULL;
+    /* required: the fast backend's required ops only; every optional op generic */
+    ds_ops required = loops;
+    required.alloc_scratch = NULL;
+    required.moe_gate = NULL;
+    required.rmsnorm_rows = NULL;
+    required.rope_copy = NULL;
+    required.mla_prologue = NULL;
+    required.mla_attend = NULL;
+    required.matmul_many_normed = NULL;
+    required.matmul_carry = NULL;
     struct { const char *row, *label; ds_attn_impl attn; ds_gemm_impl gemm; bool ue8m0; const ds_ops *ops; } modes[] = {
         {"absorb", "absorb", DS_ATTN_ABSORB, DS_GEMM_BF16, false, base},
         {"naive", "naive", DS_ATTN_NAIVE, DS_GEMM_BF16, false, base},
         {"fp8gemm", "fp8gemm", DS_ATTN_ABSORB, DS_GEMM_FP8, false, base},
         {"fp8gemm_ue8m0", "fp8gemm_ue8m0", DS_ATTN_ABSORB, DS_GEMM_FP8, true, base},
         {"absorb", "absorb (host loops)", DS_ATTN_ABSORB, DS_GEMM_BF16, false, &loops},
+        {"absorb", "absorb (required ops)", DS_ATTN_ABSORB, DS_GEMM_BF16, false, &required},
+        {"naive", "naive (required ops)", DS_ATTN_NAIVE, DS_GEMM_BF16, false, &required},
     };
     for (size_t mi = 0; mi < sizeof modes / sizeof *modes; mi++) {
         ds_model *m;

@@ -145,8 +145,8 @@ static void fill_fast(ds_ops *t, cpu_isa isa)
     t->alloc = fast_alloc;
     t->alloc_scratch = fast_alloc_scratch;
     t->free = fast_free;
-    /* the reference's batched versions of these are scalar; without AVX-512
-     * the model's host loops over heads and experts reach the fast matmuls */
+    /* the reference's batched versions of these are scalar; without AVX-512 the
+     * generic loops over heads and experts (backend/fallback.c) reach the fast matmuls */
     t->matmul_heads = NULL;
     t->matmul_heads_t = NULL;
     t->moe_experts = NULL;

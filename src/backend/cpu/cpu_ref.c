@@ -441,7 +441,7 @@ static void mlp_add_ref(float *y, const float *x, int n, const ds_mlp_w *w, ds_g
     free(ys);
 }
 
-/* Tokens grouped per local expert, in expert order, as the model's host path does;
+/* Tokens grouped per local expert, in expert order, as fallback.c's generic version does;
  * then the shared experts, if any. */
 static void moe_experts_ref(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                             const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
