@@ -212,7 +212,8 @@ static void gen_moe_experts(ds_backend *b, float *y, const float *x, int n, int 
     int *dlist = b->alloc(b, sizeof(int) * nk);
     float *dlw = b->alloc(b, sizeof(float) * nk), *xs = scratch(b, (size_t)n * dim, "expert activations");
     float *ys = scratch(b, (size_t)n * dim, "expert activations");
-    float *a = scratch(b, (size_t)n * inter, "expert activations"), *g = scratch(b, (size_t)n * inter, "expert activations");
+    float *a = scratch(b, (size_t)n * inter, "expert activations");
+    float *g = scratch(b, (size_t)n * inter, "expert activations");
     if (!hidx || !list || !start || !hwt || !lw || !dlist || !dlw || !xs || !ys || !a || !g) {
         fail(b, "expert routing lists", sizeof(int) * nk * 4);
         goto done;
@@ -332,10 +333,12 @@ static void mla_expanded(ds_backend *b, const ds_attn_args *a, const ds_weight *
     if (G > H) G = H;
     if (G > EXPAND_GROUP) G = EXPAND_GROUP;
     /* per chunk: its sequence (0 in the view below) and last position; per token its limit */
-    int *ints = malloc(sizeof(int) * (size_t)(2 * chunks + n)), *dints = b->alloc(b, sizeof(int) * (size_t)(2 * chunks + n));
+    size_t ni = (size_t)(2 * chunks + n);
+    int *ints = malloc(sizeof(int) * ni), *dints = b->alloc(b, sizeof(int) * ni);
     float *e = scratch(b, (size_t)G * P * W, "expanded attention");
     float *qv = b->alloc(b, sizeof(float) * (size_t)n * W); /* zeroed: the v columns stay 0 */
-    float *qpv = scratch(b, (size_t)n * rope, "expanded attention"), *o = scratch(b, (size_t)EXPAND_TOKENS * vd, "expanded attention");
+    float *qpv = scratch(b, (size_t)n * rope, "expanded attention");
+    float *o = scratch(b, (size_t)EXPAND_TOKENS * vd, "expanded attention");
     if (!ints || !dints || !e || !qv || !qpv || !o) {
         fail(b, "expanded attention", sizeof(float) * (size_t)G * P * W);
         goto done;
@@ -346,7 +349,7 @@ static void mla_expanded(ds_backend *b, const ds_attn_args *a, const ds_weight *
         ints[2 * c + 1] = a->pos0 + t0 + T - 1;
     }
     for (int i = 0; i < n; i++) ints[2 * chunks + i] = a->pos0 + i;
-    b->upload(b, dints, ints, sizeof(int) * (size_t)(2 * chunks + n));
+    b->upload(b, dints, ints, sizeof(int) * ni);
     const float *lat = a->kv_cache + (size_t)a->seq0 * a->ctx * R;
     const float *pe = a->pe_cache + (size_t)a->seq0 * a->ctx * rope;
     for (int h0 = 0; h0 < H; h0 += G) {

@@ -211,6 +211,8 @@ static ds_status block(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, s
     return l->moe ? moe(m, l, x, n, st->d) : mlp(m, l, x, n, st->d);                      /* d = ffn(x) */
 }
 
+/* Transformer.forward: h = embed(tokens); h = layer(h) for every layer;
+ * logits = head(norm(h)) of the wanted rows. */
 ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const ds_batch *b, float *logits)
 {
     ds_backend *be = &m->be;

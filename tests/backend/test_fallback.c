@@ -206,14 +206,16 @@ static void check_moe(void)
         }
     for (int n = 1; n <= 40; n += 39)
         for (int sig = 0; sig < 2; sig++) {
-            float *x = rand_vec((size_t)n * dim), *sc = out_buf((size_t)n * E, NULL), *scr = out_buf((size_t)n * E, NULL);
+            float *x = rand_vec((size_t)n * dim);
+            float *sc = out_buf((size_t)n * E, NULL), *scr = out_buf((size_t)n * E, NULL);
             int *idx = malloc(sizeof(int) * (size_t)n * K), *idr = malloc(sizeof(int) * (size_t)n * K);
             float *wt = out_buf((size_t)n * K, NULL), *wtr = out_buf((size_t)n * K, NULL);
             const float *b = sig ? bias : NULL;
             cpu_ref_ops.matmul(scr, x, n, &gw.w, 0, E, DS_GEMM_BF16, false);
             cpu_ref_ops.moe_route(idr, wtr, scr, b, n, E, K, 4, 2, sig, 2.5f);
             G.moe_gate(&G, idx, wt, sc, x, &gw.w, b, n, K, 4, 2, sig, 2.5f);
-            CHECK_MSG(!memcmp(idx, idr, sizeof(int) * (size_t)n * K), "moe_gate n %d sigmoid %d: other experts", n, sig);
+            CHECK_MSG(!memcmp(idx, idr, sizeof(int) * (size_t)n * K), "moe_gate n %d sigmoid %d: other experts", n,
+                      sig);
             check_close("moe_gate weights", wt, wtr, (size_t)n * K, 0);
             for (int sh = 0; sh < 2; sh++) {
                 float *ref = out_buf((size_t)n * dim, NULL), *got = out_buf((size_t)n * dim, NULL);
