@@ -1,11 +1,12 @@
 /* backend.h - the operation table between the model code and the hardware.
  *
- * The model code (src/model/) calls every numeric operation through a ds_ops
- * table and never knows which backend runs it. A backend fills the table: the
- * CPU backend (src/backend/cpu/) with a plain scalar reference for every
- * operation and, where the machine allows, faster versions that are tested
- * against it. Activations are float32 buffers obtained from ops->alloc, so a
- * device backend can keep them in its own memory.
+ * A backend fills a ds_ops table: the CPU backend (src/backend/cpu/) with a
+ * plain scalar reference for every operation and, where the machine allows,
+ * faster versions that are tested against it. The model code (src/model/)
+ * calls every numeric operation through a ds_backend handle, the table
+ * completed with generic versions of the optional ops (fallback.c), and never
+ * knows which backend runs it. Activations are float32 buffers obtained from
+ * ops->alloc, so a device backend can keep them in its own memory.
  *
  * Weights stay in their checkpoint format (ds_weight): BF16, F32, or FP8
  * e4m3 with one float32 scale per 128x128 block (partial edge blocks allowed),
