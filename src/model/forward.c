@@ -22,12 +22,12 @@ typedef struct {
     bool due;     /* d is still to be added to h */
 } stream;
 
-/* k scratch buffers, *p[i] of sz[i] floats: all or none (DS_ERR_NOMEM). */
+/* k scratch buffers, *p[i] of sz[i] floats (NULL where sz[i] is 0): all or none (DS_ERR_NOMEM). */
 static ds_status take(ds_model *m, const char *what, int n, int k, float **p[], const size_t sz[])
 {
     for (int i = 0; i < k; i++) *p[i] = NULL;
     for (int i = 0; i < k; i++)
-        if (!(*p[i] = m->be.alloc_scratch(&m->be, sizeof(float) * sz[i]))) {
+        if (sz[i] && !(*p[i] = m->be.alloc_scratch(&m->be, sizeof(float) * sz[i]))) {
             for (int j = 0; j < i; j++) m->be.free(&m->be, *p[j]);
             return ds_errorf(DS_ERR_NOMEM, "out of memory for the %s of %d tokens", what, n);
         }
