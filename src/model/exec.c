@@ -43,9 +43,9 @@ static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, con
 /* The batch of the n tokens whose arrays ids_d [tok | seq | pos | cache row |
  * wanted rows] are in ops->alloc memory. contig (NULL: not known to be): the tokens
  * are one sequence's consecutive positions, from sequence contig[0] position contig[1]. */
-static ds_batch batch_of(const int32_t *ids_d, int n, int n_out, const int *contig, int pos_bound)
+static fwd_batch batch_of(const int32_t *ids_d, int n, int n_out, const int *contig, int pos_bound)
 {
-    return (ds_batch){n, n_out, ids_d, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, ids_d + 4 * n, contig != NULL,
+    return (fwd_batch){n, n_out, ids_d, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, ids_d + 4 * n, contig != NULL,
                       contig ? contig[0] : 0, contig ? contig[1] : 0, pos_bound};
 }
 
@@ -115,7 +115,7 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
     if (!d->graph) {
         ops->graph_begin();
         /* positions vary between replays, within the class's bound */
-        ds_batch b = batch_of(d->ids, n, n, NULL, cls ? 0 : DS_GRAPH_SHORT);
+        fwd_batch b = batch_of(d->ids, n, n, NULL, cls ? 0 : DS_GRAPH_SHORT);
         *s = transformer_forward(m, kv, &b, d->logits);
         d->graph = ops->graph_end();
         if (!d->graph) { /* nothing ran (an op had to wait): this n runs eagerly from now on */
@@ -166,7 +166,7 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     int contig[2] = {seq[0], pos[0]};
     bool one_run = true;
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
-    ds_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
+    fwd_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
     if ((s = transformer_forward(m, kv, &b, lg))) goto done;
     if (n_out && m->world_size == 1) {
         deliver(m, lg, n_out, o);

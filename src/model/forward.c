@@ -54,7 +54,7 @@ static void linear(ds_model *m, float *y, const float *x, int n, const ds_weight
  * (qk_rope_head_dim) per position; wkv_b is folded into the query and the output,
  * so attention runs in the latent space. q (n, H, qk), kv (n, kv_lora_rank +
  * qk_rope_head_dim) -> o (n, H, v_head_dim). */
-static ds_status attend_absorb(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, const float *q,
+static ds_status attend_absorb(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, const float *q,
                                const float *kvx, float *o)
 {
     const ds_config *c = &m->cfg;
@@ -82,7 +82,7 @@ static ds_status attend_absorb(ds_model *m, ds_kvcache *kv, int li, const ds_bat
 
 /* Naive form: the caches hold whole keys [k_nope | k_pe] (n_seq, ctx, H, qk) and
  * values (n_seq, ctx, H, v_head_dim). q and kv are rotated in place. */
-static ds_status attend_naive(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, float *q, float *kvx, float *o)
+static ds_status attend_naive(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, float *q, float *kvx, float *o)
 {
     const ds_config *c = &m->cfg;
     const ds_layer *l = &m->layers[li];
@@ -118,7 +118,7 @@ static ds_status attend_naive(ds_model *m, ds_kvcache *kv, int li, const ds_batc
 }
 
 /* MLA.forward on x = attn_norm(h + d): d = wo(attention(x)), and h += d's old value. */
-static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, stream *st)
+static ds_status mla(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, stream *st)
 {
     const ds_config *c = &m->cfg;
     const ds_layer *l = &m->layers[li];
@@ -201,7 +201,7 @@ static ds_status moe(ds_model *m, const ds_layer *l, const float *x, int n, floa
 
 /* Block.forward:  x = x + attn(attn_norm(x));  x = x + ffn(ffn_norm(x)),
  * on the stream h + d; x (n, dim) is the ffn's input. */
-static ds_status block(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, stream *st, float *x)
+static ds_status block(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, stream *st, float *x)
 {
     const ds_layer *l = &m->layers[li];
     int n = b->n, dim = m->cfg.dim;
@@ -213,7 +213,7 @@ static ds_status block(ds_model *m, ds_kvcache *kv, int li, const ds_batch *b, s
 
 /* Transformer.forward: h = embed(tokens); h = layer(h) for every layer;
  * logits = head(norm(h)) of the wanted rows. */
-ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const ds_batch *b, float *logits)
+ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, float *logits)
 {
     ds_backend *be = &m->be;
     int n = b->n, dim = m->cfg.dim;

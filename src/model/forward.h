@@ -15,12 +15,12 @@ typedef struct {
     bool contiguous;             /* token i is sequence seq0 at position pos0 + i (a prefill) */
     int seq0, pos0;
     int pos_bound;               /* every pos[i] is below it (ds_attn_args.pos_bound; 0: unknown) */
-} ds_batch;
+} fwd_batch;
 
 /* Transformer.forward: queues the pass of b and writes the logits of its wanted
  * rows into logits (n_out, vocab_local: this rank's slice of the vocabulary,
  * ops->alloc memory). Nothing waits for the device at world size 1, so that a
  * backend graph may record the pass. */
-ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const ds_batch *b, float *logits);
+ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, float *logits);
 
 #endif
