@@ -12,7 +12,7 @@ case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev tmux openmpi-bin libopenmpi-dev libmicrohttpd-dev)
-[ "$mode" = test ] && pkgs+=(clang jq curl)
+[ "$mode" = test ] && pkgs+=(clang jq curl chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -579,6 +579,22 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* Waits for SIGINT/SIGTERM, then tells the scheduler to stop. */
+static void *watch_signals(void *arg)
+{
+    srv *s = arg;
+    while (!g_stop) {
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    fprintf(stderr, "dsv3 serve: stopping\n");
+    pthread_mutex_lock(&s->mu);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
 static char *read_key(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -661,8 +677,10 @@ int srv_run(const srv_options *opt)
         } else {
             snprintf(s->model_name, sizeof s->model_name, "%s", name);
         }
-        if (pthread_create(&s->sched, NULL, sched_main, s)) {
-            fprintf(stderr, "dsv3 serve: cannot start the scheduler thread\n");
+        /* the scheduler runs on this thread, which loaded the engine: the
+         * CPU backend's per-thread buffers live as long as the process */
+        if (pthread_create(&s->sched, NULL, watch_signals, s)) {
+            fprintf(stderr, "dsv3 serve: cannot start a thread\n");
             rc = 1;
         }
     }
@@ -672,15 +690,7 @@ int srv_run(const srv_options *opt)
         pthread_mutex_unlock(&s->mu);
         fprintf(stderr, "dsv3 serve: ready: %s on %s, %d sequences of %d tokens, http://%s:%d/v1\n", s->model_name,
                 ds_engine_device_name(s->e), ds_engine_n_seq(s->e), s->n_ctx, opt->host, port);
-        while (!g_stop) {
-            struct timespec ts = {0, 100000000};
-            nanosleep(&ts, NULL);
-        }
-        fprintf(stderr, "dsv3 serve: stopping\n");
-        pthread_mutex_lock(&s->mu);
-        s->stopping = true;
-        pthread_cond_broadcast(&s->wake);
-        pthread_mutex_unlock(&s->mu);
+        sched_main(s);
         pthread_join(s->sched, NULL);
     }
     pthread_mutex_lock(&s->mu);

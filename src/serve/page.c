@@ -11,7 +11,7 @@ const char srv_page_html[] =
     "#log{min-height:50vh}.m{margin:8px 0;padding:8px 10px;border-radius:8px;white-space:pre-wrap}\n"
     ".user{background:#e8f0fe}.assistant{background:#f3f3f3}.think{color:#777;font-style:italic;border-left:3px solid #ccc;"
     "padding-left:8px;margin-bottom:6px;white-space:pre-wrap}\n"
-    "form{display:flex;gap:6px}textarea{flex:1;height:4em}#set{margin:8px 0;color:#555}#set input{width:5em}</style>\n"
+    "form{display:flex;gap:6px}textarea{flex:1;height:4em}#set{margin:8px 0;color:#555}#set input[type=number]{width:5em}</style>\n"
     "</head><body><h3>dsv3 chat</h3><div id=log></div>\n"
     "<div id=set>temperature <input id=temp type=number step=0.1 min=0 max=2 value=0.7> "
     "max tokens <input id=maxt type=number min=1 value=256> "

@@ -80,7 +80,7 @@ struct srv {
     int n_queued;
     bool stopping;
     srv_metrics m;
-    pthread_t sched;
+    pthread_t sched;         /* the signal watcher (the scheduler runs on the main thread) */
     uint64_t salt;
 };
 
@@ -90,7 +90,7 @@ void job_unref_locked(job *j);
 /* Appends an SSE event "data: <json>\n\n" (the caller holds s->mu). */
 void job_sse_locked(job *j, json_t *obj);
 
-/* The scheduler thread: runs until s->stopping. */
+/* The scheduler: runs on the calling thread until s->stopping. */
 void *sched_main(void *arg);
 /* Queues j (the scheduler takes a reference). Returns false when the queue is full. */
 bool sched_submit(srv *s, job *j);

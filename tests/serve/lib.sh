@@ -8,10 +8,22 @@ BIN=${DSV3_BIN:-$ROOT/build/dsv3}
 MODEL=$ROOT/models/dsv3-mini
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/dsv3-serve.XXXXXX")
 SERVER_PIDS=()
+# Stops the servers; a sanitizer report in a server's log fails the test.
 cleanup() {
+  local rc=$? bad=0
   for p in "${SERVER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${SERVER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  for f in "$WORK"/*.log; do
+    [ -f "$f" ] || continue
+    if grep -q 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$f"; then
+      echo "FAIL: sanitizer report in $(basename "$f"):" >&2
+      grep -A30 'ERROR: AddressSanitizer\|ERROR: LeakSanitizer\|runtime error:' "$f" | head -60 >&2
+      bad=1
+    fi
+  done
   rm -rf "$WORK"
+  [ "$bad" = 0 ] || exit 1
+  exit "$rc"
 }
 trap cleanup EXIT
 

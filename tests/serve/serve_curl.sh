@@ -56,7 +56,7 @@ SREQ="{\"messages\":[$(msg "$P1")],\"max_tokens\":12,\"temperature\":1.0,\"n\":3
 a=$(chat "$SREQ" | jq -c '[.choices[].message.content]')
 b=$(chat "$SREQ" | jq -c '[.choices[].message.content]')
 check "n=3 gives three choices" [ "$(jq length <<<"$a")" = 3 ]
-check "the same seed gives the same choices" [ "$a" = "$b" ]
+check "the same seed gives the same choices ($a vs $b)" [ "$a" = "$b" ]
 c=$(chat "${SREQ/1234/99}" | jq -c '[.choices[].message.content]')
 check "another seed gives other choices" [ "$a" != "$c" ]
 check "choices of one request differ" [ "$(jq -r '.[0] != .[1] or .[1] != .[2]' <<<"$a")" = true ]
