@@ -9,7 +9,7 @@ if [ -z "$CHROMIUM" ] || [ ! -d "$NODE_DIR/node_modules/playwright-core" ]; then
   echo "skipped: needs chromium (Debian) and (cd tests/serve/node && npm ci)"
   exit 77
 fi
-start_server page --parallel 2 --ctx-size 512 --threads 2
+start_server page --parallel 2 --ctx-size 2048 --threads 2
 shots=${SERVE_SHOTS:-$WORK}
 mkdir -p "$shots"
 CHROMIUM=$CHROMIUM timeout 120 node "$NODE_DIR/page_test.mjs" "$URL_page" "$shots"

@@ -19,7 +19,7 @@ try {
   // the long answer must outlast the click: ask the server to ignore eos for it
   await page.route('**/v1/chat/completions', route => {
     const body = JSON.parse(route.request().postData());
-    if (longRun) body.ignore_eos = true;
+    if (longRun) Object.assign(body, { ignore_eos: true, max_tokens: 2000 }); // seconds of decoding
     route.continue({ postData: JSON.stringify(body) });
   });
   await page.goto(url + '/');
@@ -39,13 +39,13 @@ try {
   await page.screenshot({ path: shots + '/chat.png' });
 
   longRun = true;
-  await page.fill('#maxt', '400');
+  await page.fill('#maxt', '2000');
   await page.fill('#msg', 'And the sea?');
   await page.press('#msg', 'Enter');
   await page.waitForFunction(() => (document.querySelectorAll('.assistant span')[1]?.textContent || '').length > 10,
                              null, { timeout: 30000 });
   check('stop is enabled while streaming', !(await page.isDisabled('#stop')));
-  await page.click('#stop');
+  await page.click('#stop', { timeout: 5000 });
   await page.waitForFunction(() => !document.getElementById('send').disabled, null, { timeout: 10000 });
   const last = await page.textContent('.assistant:last-child');
   check('the answer is marked stopped', last.endsWith('[stopped]'), last.slice(-60));
