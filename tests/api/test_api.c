@@ -146,10 +146,31 @@ static void test_batch(void)
     for (int q = 0; q < 3; q++) CHECK_OK(ds_seq_truncate(e, q, lens[q]));
     CHECK_OK(ds_decode_pick(e, &b, ss, next));
     int32_t hist[16];
+    float *row = malloc(sizeof(float) * V); /* ds_sampler_sample changes the row it is given */
     memcpy(hist, ds_seq_tokens(e, 0), sizeof(int32_t) * (size_t)(lens[0] + 1));
-    CHECK(next[0] == ds_sampler_sample(s2, all, hist, lens[0] + 1));
+    memcpy(row, all, sizeof(float) * V);
+    CHECK(next[0] == ds_sampler_sample(s2, row, hist, lens[0] + 1));
     ds_sampler_free(s1);
     ds_sampler_free(s2);
+    /* with a presence penalty the picks are the host sampler's: the same again */
+    sp.presence_penalty = 2.0f;
+    sp.frequency_penalty = 0.5f;
+    CHECK_OK(ds_sampler_new(&sp, V, &s1));
+    CHECK_OK(ds_sampler_new(&sp, V, &s2));
+    ss[0] = s1;
+    for (int q = 0; q < 3; q++) CHECK_OK(ds_seq_truncate(e, q, lens[q]));
+    CHECK_OK(ds_decode_pick(e, &b, ss, next));
+    memcpy(hist, ds_seq_tokens(e, 0), sizeof(int32_t) * (size_t)(lens[0] + 1));
+    memcpy(row, all, sizeof(float) * V);
+    CHECK(next[0] == ds_sampler_sample(s2, row, hist, lens[0] + 1));
+    free(row);
+    for (int q = 1; q < 3; q++) CHECK(next[q] == ds_argmax(all + (size_t)q * V, V));
+    ds_sampler_free(s1);
+    ds_sampler_free(s2);
+    /* random KV rows for benchmarks: a length and no tokens */
+    CHECK_OK(ds_seq_fill_random(e, 2, 9, 42));
+    CHECK(ds_seq_len(e, 2) == 9 && ds_seq_tokens(e, 2)[0] == -1 && ds_seq_common_prefix(e, 2, k_toks, N) == 0);
+    CHECK(ds_seq_fill_random(e, 2, 65, 42) == DS_ERR_RANGE);
     free(one);
     free(all);
     ds_engine_free(e);
