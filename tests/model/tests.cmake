@@ -9,8 +9,9 @@ foreach(t model_golden model_variants)
   set_tests_properties(${t}_nan_scratch PROPERTIES
     ENVIRONMENT "DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};${DSV3_TEST_ENV}")
 endforeach()
-# prefill passes of any length in the expanded attention form (forward.c's
-# mla_expanded; by default from 384 tokens, longer than the golden sequences)
+# prefill passes of any length in the expanded attention form (the generic
+# mla_attend's, backend/fallback.c; by default from 384 tokens, longer than the
+# golden sequences)
 add_test(NAME model_golden_expanded COMMAND model_golden --expand-min 1)
 set_tests_properties(model_golden_expanded PROPERTIES
   ENVIRONMENT "DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};${DSV3_TEST_ENV}")
