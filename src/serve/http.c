@@ -623,7 +623,8 @@ int srv_run(const srv_options *opt)
     }
     s->o.api_key_file = key; /* from here on: the key itself */
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)opt->port)};
-    if (inet_pton(AF_INET, opt->host, &addr.sin_addr) != 1) {
+    const char *host = strcmp(opt->host, "localhost") ? opt->host : "127.0.0.1";
+    if (inet_pton(AF_INET, host, &addr.sin_addr) != 1) {
         fprintf(stderr, "dsv3 serve: --host %s is not an IPv4 address\n", opt->host);
         free(key);
         free(s);
