@@ -527,6 +527,9 @@ static mhd_result on_request(void *cls, struct MHD_Connection *conn, const char 
         snprintf(cc->method, sizeof cc->method, "%s", method);
         snprintf(cc->path, sizeof cc->path, "%s", url);
         *con_cls = cc;
+        pthread_mutex_lock(&s->mu);
+        s->n_conns++;
+        pthread_mutex_unlock(&s->mu);
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) > s->o.max_body) cc->too_big = true;
         return MHD_YES;
@@ -562,6 +565,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     int k = st >= 200 && st < 300 ? 0 : st == 400 ? 1 : st == 401 || st == 404 || st == 405 ? 2 : st == 413 ? 3
             : st == 503 ? 4 : st >= 500 ? 5 : -1;
     if (k >= 0) s->m.requests[k]++;
+    s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     fprintf(stderr, "%s %s %d prompt=%d completion=%d %.0f ms\n", cc->method, cc->path, st, cc->prompt_tokens,
             cc->completion_tokens, (srv_now() - cc->t0) * 1e3);
@@ -691,7 +695,10 @@ int srv_run(const srv_options *opt)
         pthread_mutex_unlock(&s->mu);
         fprintf(stderr, "dsv3 serve: ready: %s on %s, %d sequences of %d tokens, http://%s:%d/v1\n", s->model_name,
                 ds_engine_device_name(s->e), ds_engine_n_seq(s->e), s->n_ctx, opt->host, port);
-        sched_main(s);
+        if (!sched_main(s)) {
+            rc = 1;
+            g_stop = 1; /* the watcher ends */
+        }
         pthread_join(s->sched, NULL);
     }
     pthread_mutex_lock(&s->mu);
@@ -705,6 +712,15 @@ int srv_run(const srv_options *opt)
         pthread_cond_broadcast(&j->cv);
     }
     pthread_mutex_unlock(&s->mu);
+    /* every job has its last bytes now: let the connections send them (up to 3 s) */
+    for (int i = 0; i < 300; i++) {
+        pthread_mutex_lock(&s->mu);
+        int open = s->n_conns;
+        pthread_mutex_unlock(&s->mu);
+        if (!open) break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
     MHD_stop_daemon(d);
     /* jobs still queued after the daemon stopped: nobody waits for them */
     for (job *j = s->q_head, *n; j; j = n) {

@@ -533,9 +533,9 @@ static void update_gauges(sched *c)
     pthread_mutex_unlock(&c->s->mu);
 }
 
-void *sched_main(void *arg)
+bool sched_main(srv *s)
 {
-    srv *s = arg;
+    bool ok = true;
     sched c = {.s = s, .e = s->e, .n_slots = ds_engine_n_seq(s->e), .n_vocab = ds_engine_n_vocab(s->e)};
     int cap = c.n_slots + s->o.prefill_chunk + 1;
     c.slots = calloc((size_t)c.n_slots, sizeof *c.slots);
@@ -551,9 +551,9 @@ void *sched_main(void *arg)
     if (!c.slots || !c.active || !c.tok || !c.seq || !c.want || !c.row_job || !c.row_choice || !c.pick_smp ||
         !c.next || !c.scratch) {
         fprintf(stderr, "dsv3 serve: out of memory for the scheduler\n");
-        exit(1);
+        ok = false;
     }
-    for (;;) {
+    while (ok) {
         pthread_mutex_lock(&s->mu);
         while (!s->stopping && !s->q_head && c.n_active == 0) pthread_cond_wait(&s->wake, &s->mu);
         bool stop = s->stopping;
@@ -584,7 +584,7 @@ void *sched_main(void *arg)
     free(c.pick_smp);
     free(c.next);
     free(c.scratch);
-    return NULL;
+    return ok;
 }
 
 bool sched_submit(srv *s, job *j)

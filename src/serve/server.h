@@ -78,6 +78,7 @@ struct srv {
     pthread_cond_t wake;
     job *q_head, *q_tail;
     int n_queued;
+    int n_conns;             /* requests between their first call and on_completed */
     bool stopping;
     srv_metrics m;
     pthread_t sched;         /* the signal watcher (the scheduler runs on the main thread) */
@@ -90,8 +91,9 @@ void job_unref_locked(job *j);
 /* Appends an SSE event "data: <json>\n\n" (the caller holds s->mu). */
 void job_sse_locked(job *j, json_t *obj);
 
-/* The scheduler: runs on the calling thread until s->stopping. */
-void *sched_main(void *arg);
+/* The scheduler: runs on the calling thread until s->stopping; false when it
+ * could not start (out of memory). */
+bool sched_main(srv *s);
 /* Queues j (the scheduler takes a reference). Returns false when the queue is full. */
 bool sched_submit(srv *s, job *j);
 
