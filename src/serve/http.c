@@ -364,6 +364,7 @@ static mhd_result tokenize(conn_ctx *cc)
     } else if (json_is_array(msgs)) {
         srv_request r;
         srv_error err;
+        srv_err(&err, 500, "server_error", NULL, NULL, "out of memory");
         char *d = json_dumps(o, JSON_COMPACT);
         int bad = !d || req_parse(d, strlen(d), REQ_CHAT, &s->o.limits, &r, &err);
         free(d);
