@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 1
+#define DSV3_API_VERSION 2
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -243,6 +243,8 @@ typedef struct {
     int prefill_chunk;         /* prompt tokens per forward pass (0: the backend's choice) */
     int expand_min;            /* prefill passes of at least this many tokens use expanded attention (0: 384) */
     bool no_graphs;            /* run decode steps eagerly instead of replaying recorded ones */
+    bool mtp;                  /* load the multi-token-prediction module (ds_decode_mtp; one process only;
+                                * API version 2) */
     ds_dist *dist;             /* the process group (NULL: alone); each rank loads its shard */
 } ds_engine_params;
 
@@ -335,6 +337,38 @@ DS_API ds_status ds_decode(ds_engine *e, const ds_batch *b);
  * ds_decode. NULL when out of range. */
 DS_API const float *ds_logits(const ds_engine *e, int i);
 DS_API int ds_n_logits(const ds_engine *e);
+
+/* ---- multi-token prediction (API version 2)
+ * DeepSeek-V3's MTP module, loaded with the engine param mtp from the
+ * checkpoint's layer num_hidden_layers (a Hugging Face directory or `dsv3
+ * convert --keep-mtp` output). For the token t[p] of a sequence at position p,
+ * given the next token t[p+1], it predicts t[p+2]:
+ *   h' = eh_proj([enorm(embed(t[p+1])); hnorm(h[p])]),  h[p] the main model's
+ *   final-normed hidden state at p;  h' = block(h');  logits = head(norm(h')).
+ * The block attends causally over the sequence's MTP positions through its own
+ * KV-cache layer in the slot (ds_seq_truncate and ds_seq_fork cover it): an MTP
+ * row at position p reads the rows 0..p that earlier ds_decode_mtp calls wrote
+ * for that sequence, so evaluate every position of a sequence, in order or in
+ * one batch (as the module was trained), e.g. a prompt's positions 0..n-2 after
+ * its ds_decode, then n-1 once t[n] is chosen. */
+typedef struct {
+    int n_rows;
+    const int *index;          /* (n_rows) tokens of the last ds_decode batch, by batch index: their
+                                * hidden state, sequence and position p (distinct) */
+    const int32_t *next_token; /* (n_rows) the token at position p + 1 of each row's sequence */
+} ds_mtp_batch;
+
+/* Whether the engine loaded the MTP module. */
+DS_API bool ds_engine_has_mtp(const ds_engine *e);
+
+/* Runs the MTP module on rows of the last ds_decode batch (whose hidden states
+ * the engine keeps in device memory until the next ds_decode or ds_decode_pick;
+ * ds_generate does not keep them). The rows' tokens must still be in their
+ * slots. On success row i's logits are ds_mtp_logits(e, i), valid until the
+ * next ds_decode_mtp. */
+DS_API ds_status ds_decode_mtp(ds_engine *e, const ds_mtp_batch *b);
+DS_API const float *ds_mtp_logits(const ds_engine *e, int i);
+DS_API int ds_n_mtp_logits(const ds_engine *e);
 
 /* The first index of the largest of x[0..n) (NaNs never win), n >= 1. */
 DS_API int32_t ds_argmax(const float *x, int n);

@@ -39,6 +39,15 @@ struct ds_engine {
     ds_tokenizer *tok;     /* NULL: none loaded */
     float *logits;         /* the last ds_decode's wanted rows (n_logits, vocab) */
     int n_logits, cap_logits;
+    /* MTP (e->m->mtp): the last ds_decode batch's final-normed hidden states
+     * (n_last, dim) in ops->alloc memory, each token's sequence, position and id,
+     * and the last ds_decode_mtp's logits (n_mtp, vocab) */
+    float *hidden;
+    int n_last, cap_last;
+    int *last_seq, *last_pos;
+    int32_t *last_tok;
+    float *mtp_logits;
+    int n_mtp, cap_mtp;
 };
 
 /* Whether ops runs in host memory: the CPU backend's tables are named "cpu-...". */

@@ -125,7 +125,8 @@ ds_status ds_engine_load(const char *dir, const ds_engine_params *pp, ds_engine 
                         .gemm = p.matmul == DS_MATMUL_FP8 ? DS_GEMM_FP8 : DS_GEMM_BF16,
                         .ops = e->ops,
                         .comm = e->comm,
-                        .tune = {.prefill_chunk = p.prefill_chunk, .expand_min = p.expand_min, .no_graphs = p.no_graphs}};
+                        .tune = {.prefill_chunk = p.prefill_chunk, .expand_min = p.expand_min, .no_graphs = p.no_graphs},
+                        .mtp = p.mtp};
     if ((s = model_load(&e->m, dir, &e->cfg, &mo)) || (s = gen_new(&e->g, e->m, p.n_seq ? p.n_seq : 1, ctx))) goto fail;
     api_model_info(&e->cfg, dir, &e->info, e->name, sizeof e->name);
     *out = e;
@@ -143,6 +144,11 @@ void ds_engine_free(ds_engine *e)
     if (e->ops) backend_release(e->ops);
     ds_tokenizer_free(e->tok);
     free(e->logits);
+    if (e->ops) e->ops->free(e->hidden);
+    free(e->last_seq);
+    free(e->last_pos);
+    free(e->last_tok);
+    free(e->mtp_logits);
     free(e);
 }
 
@@ -318,6 +324,25 @@ void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int 
     }
 }
 
+/* Room for n tokens' hidden states and records (MTP). */
+static ds_status mtp_room(ds_engine *e, int n)
+{
+    if (n <= e->cap_last) return DS_OK;
+    e->ops->free(e->hidden);
+    e->hidden = e->ops->alloc(sizeof(float) * (size_t)n * e->cfg.dim);
+    int *a = realloc(e->last_seq, sizeof(int) * (size_t)n), *b = a ? realloc(e->last_pos, sizeof(int) * (size_t)n) : NULL;
+    if (a) e->last_seq = a;
+    if (b) e->last_pos = b;
+    int32_t *t = b ? realloc(e->last_tok, sizeof(int32_t) * (size_t)n) : NULL;
+    if (t) e->last_tok = t;
+    if (!e->hidden || !t) {
+        e->cap_last = 0;
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for the hidden states of %d tokens (MTP)", n);
+    }
+    e->cap_last = n;
+    return DS_OK;
+}
+
 ds_status ds_decode(ds_engine *e, const ds_batch *b)
 {
     int n = b ? b->n_tokens : 0;
@@ -335,10 +360,18 @@ ds_status ds_decode(ds_engine *e, const ds_batch *b)
             e->cap_logits = rows;
         }
     }
-    if (!s) s = model_forward(e->m, e->g->kv, n, b->token, sq, pos, want, e->logits);
+    e->n_last = 0;
+    if (!s && e->m->mtp) s = mtp_room(e, n);
+    if (!s) s = model_forward_hidden(e->m, e->g->kv, n, b->token, sq, pos, want, e->logits, e->m->mtp ? e->hidden : NULL);
     if (!s) {
         api_commit_batch(e, b, sq, pos);
         e->n_logits = rows;
+        if (e->m->mtp) {
+            memcpy(e->last_seq, sq, sizeof(int) * (size_t)n);
+            memcpy(e->last_pos, pos, sizeof(int) * (size_t)n);
+            memcpy(e->last_tok, b->token, sizeof(int32_t) * (size_t)n);
+            e->n_last = n;
+        }
     }
     free(sq);
     free(pos);
@@ -354,3 +387,56 @@ const float *ds_logits(const ds_engine *e, int i)
 int ds_n_logits(const ds_engine *e) { return e->n_logits; }
 
 int32_t ds_argmax(const float *x, int n) { return n >= 1 ? sampler_argmax(x, n) : -1; }
+
+/* ---- multi-token prediction */
+
+bool ds_engine_has_mtp(const ds_engine *e) { return e->m->mtp != NULL; }
+
+ds_status ds_decode_mtp(ds_engine *e, const ds_mtp_batch *b)
+{
+    e->n_mtp = 0;
+    if (!e->m->mtp) return ds_errorf(DS_ERR_ARG, "ds_decode_mtp: the engine was loaded without the MTP module (mtp)");
+    if (!b || b->n_rows < 1 || !b->index || !b->next_token)
+        return ds_errorf(DS_ERR_ARG, "ds_decode_mtp: a batch needs at least one row, its indices and next tokens");
+    int n = b->n_rows;
+    const ds_gen *g = e->g;
+    for (int i = 0; i < n; i++) {
+        int k = b->index[i];
+        if (k < 0 || k >= e->n_last)
+            return ds_errorf(DS_ERR_RANGE, "ds_decode_mtp: row %d: index %d is outside the last ds_decode batch's %d "
+                             "tokens", i, k, e->n_last);
+        int q = e->last_seq[k], p = e->last_pos[k];
+        if (p >= g->n_cached[q] || g->cached[q][p] != e->last_tok[k])
+            return ds_errorf(DS_ERR_ARG, "ds_decode_mtp: row %d: sequence %d no longer holds the batch's token at "
+                             "position %d", i, q, p);
+        if (b->next_token[i] < 0 || b->next_token[i] >= e->cfg.vocab_size)
+            return ds_errorf(DS_ERR_RANGE, "ds_decode_mtp: row %d: token id %d is outside the vocabulary [0, %d)", i,
+                             b->next_token[i], e->cfg.vocab_size);
+        for (int j = 0; j < i; j++)
+            if (b->index[j] == k) return ds_errorf(DS_ERR_ARG, "ds_decode_mtp: index %d is given twice", k);
+    }
+    if (n > e->cap_mtp) {
+        float *l = realloc(e->mtp_logits, sizeof(float) * (size_t)n * e->cfg.vocab_size);
+        if (!l) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of MTP logits", n);
+        e->mtp_logits = l;
+        e->cap_mtp = n;
+    }
+    int *sq = malloc(sizeof(int) * (size_t)n), *pos = malloc(sizeof(int) * (size_t)n);
+    ds_status s = sq && pos ? DS_OK : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < n; i++) {
+        sq[i] = e->last_seq[b->index[i]];
+        pos[i] = e->last_pos[b->index[i]];
+    }
+    if (!s) s = model_mtp(e->m, e->g->kv, n, b->next_token, sq, pos, e->hidden, b->index, e->mtp_logits);
+    if (!s) e->n_mtp = n;
+    free(sq);
+    free(pos);
+    return s;
+}
+
+const float *ds_mtp_logits(const ds_engine *e, int i)
+{
+    return i >= 0 && i < e->n_mtp ? e->mtp_logits + (size_t)i * e->cfg.vocab_size : NULL;
+}
+
+int ds_n_mtp_logits(const ds_engine *e) { return e->n_mtp; }

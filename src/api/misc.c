@@ -161,7 +161,7 @@ size_t ds_engine_kv_bytes(const ds_engine *e)
     const ds_model *m = e->m;
     return (size_t)(kv->attn == DS_ATTN_ABSORB ? e->cfg.kv_lora_rank + e->cfg.qk_rope_head_dim
                                                 : m->n_local_heads * (m->qk_head_dim + e->cfg.v_head_dim)) *
-           sizeof(float) * (size_t)kv->ctx * e->cfg.n_layers;
+           sizeof(float) * (size_t)kv->ctx * kv->n_layers;
 }
 
 /* ---- profile */

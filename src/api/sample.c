@@ -108,6 +108,7 @@ ds_status ds_decode_pick(ds_engine *e, const ds_batch *b, ds_token_sampler *cons
     ds_pick *pk = malloc(sizeof(ds_pick) * (size_t)m);
     int32_t *hist = NULL, *tmp = NULL;
     e->n_logits = 0;
+    e->n_last = 0; /* no hidden states from this pass for ds_decode_mtp */
     ds_status s = sq && pos && pk ? api_place_batch(e, b, sq, pos) : ds_errorf(DS_ERR_NOMEM, "out of memory");
     bool pen = false;
     for (int i = 0; samplers && i < n; i++) pen |= samplers[i] && samplers[i]->params.repetition_penalty != 1.0f;

@@ -46,7 +46,7 @@ static ds_status check_batch(const ds_model *m, const ds_kvcache *kv, int n, con
 static fwd_batch batch_of(const int32_t *ids_d, int n, int n_out, const int *contig, int pos_bound)
 {
     return (fwd_batch){n, n_out, ids_d, ids_d + n, ids_d + 2 * n, ids_d + 3 * n, ids_d + 4 * n, contig != NULL,
-                      contig ? contig[0] : 0, contig ? contig[1] : 0, pos_bound};
+                      contig ? contig[0] : 0, contig ? contig[1] : 0, pos_bound, NULL};
 }
 
 /* sampler_pick_u for a host row with p's settings (NULL: greedy), after p's penalty
@@ -133,7 +133,7 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
 /* model_forward, or with o->next set model_forward_pick (o->logits: the host rows,
  * as scratch where the picks are made on the host). */
 static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                             const bool *want, const fwd_out *o)
+                             const bool *want, const fwd_out *o, float *hidden)
 {
     ds_backend *be = &m->be;
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
@@ -154,7 +154,7 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
         if (want[i]) ids[4 * n + j++] = i;
     }
-    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, o, &s)) goto done;
+    if (n_out == n && !hidden && forward_graph(m, kv, n, ids, pos_max, o, &s)) goto done;
     size_t nl = (size_t)n_out * m->vocab_local;
     if (!(ids_d = be->alloc(be, sizeof(int32_t) * 5 * (size_t)n)) ||
         (n_out && !(lg = be->alloc_scratch(be, sizeof(float) * nl))) ||
@@ -167,6 +167,7 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     bool one_run = true;
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
     fwd_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
+    b.hidden = hidden;
     if ((s = transformer_forward(m, kv, &b, lg))) goto done;
     if (n_out && m->world_size == 1) {
         deliver(m, lg, n_out, o);
@@ -193,7 +194,62 @@ ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, 
                         const bool *want, float *logits)
 {
     fwd_out o = {logits, NULL, NULL};
-    return forward_run(m, kv, n, tok, seq, pos, want, &o);
+    return forward_run(m, kv, n, tok, seq, pos, want, &o, NULL);
+}
+
+ds_status model_forward_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                               const int *pos, const bool *want, float *logits, float *hidden)
+{
+    fwd_out o = {logits, NULL, NULL};
+    return forward_run(m, kv, n, tok, seq, pos, want, &o, hidden);
+}
+
+ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                    const float *hidden, const int *hrow, float *logits)
+{
+    ds_backend *be = &m->be;
+    if (!m->mtp) return ds_errorf(DS_ERR_ARG, "the MTP module is not loaded (load the model with mtp on)");
+    if (n <= 0) return ds_errorf(DS_ERR_ARG, "an MTP pass needs at least one row");
+    if (kv->n_layers != m->n_blocks)
+        return ds_errorf(DS_ERR_ARG, "the KV cache has no layer for the MTP block (made before the module was loaded)");
+    ds_status s = check_batch(m, kv, n, tok, seq, pos);
+    if (s) return s;
+    /* per-row arrays, uploaded once: tok, seq, pos, cache row, wanted rows (all), hidden row */
+    int32_t *ids = malloc(sizeof(int32_t) * 6 * (size_t)n), *ids_d = NULL;
+    float *hd = NULL, *lg = NULL;
+    if (!ids) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d MTP rows", n);
+    int pos_max = 0;
+    for (int i = 0; i < n; i++) {
+        pos_max = pos[i] > pos_max ? pos[i] : pos_max;
+        ids[i] = tok[i];
+        ids[n + i] = seq[i];
+        ids[2 * n + i] = pos[i];
+        ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
+        ids[4 * n + i] = i;
+        ids[5 * n + i] = hrow[i];
+    }
+    size_t dim = (size_t)m->cfg.dim, nl = (size_t)n * m->vocab_local;
+    if (!(ids_d = be->alloc(be, sizeof(int32_t) * 6 * (size_t)n)) ||
+        !(hd = be->alloc_scratch(be, sizeof(float) * n * dim)) || !(lg = be->alloc_scratch(be, sizeof(float) * nl))) {
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d MTP rows", n);
+        goto done;
+    }
+    be->upload(be, ids_d, ids, sizeof(int32_t) * 6 * (size_t)n);
+    be->copy_rows(be, hd, (int)dim, NULL, hidden, (int)dim, ids_d + 5 * n, n, (int)dim); /* the rows' h[i] */
+    int contig[2] = {seq[0], pos[0]};
+    bool one_run = true;
+    for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
+    fwd_batch b = batch_of(ids_d, n, n, one_run ? contig : NULL, pos_max + 1);
+    if ((s = mtp_forward(m, kv, &b, hd, lg))) goto done;
+    be->download(be, logits, lg, sizeof(float) * nl);
+done:;
+    ds_status os = be->status(be);
+    if (!s) s = os;
+    be->free(be, lg);
+    be->free(be, hd);
+    be->free(be, ids_d);
+    free(ids);
+    return s;
 }
 
 ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
@@ -207,7 +263,7 @@ ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     if (host) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
     fwd_out o = {logits, pick, next};
     ds_status s = !want || (host && !logits) ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
-                                             : forward_run(m, kv, n, tok, seq, pos, want, &o);
+                                             : forward_run(m, kv, n, tok, seq, pos, want, &o, NULL);
     free(want);
     free(logits);
     return s;

@@ -226,6 +226,10 @@ ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, f
     s = all_reduce(m, h, (size_t)n * dim);
     stream st = {h, d, false};
     for (int li = 0; !s && li < m->cfg.n_layers; li++) s = block(m, kv, li, b, &st, x);
+    if (!s && b->hidden) { /* hidden = norm(h), every row (the MTP module's input) */
+        be->rmsnorm_rows(be, b->hidden, dim, NULL, h, dim, st.due ? d : NULL, m->norm, n, dim, EPS);
+        st.due = false;
+    }
     if (!s && b->n_out) {
         /* logits = head(norm(h)) of the wanted rows  (n_out, vocab_local); the head's product is exact */
         if (b->n_out == n) {
@@ -238,5 +242,36 @@ ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, f
         be->matmul(be, logits, x, b->n_out, &m->head, 0, m->vocab_local, DS_GEMM_BF16, false);
     }
     give(m, 3, (float *[]){h, d, x});
+    return s;
+}
+
+/* The MTP module (DeepSeek-V3 report, section 2.2), at each row i:
+ * h' = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])]); h' = block(h') with its own
+ * KV-cache layer (layers[n_layers]) at the main model's positions;
+ * logits = shared_head.head(shared_head.norm(h')). */
+ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits)
+{
+    ds_backend *be = &m->be;
+    const ds_mtp *t = m->mtp;
+    int n = b->n, dim = m->cfg.dim;
+    float *h, *d, *x, *cat;
+    ds_status s = take(m, "MTP activations", n, 4, (float **[]){&h, &d, &x, &cat},
+                       (size_t[]){(size_t)n * dim, (size_t)n * dim, (size_t)n * dim, (size_t)n * 2 * dim});
+    if (s) return s;
+    /* cat = [enorm(embed(t[i+1])); hnorm(h[i])]  (n, 2 dim) */
+    be->embed(be, x, &t->embed, b->tok, n, m->vocab0);
+    be->rmsnorm(be, h, x, t->enorm, n, dim, EPS);
+    be->copy_rows(be, cat, 2 * dim, NULL, h, dim, NULL, n, dim);
+    be->rmsnorm(be, h, hidden, t->hnorm, n, dim, EPS);
+    be->copy_rows(be, cat + dim, 2 * dim, NULL, h, dim, NULL, n, dim);
+    linear(m, h, cat, n, &t->eh_proj); /* h = eh_proj(cat)  (n, dim) */
+    stream st = {h, d, false};
+    s = block(m, kv, m->cfg.n_layers, b, &st, x);
+    if (!s) {
+        /* logits = head(shared_head.norm(h))  (n, vocab_local) */
+        be->rmsnorm_rows(be, x, dim, NULL, h, dim, st.due ? d : NULL, t->norm, n, dim, EPS);
+        be->matmul(be, logits, x, n, &t->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+    }
+    give(m, 4, (float *[]){h, d, x, cat});
     return s;
 }

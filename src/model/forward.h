@@ -15,6 +15,7 @@ typedef struct {
     bool contiguous;             /* token i is sequence seq0 at position pos0 + i (a prefill) */
     int seq0, pos0;
     int pos_bound;               /* every pos[i] is below it (ds_attn_args.pos_bound; 0: unknown) */
+    float *hidden;               /* NULL, or (n, dim): receives norm(h) of every token */
 } fwd_batch;
 
 /* Transformer.forward: queues the pass of b and writes the logits of its wanted
@@ -22,5 +23,9 @@ typedef struct {
  * ops->alloc memory). Nothing waits for the device at world size 1, so that a
  * backend graph may record the pass. */
 ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, float *logits);
+
+/* The MTP module's pass on b (b->tok: the next tokens t[i+1]) with hidden (n, dim)
+ * the main model's final-normed states of the rows: logits (n, vocab_local). */
+ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits);
 
 #endif

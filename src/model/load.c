@@ -312,6 +312,35 @@ static ds_status open_ckpt(ds_model *m, const char *dir)
 
 static ds_status upload_model(ds_model *m);
 
+/* The MTP module at layer index n_layers (DeepSeek-V3's HF layer num_hidden_layers;
+ * convert --keep-mtp keeps it as layers.N.{embed, enorm, hnorm, eh_proj,
+ * shared_head.*, attn.*, ffn.*}); its block loads as any layer. */
+static ds_status load_mtp(ds_model *m)
+{
+    const ds_config *c = &m->cfg;
+    int L = c->n_layers;
+    char probe[64];
+    snprintf(probe, sizeof probe, "layers.%d.eh_proj.weight", L);
+    if (!find(m, probe))
+        return ds_error_prefix(missing(m, probe), "the MTP module was asked for (converted without --keep-mtp, or a "
+                                                  "checkpoint without num_nextn_predict_layers?)");
+    ds_mtp *t = m->mtp = calloc(1, sizeof *m->mtp);
+    if (!t) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    ds_status s;
+    if ((s = get_matrix(m, &t->embed, m->vocab_local, c->dim, "layers.%d.embed", L)) ||
+        (s = get_matrix(m, &t->head, m->vocab_local, c->dim, "layers.%d.shared_head.head", L)) ||
+        (s = get_matrix(m, &t->eh_proj, c->dim, 2 * c->dim, "layers.%d.eh_proj", L)) ||
+        (s = get_vector(m, &t->enorm, c->dim, "layers.%d.enorm.weight", L)) ||
+        (s = get_vector(m, &t->hnorm, c->dim, "layers.%d.hnorm.weight", L)) ||
+        (s = get_vector(m, &t->norm, c->dim, "layers.%d.shared_head.norm.weight", L)))
+        return ds_error_prefix(s, "MTP module");
+    if (t->embed.fmt == DS_W_FP8)
+        return ds_errorf(DS_ERR_FORMAT, "%s: the MTP module's embedding is FP8; expected BF16 or F32", m->ckpt->dir);
+    if ((s = load_attn(m, &m->layers[L], L)) || (s = load_ffn(m, &m->layers[L], L)))
+        return ds_error_prefix(s, "MTP module");
+    return DS_OK;
+}
+
 static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt)
 {
     ds_model *m = calloc(1, sizeof *m);
@@ -345,7 +374,12 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
     }
     if ((s = get_matrix(m, &m->head, m->vocab_local, c->dim, "head"))) goto fail;
     if ((s = get_vector(m, &m->norm, c->dim, "norm.weight"))) goto fail;
-    if (!(m->layers = calloc((size_t)c->n_layers, sizeof *m->layers))) {
+    if (m->opt.mtp && m->world_size > 1) {
+        s = ds_errorf(DS_ERR_ARG, "the MTP module runs in one process only (this run has %d ranks)", m->world_size);
+        goto fail;
+    }
+    m->n_blocks = c->n_layers + (m->opt.mtp ? 1 : 0);
+    if (!(m->layers = calloc((size_t)m->n_blocks, sizeof *m->layers))) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -353,6 +387,7 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
         if ((s = load_attn(m, &m->layers[i], i))) goto fail;
         if ((s = load_ffn(m, &m->layers[i], i))) goto fail;
     }
+    if (m->opt.mtp && (s = load_mtp(m))) goto fail;
     if ((s = rope_tables(m))) goto fail;
     if (m->ops->upload_weight && (s = upload_model(m))) goto fail;
     if (!m->ops->upload_weight) /* weights read in place from the mapping */
@@ -369,7 +404,10 @@ static ds_status each_weight(ds_model *m, ds_status (*f)(ds_model *, ds_weight *
 {
     ds_status s;
     if ((s = f(m, &m->embed, arg)) || (s = f(m, &m->head, arg))) return s;
-    for (int i = 0; i < m->cfg.n_layers; i++) {
+    if (m->mtp && ((s = f(m, &m->mtp->embed, arg)) || (s = f(m, &m->mtp->head, arg)) ||
+                   (s = f(m, &m->mtp->eh_proj, arg))))
+        return s;
+    for (int i = 0; i < m->n_blocks; i++) {
         ds_layer *l = &m->layers[i];
         ds_weight *ws[] = {&l->wq, &l->wq_a, &l->wq_b, &l->wkv_a, &l->wkv_b, &l->wo, &l->w1, &l->w2, &l->w3,
                            &l->gate, &l->sw1, &l->sw2, &l->sw3};
@@ -418,7 +456,11 @@ static ds_status upload_model(ds_model *m)
     ds_status s = each_weight(m, upload_one, NULL);
     if (s) return ds_error_prefix(s, "uploading the weights (%.2f GiB in all)", (double)total / (1u << 30));
     m->dev_vectors = true;
-    for (int i = 0; i < c->n_layers; i++) {
+    if (m->mtp && ((s = upload_vector(m, &m->mtp->enorm, (size_t)c->dim)) ||
+                   (s = upload_vector(m, &m->mtp->hnorm, (size_t)c->dim)) ||
+                   (s = upload_vector(m, &m->mtp->norm, (size_t)c->dim))))
+        return s;
+    for (int i = 0; i < m->n_blocks; i++) {
         ds_layer *l = &m->layers[i];
         if ((s = upload_vector(m, &l->q_norm, (size_t)c->q_lora_rank)) ||
             (s = upload_vector(m, &l->kv_norm, (size_t)c->kv_lora_rank)) ||
@@ -469,7 +511,7 @@ void model_free(ds_model *m)
 {
     if (!m) return;
     void (*vfree)(void *) = m->dev_vectors ? m->ops->free : free;
-    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
+    for (int i = 0; m->layers && i < m->n_blocks; i++) {
         ds_layer *l = &m->layers[i];
         vfree(l->q_norm);
         vfree(l->kv_norm);
@@ -481,6 +523,12 @@ void model_free(ds_model *m)
         free(l->ew3);
     }
     free(m->layers);
+    if (m->mtp) {
+        vfree(m->mtp->enorm);
+        vfree(m->mtp->hnorm);
+        vfree(m->mtp->norm);
+        free(m->mtp);
+    }
     vfree(m->norm);
     vfree(m->cos_tab);
     vfree(m->sin_tab);
@@ -500,17 +548,17 @@ ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx)
     kv->n_seq = n_seq;
     kv->ctx = ctx;
     kv->attn = m->opt.attn;
-    kv->n_layers = c->n_layers;
+    kv->n_layers = m->n_blocks;
     kv->ops = m->ops;
     float ***a = kv->attn == DS_ATTN_ABSORB ? &kv->kv : &kv->k;
     float ***b = kv->attn == DS_ATTN_ABSORB ? &kv->pe : &kv->v;
     size_t per = (size_t)n_seq * ctx, H = (size_t)m->n_local_heads;
     size_t na = kv->attn == DS_ATTN_ABSORB ? per * c->kv_lora_rank : per * H * m->qk_head_dim;
     size_t nb = kv->attn == DS_ATTN_ABSORB ? per * c->qk_rope_head_dim : per * H * c->v_head_dim;
-    *a = calloc((size_t)c->n_layers, sizeof(float *));
-    *b = calloc((size_t)c->n_layers, sizeof(float *));
+    *a = calloc((size_t)kv->n_layers, sizeof(float *));
+    *b = calloc((size_t)kv->n_layers, sizeof(float *));
     if (!*a || !*b) goto oom;
-    for (int i = 0; i < c->n_layers; i++) {
+    for (int i = 0; i < kv->n_layers; i++) {
         (*a)[i] = m->ops->alloc(na * sizeof(float));
         (*b)[i] = m->ops->alloc(nb * sizeof(float));
         if (!(*a)[i] || !(*b)[i]) goto oom;
@@ -520,7 +568,7 @@ ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx)
 oom:
     kvcache_free(kv);
     return ds_errorf(DS_ERR_NOMEM, "out of memory for a KV cache of %d sequences x %d positions (%.1f MiB)", n_seq,
-                     ctx, (double)(na + nb) * 4 * c->n_layers / 1048576.0);
+                     ctx, (double)(na + nb) * 4 * kv->n_layers / 1048576.0);
 }
 
 void kvcache_free(ds_kvcache *kv)

@@ -50,7 +50,21 @@ typedef struct {
     const ds_ops *ops;     /* NULL: the CPU backend with fast kernels */
     ds_comm *comm;         /* NULL: a single process */
     ds_tuning tune;
+    /* Load the multi-token-prediction module (layer index n_layers of the
+     * checkpoint: DeepSeek-V3's embed_tokens, enorm, hnorm, eh_proj, one decoder
+     * block, shared_head) and give the KV cache a layer for its block. Off: the
+     * module is ignored. One process only. */
+    bool mtp;
 } ds_model_opts;
+
+/* The MTP module: at position i, h' = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])])
+ * with h[i] the main model's final-normed hidden state, then the block
+ * (layers[n_layers]), then head(norm(.)) predicts t[i+2]. */
+typedef struct {
+    ds_weight embed, head;      /* (vocab, dim) */
+    ds_weight eh_proj;          /* (dim, 2 dim) */
+    float *enorm, *hnorm, *norm;/* (dim): enorm, hnorm, shared_head.norm */
+} ds_mtp;
 
 typedef struct {
     ds_config cfg;
@@ -65,7 +79,9 @@ typedef struct {
     bool hf_names;
     ds_weight embed, head;   /* (vocab_local, dim) */
     float *norm;             /* (dim) */
-    ds_layer *layers;
+    ds_layer *layers;        /* n_blocks: the n_layers of the model, then the MTP module's block */
+    int n_blocks;            /* n_layers, + 1 with the MTP module */
+    ds_mtp *mtp;             /* NULL: not loaded */
     float *cos_tab, *sin_tab;/* (max_seq_len, rope/2) */
     bool dev_vectors;        /* norms, gate bias and rotary tables are in ops->alloc memory */
 } ds_model;
@@ -105,7 +121,8 @@ typedef struct {
 ds_status model_load(ds_model **out, const char *dir, const ds_config *cfg, const ds_model_opts *opt);
 void model_free(ds_model *m);
 
-/* A cache for n_seq sequences of up to ctx positions (ctx <= max_seq_len). */
+/* A cache for n_seq sequences of up to ctx positions (ctx <= max_seq_len), with
+ * a layer for each of m's n_blocks (the MTP block's last). */
 ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx);
 void kvcache_free(ds_kvcache *kv);
 
@@ -113,6 +130,20 @@ void kvcache_free(ds_kvcache *kv);
  * one row of vocab_size floats per marked token, in order. */
 ds_status model_forward(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
                         const int *pos, const bool *want, float *logits);
+
+/* model_forward that also writes every token's final-normed hidden state
+ * norm(h) into hidden: (n, dim) floats of ops->alloc memory (NULL: as model_forward). */
+ds_status model_forward_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                               const int *pos, const bool *want, float *logits, float *hidden);
+
+/* The MTP module (m->mtp) on n rows: row i is token tok[i] = t[pos[i] + 1] of
+ * sequence seq[i] at position pos[i], with the main model's final-normed hidden
+ * state at that position, hidden + hrow[i] * dim (hidden: ops->alloc memory,
+ * hrow: host). Writes the MTP block's KV-cache row (seq[i], pos[i]) and attends
+ * to that sequence's rows 0..pos[i], which earlier MTP passes must have written.
+ * logits: n rows of vocab_size floats (host), predicting t[pos[i] + 2]. */
+ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                    const float *hidden, const int *hrow, float *logits);
 
 /* As model_forward with every token wanted, but only each token's next token
  * into next: what sampler_pick_u makes of its logits with pick[i]'s settings

@@ -16,3 +16,6 @@ set_tests_properties(train_perplexity PROPERTIES LABELS train TIMEOUT 300
 dsv3_script_test(train_convert_mtp ${CMAKE_CURRENT_LIST_DIR}/test_convert_mtp.sh)
 set_tests_properties(train_convert_mtp PROPERTIES LABELS train TIMEOUT 300
   ENVIRONMENT "DSV3_TRAINED=${DSV3_TRAINED_DIR};DSV3_BIN=$<TARGET_FILE:dsv3>;${DSV3_TEST_ENV}")
+dsv3_unit_test(train_mtp ${CMAKE_CURRENT_LIST_DIR}/test_mtp.c)
+target_compile_definitions(train_mtp PRIVATE DSV3_TRAINED_DIR="${DSV3_TRAINED_DIR}")
+set_tests_properties(train_mtp PROPERTIES LABELS train TIMEOUT 300)
