@@ -11,7 +11,7 @@ case "$mode" in demo|test|build) ;; *) echo "usage: scripts/setup.sh [demo|test|
 
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
-pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev tmux openmpi-bin libopenmpi-dev libmicrohttpd-dev)
+pkgs=(build-essential cmake pkg-config libjansson-dev libpcre2-dev libedit-dev tmux openmpi-bin libopenmpi-dev libmicrohttpd-dev)
 [ "$mode" = test ] && pkgs+=(clang jq curl chromium)
 missing=()
 for p in "${pkgs[@]}"; do

@@ -8,12 +8,46 @@
 
 #include "dsv3.h"
 
+/* The short forms llama.cpp users type, each standing for a long flag. One
+ * applies only in a subcommand that has the long flag and not the short one
+ * itself (bench's -p and -n are llama-bench's lists). */
+static const struct {
+    const char *alias, *name;
+} k_alias[] = {
+    {"-m", "--ckpt-path"},  {"-c", "--ctx-size"},       {"-s", "--seed"},   {"--temp", "--temperature"},
+    {"-t", "--threads"},    {"-n", "--max-new-tokens"}, {"-p", "--prompt"}, {"-f", "--input-file"},
+    {"-i", "--interactive"},
+};
+
+static int find_spec(const arg_spec *specs, int n_specs, const char *a, size_t nlen)
+{
+    for (int j = 0; j < n_specs; j++)
+        if (strlen(specs[j].name) == nlen && !strncmp(specs[j].name, a, nlen)) return j;
+    return -1;
+}
+
+static const char *alias_of(const arg_spec *specs, int n_specs, const char *name)
+{
+    for (size_t i = 0; i < sizeof k_alias / sizeof *k_alias; i++)
+        if (!strcmp(k_alias[i].name, name) && find_spec(specs, n_specs, k_alias[i].alias, strlen(k_alias[i].alias)) < 0)
+            return k_alias[i].alias;
+    return NULL;
+}
+
+static void usage_to(FILE *out, const char *cmd, const char *usage_line, const arg_spec *specs, int n_specs)
+{
+    fprintf(out, "usage: dsv3 %s %s\n", cmd, usage_line);
+    for (int i = 0; i < n_specs; i++) {
+        const char *al = alias_of(specs, n_specs, specs[i].name);
+        char name[64];
+        snprintf(name, sizeof name, "%s%s%s", al ? al : "", al ? ", " : "", specs[i].name);
+        fprintf(out, "  %-26s %s%s\n", name, specs[i].help ? specs[i].help : "", specs[i].required ? " (required)" : "");
+    }
+}
+
 void args_usage(const char *cmd, const char *usage_line, const arg_spec *specs, int n_specs)
 {
-    fprintf(stderr, "usage: dsv3 %s %s\n", cmd, usage_line);
-    for (int i = 0; i < n_specs; i++)
-        fprintf(stderr, "  %-24s %s%s\n", specs[i].name, specs[i].help ? specs[i].help : "",
-                specs[i].required ? " (required)" : "");
+    usage_to(stderr, cmd, usage_line, specs, n_specs);
 }
 
 static int parse_value(const arg_spec *s, const char *v, const char *cmd)
@@ -60,14 +94,15 @@ int args_parse(int argc, char **argv, const arg_spec *specs, int n_specs, const 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            args_usage(cmd, usage_line, specs, n_specs);
+            usage_to(stdout, cmd, usage_line, specs, n_specs);
             return 1;
         }
         const char *eq = strchr(a, '=');
         size_t nlen = eq ? (size_t)(eq - a) : strlen(a);
-        int k = -1;
-        for (int j = 0; j < n_specs; j++)
-            if (strlen(specs[j].name) == nlen && !strncmp(specs[j].name, a, nlen)) k = j;
+        int k = find_spec(specs, n_specs, a, nlen);
+        for (size_t j = 0; k < 0 && j < sizeof k_alias / sizeof *k_alias; j++)
+            if (strlen(k_alias[j].alias) == nlen && !strncmp(k_alias[j].alias, a, nlen))
+                k = find_spec(specs, n_specs, k_alias[j].name, strlen(k_alias[j].name));
         if (k < 0) {
             fprintf(stderr, "dsv3 %s: unknown flag '%s'\n", cmd, a);
             args_usage(cmd, usage_line, specs, n_specs);

@@ -2,7 +2,9 @@
  *
  * A subcommand describes its flags in a table and calls args_parse(); unknown
  * flags, missing values, malformed numbers and missing required flags are
- * reported with the subcommand's usage and a non-zero exit code. */
+ * reported with the subcommand's usage and a non-zero exit code. The short
+ * forms llama.cpp users type (-m, -c, -s, --temp, -t, -n, -p, -f, -i) stand
+ * for the long flags wherever a subcommand has those. */
 #ifndef DS_ARGS_H
 #define DS_ARGS_H
 
@@ -22,11 +24,11 @@ typedef struct {
 } arg_spec;
 
 /* Parses argv[1..] (argv[0] is the subcommand name). Returns 0 on success,
- * 1 after printing usage for --help, 2 after printing an error. */
+ * 1 after printing usage on stdout for --help, 2 after printing an error. */
 int args_parse(int argc, char **argv, const arg_spec *specs, int n_specs,
                const char *usage_line);
 
-/* Prints the usage block for a subcommand. */
+/* Prints the usage block for a subcommand on stderr. */
 void args_usage(const char *cmd, const char *usage_line, const arg_spec *specs, int n_specs);
 
 /* Parses "1,2,3" into a freshly allocated int array; returns the count, -1 on error. */

@@ -25,7 +25,7 @@
 #include "cmds.h"
 #include "dsv3.h"
 
-#define USAGE "--ckpt-path DIR --config FILE [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] [--profile] " \
+#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] [--profile] " \
               "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 #define MAX_THREADS 1024
 
@@ -214,7 +214,7 @@ int cmd_bench(int argc, char **argv)
     bool json = false, ref = false, profile = false;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
-        {"--config", ARG_STR, &config, true, "FILE model config"},
+        {"--config", ARG_STR, &config, false, "FILE model config (default: DIR/config.json)"},
         {"-p", ARG_STR, &ps, false, "LIST prompt lengths for prefill tests (default 512; 0 skips)"},
         {"-n", ARG_STR, &ns, false, "LIST generated tokens for decode tests (default 128; 0 skips)"},
         {"-d", ARG_STR, &ds, false, "LIST context depths (default 0)"},

@@ -1,35 +1,83 @@
-/* cmd_generate.c - `dsv3 generate`: the reference's generate.py, interactive
- * (a >>> prompt with /clear and /exit, multi-turn history through the chat
- * template, KV cache reused across turns) or batch (--input-file: one prompt
- * per line, Prompt:/Completion: per line, in batches of max_batch_size).
- * Completions stream in interactive mode; tokens/s go to stderr. A client of
- * dsv3.h like any other. */
+/* cmd_generate.c - `dsv3 generate`: the reference's generate.py, one-shot
+ * (--prompt: one answer on stdout), interactive (the chat REPL of
+ * tools/repl.c, KV cache reused across turns) or batch (--input-file: one
+ * prompt per line, Prompt:/Completion: per line, in batches of
+ * max_batch_size). Replies stream; R1/V3.1 thinking (<think>...</think>) is
+ * shown apart from the answer, dimmed on a terminal, or hidden; tokens/s go to
+ * stderr. A client of dsv3.h like any other. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "args.h"
 #include "cmds.h"
 #include "dsv3.h"
+#include "generate.h"
 
-#define USAGE "--ckpt-path DIR --config FILE (--interactive | --input-file FILE) [flags]"
+#define USAGE "--ckpt-path DIR [--config FILE] (--prompt TEXT | --interactive | --input-file FILE|-) [flags]"
 
+#define DIM "\033[2m"
+#define UNDIM "\033[0m"
+
+/* Splits streamed text into thinking and answer at <think> and </think>,
+ * which may arrive cut across pieces: a piece that could begin a tag waits in
+ * pend until it is known. */
 typedef struct {
-    const char *ckpt, *config, *input_file, *tokenizer_dir, *system_prompt, *attn, *gemm, *device;
-    bool interactive, print_ids, parse_special, ref_kernels;
-    int max_new, top_k, ctx, prefill_chunk;
-    double temperature, top_p, rep_penalty;
-    uint64_t seed;
-    ds_dist *dist;
-    const ds_tokenizer *tok;
-    ds_engine *e;
-} gen_ctx;
+    bool in_think, hide, tty;
+    char pend[16];
+    size_t np;
+} think_filter;
+
+static void think_emit(think_filter *f, const char *s, size_t n)
+{
+    if (n && !(f->in_think && f->hide)) fwrite(s, 1, n, stdout);
+}
+
+static void think_toggle(think_filter *f)
+{
+    f->in_think = !f->in_think;
+    if (f->hide) return;
+    if (f->tty) fputs(f->in_think ? DIM : UNDIM, stdout);
+    else fputs(f->in_think ? "<think>" : "</think>", stdout);
+}
+
+static void think_push(think_filter *f, const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        f->pend[f->np++] = s[i];
+        for (;;) {
+            const char *tag = f->in_think ? "</think>" : "<think>";
+            size_t tl = strlen(tag);
+            if (!memcmp(f->pend, tag, f->np < tl ? f->np : tl)) {
+                if (f->np == tl) {
+                    f->np = 0;
+                    think_toggle(f);
+                }
+                break;
+            }
+            think_emit(f, f->pend, 1);
+            memmove(f->pend, f->pend + 1, --f->np);
+            if (!f->np) break;
+        }
+    }
+}
+
+static void think_finish(think_filter *f)
+{
+    think_emit(f, f->pend, f->np);
+    f->np = 0;
+    if (f->in_think && f->tty && !f->hide) fputs(UNDIM, stdout);
+    f->in_think = false;
+}
 
 /* Streams decoded text of the one sequence to stdout (rank 0). */
 typedef struct {
     gen_ctx *c;
     ds_text_stream *dec;
+    think_filter th;
 } stream_state;
 
 static int print_token(void *ud, int index, int32_t t)
@@ -40,13 +88,13 @@ static int print_token(void *ud, int index, int32_t t)
     const char *text;
     size_t len;
     if (ds_text_stream_push(st->dec, t, &text, &len) == DS_OK && len) {
-        fwrite(text, 1, len, stdout);
+        think_push(&st->th, text, len);
         fflush(stdout);
     }
     return 0;
 }
 
-static void report_speed(const ds_engine *e)
+void gen_report_speed(const ds_engine *e)
 {
     ds_engine_stats g;
     ds_engine_get_stats(e, &g);
@@ -58,42 +106,46 @@ static void report_speed(const ds_engine *e)
                 g.prefill_shortened, g.prefill_shortened > 1 ? "s" : "", g.prefill_chunk);
 }
 
-/* A conversation: messages whose strings it owns. */
-typedef struct {
-    ds_chat_message *m;
-    size_t n, cap;
-} chat;
-
-static void chat_clear(chat *h)
+void chat_clear(chat *h)
 {
     for (size_t i = 0; i < h->n; i++) free((char *)h->m[i].content);
     h->n = 0;
 }
 
-static void chat_drop_last(chat *h)
+void chat_drop_last(chat *h)
 {
     if (h->n) free((char *)h->m[--h->n].content);
 }
 
-static ds_status chat_add(chat *h, const char *role, const char *content)
+ds_status chat_add(chat *h, const char *role, const char *content)
 {
     if (h->n == h->cap) {
         size_t cap = h->cap ? 2 * h->cap : 8;
         ds_chat_message *m = realloc(h->m, sizeof *m * cap);
-        if (!m) return DS_ERR_NOMEM;
+        if (!m) return ds_errorf(DS_ERR_NOMEM, "out of memory");
         h->m = m;
         h->cap = cap;
     }
     char *c = strdup(content);
-    if (!c) return DS_ERR_NOMEM;
-    h->m[h->n++] = (ds_chat_message){.role = role, .content = c};
+    if (!c) return ds_errorf(DS_ERR_NOMEM, "out of memory");
+    /* roles are kept as the template's own literals */
+    const char *r = !strcmp(role, "system") ? "system" : !strcmp(role, "assistant") ? "assistant" : "user";
+    h->m[h->n++] = (ds_chat_message){.role = r, .content = c};
     return DS_OK;
 }
 
-static ds_status chat_start(const gen_ctx *c, chat *h)
+ds_status chat_start(const gen_ctx *c, chat *h)
 {
     chat_clear(h);
     return c->system_prompt ? chat_add(h, "system", c->system_prompt) : DS_OK;
+}
+
+/* Removes messages [i, i+k). */
+static void chat_remove(chat *h, size_t i, size_t k)
+{
+    for (size_t j = i; j < i + k; j++) free((char *)h->m[j].content);
+    memmove(h->m + i, h->m + i + k, sizeof *h->m * (h->n - i - k));
+    h->n -= k;
 }
 
 static ds_status encode_chat(const gen_ctx *c, const chat *h, int32_t **ids, size_t *n)
@@ -104,7 +156,7 @@ static ds_status encode_chat(const gen_ctx *c, const chat *h, int32_t **ids, siz
     return ds_chat_apply(c->tok, h->m, h->n, &p, NULL, ids, n);
 }
 
-static ds_status new_sampler(const gen_ctx *c, uint64_t seed, ds_token_sampler **out)
+ds_status gen_new_sampler(const gen_ctx *c, uint64_t seed, ds_token_sampler **out)
 {
     ds_sampler_params p = ds_sampler_default_params();
     p.temperature = (float)c->temperature;
@@ -119,7 +171,7 @@ static ds_status new_sampler(const gen_ctx *c, uint64_t seed, ds_token_sampler *
 static ds_status completion_text(const gen_ctx *c, const ds_completion *o, char **text)
 {
     int32_t *kept = malloc(sizeof(int32_t) * (size_t)(o->n_tokens + 1));
-    if (!kept) return DS_ERR_NOMEM;
+    if (!kept) return ds_errorf(DS_ERR_NOMEM, "out of memory");
     int k = 0;
     for (int j = 0; j < o->n_tokens; j++)
         if (o->tokens[j] < ds_tokenizer_n_vocab(c->tok)) kept[k++] = o->tokens[j];
@@ -129,105 +181,121 @@ static ds_status completion_text(const gen_ctx *c, const ds_completion *o, char 
     return s;
 }
 
-static int interactive(gen_ctx *c)
+/* Encodes h, first dropping its oldest turns (after the system message) while
+ * the prompt leaves less than `reserve` positions of the context for the reply. */
+static ds_status encode_fitting(const gen_ctx *c, chat *h, int32_t **ids, size_t *n)
+{
+    int n_ctx = ds_engine_n_ctx(c->e);
+    int reserve = c->max_new > 0 ? (c->max_new < n_ctx / 2 ? c->max_new : n_ctx / 2) : n_ctx / 4;
+    if (reserve < 1) reserve = 1;
+    size_t dropped = 0;
+    for (;;) {
+        ds_status s = encode_chat(c, h, ids, n);
+        if (s) return s;
+        if (*n + (size_t)reserve <= (size_t)n_ctx) break;
+        size_t first = h->n && !strcmp(h->m[0].role, "system");
+        if (first + 1 >= h->n) { /* only the new message is left */
+            if (*n + 1 < (size_t)n_ctx) break; /* room for a reply, if short */
+            ds_free(*ids);
+            *ids = NULL;
+            return ds_errorf(DS_ERR_RANGE,
+                             "the message is %zu tokens with the template: with a reply it exceeds the context of %d "
+                             "positions (--ctx-size)",
+                             *n, n_ctx);
+        }
+        size_t k = first + 1 < h->n - 1 && !strcmp(h->m[first + 1].role, "assistant") ? 2 : 1;
+        chat_remove(h, first, k);
+        dropped += k;
+        ds_free(*ids);
+        *ids = NULL;
+    }
+    if (dropped && ds_dist_rank(c->dist) == 0)
+        fprintf(stderr, "[context full (%d positions): dropped the %zu oldest message%s]\n", n_ctx, dropped,
+                dropped > 1 ? "s" : "");
+    return DS_OK;
+}
+
+/* Whether the prompt's last token is <think> (V3.1's thinking mode): the reply starts inside the thinking. */
+static bool prompt_opens_thinking(const gen_ctx *c, const int32_t *ids, size_t n)
+{
+    char *t = NULL;
+    size_t len = 0;
+    bool yes = n && ds_detokenize(c->tok, ids + n - 1, 1, 0, &t, &len) == DS_OK && len >= 7 &&
+               !memcmp(t + len - 7, "<think>", 7);
+    ds_free(t);
+    return yes;
+}
+
+ds_status gen_turn(gen_ctx *c, chat *h, ds_token_sampler *smp, ds_cancel_fn cancel, bool *cancelled)
+{
+    int rank = ds_dist_rank(c->dist);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ds_completion out = {0};
+    stream_state st = {c, NULL, {.hide = c->hide_thinking, .tty = c->tty}};
+    *cancelled = false;
+    ds_status s = encode_fitting(c, h, &ids, &n);
+    if (!s) s = ds_text_stream_new(c->tok, DS_DETOKENIZE_SKIP_SPECIAL, &st.dec);
+    if (!s) {
+        if (prompt_opens_thinking(c, ids, n) && rank == 0) think_toggle(&st.th);
+        const int32_t *p = ids;
+        int len = (int)n;
+        ds_generate_params gp = ds_generate_default_params();
+        gp.max_new_tokens = c->max_new;
+        gp.on_token = print_token;
+        gp.on_token_user = &st;
+        gp.cancel = cancel;
+        s = ds_generate(c->e, 1, NULL, &p, &len, &smp, &gp, &out);
+    }
+    if (!s) {
+        const char *tail;
+        size_t tl;
+        if (rank == 0) {
+            if (ds_text_stream_finish(st.dec, &tail, &tl) == DS_OK && tl) think_push(&st.th, tail, tl);
+            think_finish(&st.th);
+            printf("\n");
+            fflush(stdout);
+        }
+        *cancelled = out.finish == DS_FINISH_CANCELLED;
+        if (out.finish == DS_FINISH_CONTEXT && rank == 0)
+            fprintf(stderr, "[the reply reached the end of the context (%d positions); the next turn drops the oldest "
+                            "messages]\n",
+                    ds_engine_n_ctx(c->e));
+        char *text = NULL;
+        s = completion_text(c, &out, &text);
+        if (!s) s = chat_add(h, "assistant", text);
+        ds_free(text);
+    }
+    ds_free(ids);
+    ds_free(out.tokens);
+    ds_text_stream_free(st.dec);
+    return s;
+}
+
+/* --prompt: one answer on stdout. */
+static int one_shot(gen_ctx *c)
 {
     chat h = {0};
     ds_token_sampler *smp = NULL;
-    if (chat_start(c, &h) || new_sampler(c, c->seed, &smp)) {
-        chat_clear(&h);
-        free(h.m);
-        return args_fail_dist(c->dist, "generate");
-    }
-    int rank = ds_dist_rank(c->dist), rc = 0;
-    char *line = NULL;
-    size_t cap = 0;
-    for (;;) {
-        char *in = NULL;
-        if (rank == 0) {
-            printf(">>> ");
-            fflush(stdout);
-            ssize_t r = getline(&line, &cap, stdin);
-            if (r < 0) {
-                printf("\n");
-            } else {
-                while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
-                in = strdup(line);
-            }
-        }
-        if (ds_dist_broadcast_line(c->dist, &in)) {
-            rc = args_fail_dist(c->dist, "generate");
-            break;
-        }
-        if (!in || !strcmp(in, "/exit")) {
-            free(in);
-            break;
-        }
-        if (!strcmp(in, "/clear")) {
-            free(in);
-            if (chat_start(c, &h)) {
-                rc = args_fail_dist(c->dist, "generate");
-                break;
-            }
-            continue;
-        }
-        if (!in[0]) {
-            free(in);
-            continue;
-        }
-        ds_status s = chat_add(&h, "user", in);
-        free(in);
-        if (s) {
-            rc = args_fail_dist(c->dist, "generate");
-            break;
-        }
-        int32_t *ids = NULL;
-        size_t n = 0;
-        ds_completion out = {0};
-        stream_state st = {c, NULL};
-        s = encode_chat(c, &h, &ids, &n);
-        if (!s) s = ds_text_stream_new(c->tok, DS_DETOKENIZE_SKIP_SPECIAL, &st.dec);
-        if (!s) {
-            const int32_t *p = ids;
-            int len = (int)n;
-            ds_generate_params gp = ds_generate_default_params();
-            gp.max_new_tokens = c->max_new;
-            gp.on_token = print_token;
-            gp.on_token_user = &st;
-            s = ds_generate(c->e, 1, NULL, &p, &len, &smp, &gp, &out);
-        }
-        if (!s) {
-            const char *tail;
-            size_t tl;
-            if (ds_text_stream_finish(st.dec, &tail, &tl) == DS_OK && tl && rank == 0) fwrite(tail, 1, tl, stdout);
-            if (rank == 0) printf("\n");
-            char *text = NULL;
-            s = completion_text(c, &out, &text);
-            if (!s) s = chat_add(&h, "assistant", text);
-            ds_free(text);
-        }
-        if (s) {
-            /* the turn failed: report it, drop the message, and prompt again */
-            if (rank == 0) fprintf(stderr, "error: %s\n", ds_last_error());
-            chat_drop_last(&h);
-            if (s == DS_ERR_COMM) rc = 1;
-        }
-        ds_free(ids);
-        ds_free(out.tokens);
-        ds_text_stream_free(st.dec);
-        if (rc) break;
-    }
-    free(line);
+    bool cancelled;
+    ds_status s = chat_start(c, &h);
+    if (!s) s = chat_add(&h, "user", c->prompt);
+    if (!s) s = gen_new_sampler(c, c->seed, &smp);
+    if (!s) s = gen_turn(c, &h, smp, NULL, &cancelled);
+    if (s) ds_error_prefix(s, "--prompt");
+    int rc = s ? args_fail_dist(c->dist, "generate") : 0;
+    if (!s && ds_dist_rank(c->dist) == 0) gen_report_speed(c->e);
     chat_clear(&h);
     free(h.m);
     ds_sampler_free(smp);
-    if (rank == 0) report_speed(c->e);
     return rc;
 }
 
 /* The prompts of the input file: one per non-blank line, with their line numbers. */
 static ds_status read_prompts(const char *path, char ***out, int **lines, int *n)
 {
-    FILE *f = fopen(path, "rb");
+    bool std_in = !strcmp(path, "-");
+    FILE *f = std_in ? stdin : fopen(path, "rb");
     if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open input file", path);
     char **v = NULL, *line = NULL;
     int *ln = NULL;
@@ -250,7 +318,8 @@ static ds_status read_prompts(const char *path, char ***out, int **lines, int *n
         ln[cnt++] = at;
     }
     free(line);
-    fclose(f);
+    if (!s && ferror(f)) s = ds_errorf(DS_ERR_IO, "%s: read error", std_in ? "standard input" : path);
+    if (!std_in) fclose(f);
     if (!s && cnt == 0) s = ds_errorf(DS_ERR_ARG, "%s: the input file has no prompts (one prompt per line expected)", path);
     if (s) {
         for (int i = 0; i < cnt; i++) free(v[i]);
@@ -281,8 +350,9 @@ static int batch(gen_ctx *c, char **prompts, const int *lines, int n)
             if (!(s = chat_start(c, &h)) && !(s = chat_add(&h, "user", prompts[b0 + i])))
                 s = encode_chat(c, &h, &ids[i], &len);
             lens[i] = (int)len;
-            if (s) ds_error_prefix(s, "%s line %d", c->input_file, lines[b0 + i]);
-            else s = new_sampler(c, c->seed + (uint64_t)(b0 + i), &smp[i]);
+            const char *file = strcmp(c->input_file, "-") ? c->input_file : "standard input";
+            if (s) ds_error_prefix(s, "%s line %d", file, lines[b0 + i]);
+            else s = gen_new_sampler(c, c->seed + (uint64_t)(b0 + i), &smp[i]);
         }
         ds_generate_params gp = ds_generate_default_params();
         gp.max_new_tokens = c->max_new;
@@ -315,7 +385,7 @@ static int batch(gen_ctx *c, char **prompts, const int *lines, int n)
         }
     }
     int rc = s ? args_fail_dist(c->dist, "generate") : 0;
-    if (!s && rank == 0) report_speed(c->e);
+    if (!s && rank == 0) gen_report_speed(c->e);
     chat_clear(&h);
     free(h.m);
     free(ids);
@@ -333,10 +403,66 @@ static int check_sampling(const gen_ctx *c)
                       : !(c->top_p > 0 && c->top_p <= 1)     ? "--top-p must be in (0, 1] (1 is off)"
                       : !(c->rep_penalty > 0)                ? "--repetition-penalty must be > 0 (1 is off)"
                       : c->prefill_chunk < 0                 ? "--prefill-chunk must be >= 1"
-                      : c->max_new < 1                       ? "--max-new-tokens must be >= 1"
+                      : c->max_new < 1 && c->max_new != -1   ? "--max-new-tokens must be >= 1, or -1 (until the end)"
+                      : c->threads < 0                       ? "--threads must be >= 1"
                                                              : NULL;
     if (bad) fprintf(stderr, "dsv3 generate: %s\n", bad);
     return bad ? 2 : 0;
+}
+
+/* The load progress line: a thread that, once the load has taken a second,
+ * says what is loading and for how long (updated in place on a terminal). */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done, shown, tty;
+    const char *name;
+} load_watch;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void *load_watch_run(void *arg)
+{
+    load_watch *w = arg;
+    double t0 = now_s();
+    pthread_mutex_lock(&w->mu);
+    for (int sec = 1; !w->done; sec++) {
+        struct timespec dl;
+        clock_gettime(CLOCK_REALTIME, &dl);
+        dl.tv_sec += 1;
+        while (!w->done && pthread_cond_timedwait(&w->cv, &w->mu, &dl) == 0) {}
+        if (w->done) break;
+        if (w->tty) fprintf(stderr, "\rloading %s ... %.0f s", w->name, now_s() - t0);
+        else if (!w->shown) fprintf(stderr, "loading %s ...\n", w->name);
+        w->shown = true;
+        (void)sec;
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* ds_engine_load with the progress line on rank 0's stderr. */
+static ds_status gen_load(gen_ctx *c, const ds_engine_params *p)
+{
+    load_watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, isatty(2), c->model_name};
+    pthread_t th;
+    double t0 = now_s();
+    bool watching = ds_dist_rank(c->dist) == 0 && pthread_create(&th, NULL, load_watch_run, &w) == 0;
+    ds_status s = ds_engine_load(c->ckpt, p, &c->e);
+    if (watching) {
+        pthread_mutex_lock(&w.mu);
+        w.done = true;
+        pthread_cond_signal(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(th, NULL);
+        if (w.shown) fprintf(stderr, "%sloaded %s in %.1f s\n", w.tty ? "\r" : "", c->model_name, now_s() - t0);
+    }
+    return s;
 }
 
 int cmd_generate(int argc, char **argv)
@@ -345,10 +471,13 @@ int cmd_generate(int argc, char **argv)
                  .rep_penalty = 1.0, .seed = 965};
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &c.ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
-        {"--config", ARG_STR, &c.config, true, "FILE  model config (reference JSON or config.json)"},
-        {"--interactive", ARG_BOOL, &c.interactive, false, "      chat at a >>> prompt (/clear, /exit)"},
-        {"--input-file", ARG_STR, &c.input_file, false, "FILE  one prompt per line"},
-        {"--max-new-tokens", ARG_INT, &c.max_new, false, "N     tokens to generate per reply (200)"},
+        {"--config", ARG_STR, &c.config, false, "FILE  model config (default: DIR/config.json)"},
+        {"--prompt", ARG_STR, &c.prompt, false, "TEXT  answer one prompt on stdout and exit"},
+        {"--interactive", ARG_BOOL, &c.interactive, false, "      chat at a >>> prompt (/help lists its commands)"},
+        {"--input-file", ARG_STR, &c.input_file, false, "FILE  one prompt per line (- reads standard input)"},
+        {"--max-new-tokens", ARG_INT, &c.max_new, false, "N     tokens per reply (200; -1: until the end of sequence or context)"},
+        {"--threads", ARG_INT, &c.threads, false, "N     CPU threads (OpenMP's default)"},
+        {"--hide-thinking", ARG_BOOL, &c.hide_thinking, false, "      leave out R1/V3.1 thinking (<think>...</think>)"},
         {"--temperature", ARG_FLOAT, &c.temperature, false, "T     0 is greedy (0.2)"},
         {"--top-p", ARG_FLOAT, &c.top_p, false, "P     nucleus sampling (1 = off)"},
         {"--top-k", ARG_INT, &c.top_k, false, "K     sample among the K most likely (0 = off)"},
@@ -367,8 +496,8 @@ int cmd_generate(int argc, char **argv)
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
     if (rc) return rc == 1 ? 0 : rc;
-    if (!c.interactive == !c.input_file) {
-        fprintf(stderr, "dsv3 generate: give exactly one of --interactive or --input-file\n");
+    if ((c.interactive != 0) + (c.input_file != NULL) + (c.prompt != NULL) != 1) {
+        fprintf(stderr, "dsv3 generate: give exactly one of --prompt, --interactive or --input-file\n");
         return 2;
     }
     if ((rc = check_sampling(&c))) return rc;
@@ -384,6 +513,7 @@ int cmd_generate(int argc, char **argv)
     p.attention = strcmp(c.attn, "naive") ? DS_ATTENTION_ABSORB : DS_ATTENTION_NAIVE;
     p.matmul = strcmp(c.gemm, "fp8") ? DS_MATMUL_BF16 : DS_MATMUL_FP8;
     p.prefill_chunk = c.prefill_chunk;
+    p.n_threads = c.threads;
     char **prompts = NULL;
     int *lines = NULL, n = 0;
     ds_model_info_buf info;
@@ -400,9 +530,11 @@ int cmd_generate(int argc, char **argv)
         if (read_prompts(c.input_file, &prompts, &lines, &n)) goto fail;
         p.n_seq = n < info.info.max_batch_size ? n : info.info.max_batch_size;
     }
-    if (ds_engine_load(c.ckpt, &p, &c.e)) goto fail;
+    c.model_name = info.info.name;
+    c.tty = ds_dist_rank(c.dist) == 0 && isatty(1);
+    if (gen_load(&c, &p)) goto fail;
     c.tok = ds_engine_tokenizer(c.e);
-    rc = c.interactive ? interactive(&c) : batch(&c, prompts, lines, n);
+    rc = c.interactive ? gen_interactive(&c) : c.prompt ? one_shot(&c) : batch(&c, prompts, lines, n);
     goto done;
 fail:
     rc = args_fail_dist(c.dist, "generate");

@@ -8,7 +8,7 @@
 #include "cmds.h"
 #include "dsv3.h"
 
-#define USAGE "--ckpt-path DIR --config FILE --tokens 1,2,3 --out FILE [--all] [--stepwise] " \
+#define USAGE "--ckpt-path DIR [--config FILE] --tokens 1,2,3 --out FILE [--all] [--stepwise] " \
               "[--attn-impl absorb|naive] [--gemm-impl bf16|fp8] [--device cpu|cuda|auto] [--ref-kernels]"
 
 int cmd_logits(int argc, char **argv)
@@ -16,9 +16,11 @@ int cmd_logits(int argc, char **argv)
     const char *ckpt = NULL, *config = NULL, *tokens = NULL, *out = NULL, *attn = "absorb", *gemm = "bf16";
     const char *device = "auto";
     bool all = false, stepwise = false, ref = false;
+    int threads = 0;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
-        {"--config", ARG_STR, &config, true, "FILE model config (reference JSON or config.json)"},
+        {"--config", ARG_STR, &config, false, "FILE model config (default: DIR/config.json)"},
+        {"--threads", ARG_INT, &threads, false, "N    CPU threads (OpenMP's default)"},
         {"--tokens", ARG_STR, &tokens, true, "IDS  comma-separated token ids"},
         {"--out", ARG_STR, &out, true, "FILE output safetensors file"},
         {"--all", ARG_BOOL, &all, false, "     logits at every position (default: the last)"},
@@ -31,7 +33,12 @@ int cmd_logits(int argc, char **argv)
     ds_dist *dist = NULL;
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
     if (rc) return rc == 1 ? 0 : rc;
+    if (threads < 0) {
+        fprintf(stderr, "dsv3 logits: --threads must be >= 1\n");
+        return 2;
+    }
     ds_engine_params p = ds_engine_default_params();
+    p.n_threads = threads;
     if (!strcmp(attn, "absorb")) p.attention = DS_ATTENTION_ABSORB;
     else if (!strcmp(attn, "naive")) p.attention = DS_ATTENTION_NAIVE;
     else {

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cmds.h"
+#include "commit.h" /* DSV3_COMMIT, written by tools/commit.cmake */
 #include "dsv3.h"
 #include "io/txn.h"
 
@@ -60,6 +61,51 @@ static void usage(FILE *out)
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)
         if (k_cmds[i].fn) fprintf(out, "  %-10s %s\n", k_cmds[i].name, k_cmds[i].help);
     fprintf(out, "\n'dsv3 <command> --help' lists a command's flags.\n");
+}
+
+/* `dsv3 --version`: the version, the commit and what the build can use. The
+ * CPU features are the running machine's, as the kernels pick them at run time. */
+static void version(void)
+{
+    printf("dsv3 %s (commit %s)\n", DSV3_VERSION, DSV3_COMMIT);
+    printf("compiler: %s\n", __VERSION__);
+    printf("cuda: %s\nmpi: %s\nnccl: %s\n",
+#ifdef DSV3_CUDA
+           "yes",
+#else
+           "no",
+#endif
+#ifdef DSV3_MPI
+           "yes",
+#else
+           "no",
+#endif
+#ifdef DSV3_NCCL
+           "yes"
+#else
+           "no"
+#endif
+    );
+    printf("line editing: %s\n",
+#ifdef DSV3_LIBEDIT
+           "libedit"
+#else
+           "no"
+#endif
+    );
+    printf("cpu features:");
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2")) printf(" avx2");
+    if (__builtin_cpu_supports("fma")) printf(" fma");
+    if (__builtin_cpu_supports("f16c")) printf(" f16c");
+    if (__builtin_cpu_supports("avx512f")) printf(" avx512f");
+    if (__builtin_cpu_supports("avx512bw")) printf(" avx512bw");
+    if (__builtin_cpu_supports("avx512vl")) printf(" avx512vl");
+#elif defined(__aarch64__)
+    printf(" neon");
+#endif
+    printf("\n");
 }
 
 static void open_std_fds(void)
@@ -183,8 +229,8 @@ static int run(int argc, char **argv)
         usage(stdout);
         return 0;
     }
-    if (!strcmp(argv[1], "--version")) {
-        printf("dsv3 %s\n", DSV3_VERSION);
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+        version();
         return 0;
     }
     for (size_t i = 0; i < sizeof k_cmds / sizeof *k_cmds; i++)

@@ -127,7 +127,7 @@ node -e 'const c=require(process.argv[1]);c.max_seq_len=16;console.log(JSON.stri
 echo "this prompt is certainly longer than sixteen tokens once the chat template has wrapped it in markup" > "$tmp/long.txt"
 "$bin" generate --ckpt-path "$tmp/m" --config "$tmp/short.json" --input-file "$tmp/long.txt" 2>"$tmp/e" >/dev/null
 [ $? -ne 0 ] && grep -q 'exceeds' "$tmp/e" && ok || bad "prompt longer than max_seq_len: $(cat "$tmp/e")"
-out=$(printf 'this prompt is certainly longer than sixteen tokens once wrapped\nhi\n/exit\n' | "$bin" generate --ckpt-path "$tmp/m" \
+out=$(printf '%s\nhi\n/exit\n' "$(cat "$tmp/long.txt")" | "$bin" generate --ckpt-path "$tmp/m" \
       --config "$tmp/short.json" --interactive --max-new-tokens 1 2>"$tmp/e"); rc=$?
 [ $rc = 0 ] && grep -q 'exceeds' "$tmp/e" && [ "$(printf '%s' "$out" | grep -o '>>> ' | wc -l)" = 3 ] && ok \
   || bad "REPL: long prompt should give a message and the next prompt ($rc, $(cat "$tmp/e"))"
