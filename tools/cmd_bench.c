@@ -14,7 +14,13 @@
  * arithmetic: GFLOP/s = 2 * active weights per token * tok/s, beside the
  * measured f32 FMA and bf16 dot-product peaks. With --device cuda the limits
  * are the GPU's, measured by the CUDA backend: device copy bandwidth (bytes
- * read plus written) and the bf16 tensor-core rate. */
+ * read plus written) and the bf16 tensor-core rate.
+ *
+ * -o md (default) prints the table; -o csv, json and jsonl print the same runs
+ * built with jansson, each row with llama-bench's fields (avg_ts, stddev_ts,
+ * samples_ns, n_threads, n_depth, build_commit, cpu_info, ...) and what ran:
+ * checkpoint, config, dtype, build options and the date. */
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,9 +29,10 @@
 
 #include "args.h"
 #include "cmds.h"
+#include "commit.h" /* DSV3_COMMIT */
 #include "dsv3.h"
 
-#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [--json] [--profile] " \
+#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [-o md|csv|json|jsonl] [--profile] " \
               "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 #define MAX_THREADS 1024
 
@@ -102,29 +109,101 @@ static double run_tg(bench_ctx *b, int n, int d)
     return now() - t0;
 }
 
+typedef enum { OUT_MD, OUT_CSV, OUT_JSON, OUT_JSONL } out_format;
+
 typedef struct {
-    bool json;
+    bool json;         /* a machine format (-o csv|json|jsonl) rather than the table */
+    out_format fmt;
     int threads;
     double bw, fma, bf16;
     const char *kernels, *dtype, *bw_what; /* what bw measures */
+    json_t *common;    /* the fields every row carries: model, build, machine, date */
+    json_t *rows;      /* -o json and csv: printed at the end */
 } report;
+
+static double mean_of(const double *v, int n, double *sd)
+{
+    double m = 0, q = 0;
+    for (int i = 0; i < n; i++) m += v[i] / n;
+    for (int i = 0; i < n; i++) q += (v[i] - m) * (v[i] - m);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+    return m;
+}
+
+/* A row of a machine format: the common fields, then the row's; printed now
+ * (jsonl) or kept for the end. Returns non-zero when out of memory. */
+static int emit_row(report *r, json_t *row)
+{
+    if (!row || json_object_update(row, r->common)) {
+        json_decref(row);
+        return -1;
+    }
+    if (r->fmt == OUT_JSONL) {
+        char *t = json_dumps(row, JSON_PRESERVE_ORDER);
+        json_decref(row);
+        if (!t) return -1;
+        printf("%s\n", t);
+        free(t);
+        return 0;
+    }
+    return json_array_append_new(r->rows, row);
+}
+
+/* The llama-bench fields of a run of reps repetitions, as tok/s samples. */
+static json_t *row_new(const char *test, int np, int ng, int d, int threads, const double *tps, int reps)
+{
+    json_t *row = json_object(), *ts = json_array(), *ns = json_array();
+    int bad = !row || !ts || !ns;
+    for (int i = 0; !bad && i < reps; i++)
+        bad |= json_array_append_new(ts, json_real(tps[i])) ||
+               json_array_append_new(ns, json_integer((json_int_t)(1e9 * (np + ng) / tps[i])));
+    double sd_ts, sd_ns, ns_v[64];
+    int k = reps < 64 ? reps : 64;
+    for (int i = 0; i < k; i++) ns_v[i] = 1e9 * (np + ng) / tps[i];
+    double avg_ts = mean_of(tps, reps, &sd_ts), avg_ns = mean_of(ns_v, k, &sd_ns);
+    bad = bad || json_object_set_new(row, "test", json_string(test)) ||
+          json_object_set_new(row, "n_prompt", json_integer(np)) || json_object_set_new(row, "n_gen", json_integer(ng)) ||
+          json_object_set_new(row, "depth", json_integer(d)) || json_object_set_new(row, "n_depth", json_integer(d)) ||
+          json_object_set_new(row, "threads", json_integer(threads)) ||
+          json_object_set_new(row, "n_threads", json_integer(threads)) ||
+          json_object_set_new(row, "avg_ts", json_real(avg_ts)) ||
+          json_object_set_new(row, "stddev_ts", json_real(sd_ts)) ||
+          json_object_set_new(row, "avg_ns", json_integer((json_int_t)avg_ns)) ||
+          json_object_set_new(row, "stddev_ns", json_integer((json_int_t)sd_ns)) ||
+          json_object_set_new(row, "samples_ts", ts) || json_object_set_new(row, "samples_ns", ns);
+    if (bad) {
+        json_decref(row);
+        return NULL;
+    }
+    return row;
+}
 
 /* beside: for decode on the CPU, the median over repetitions of GB/s over
  * the bandwidth measured beside that repetition, and the median of those
  * bandwidths (0: not measured). */
-static void print_row(const report *r, const char *test, int np, int ng, int d, spread s, double bytes_tok,
-                      double flop_tok, double beside_frac, double beside_bw)
+static int print_row(report *r, const char *test, int np, int ng, int d, spread s, const double *tps, int reps,
+                     double bytes_tok, double flop_tok, double beside_frac, double beside_bw)
 {
     double gbps = bytes_tok * s.med / 1e9, gflops = flop_tok * s.med / 1e9;
     double lim = r->bf16 > 0 ? r->bf16 : r->fma;
     if (r->json) {
-        printf("{\"test\": \"%s\", \"n_prompt\": %d, \"n_gen\": %d, \"depth\": %d, \"threads\": %d, "
-               "\"kernels\": \"%s\", \"weights\": \"%s\", \"tok_s\": %.3f, \"tok_s_min\": %.3f, \"tok_s_max\": %.3f, "
-               "\"bytes_per_token\": %.0f, \"gbps\": %.3f, \"bw_gbps\": %.3f, \"bw_frac\": %.4f, "
-               "\"gflops\": %.2f, \"fma_peak_gflops\": %.2f, \"bf16_peak_gflops\": %.2f, "
-               "\"bw_beside_gbps\": %.3f, \"bw_beside_frac\": %.4f}\n",
-               test, np, ng, d, r->threads, r->kernels, r->dtype, s.med, s.min, s.max, bytes_tok, gbps, r->bw,
-               r->bw > 0 ? gbps / r->bw : 0, gflops, r->fma, r->bf16, beside_bw, beside_frac);
+        json_t *row = row_new(test, np, ng, d, r->threads, tps, reps);
+        if (!row || json_object_set_new(row, "kernels", json_string(r->kernels)) ||
+            json_object_set_new(row, "weights", json_string(r->dtype)) ||
+            json_object_set_new(row, "tok_s", json_real(s.med)) || json_object_set_new(row, "tok_s_min", json_real(s.min)) ||
+            json_object_set_new(row, "tok_s_max", json_real(s.max)) ||
+            json_object_set_new(row, "bytes_per_token", json_real(bytes_tok)) ||
+            json_object_set_new(row, "gbps", json_real(gbps)) || json_object_set_new(row, "bw_gbps", json_real(r->bw)) ||
+            json_object_set_new(row, "bw_frac", json_real(r->bw > 0 ? gbps / r->bw : 0)) ||
+            json_object_set_new(row, "gflops", json_real(gflops)) ||
+            json_object_set_new(row, "fma_peak_gflops", json_real(r->fma)) ||
+            json_object_set_new(row, "bf16_peak_gflops", json_real(r->bf16)) ||
+            json_object_set_new(row, "bw_beside_gbps", json_real(beside_bw)) ||
+            json_object_set_new(row, "bw_beside_frac", json_real(beside_frac))) {
+            json_decref(row);
+            return -1;
+        }
+        return emit_row(r, row);
     } else if (!(r->bw > 0 && lim > 0)) { /* a device whose limits could not be measured */
         printf("%s%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s %6.1f GFLOP/s  (limit unmeasured)\n", test,
                !strcmp(test, "tg") ? ng : np, d, s.med, s.min, s.max, bytes_tok / 1e6, gbps, gflops);
@@ -141,6 +220,7 @@ static void print_row(const report *r, const char *test, int np, int ng, int d, 
         printf("\n");
     }
     fflush(stdout);
+    return 0;
 }
 
 /* Read bandwidth of the checkpoint's own mapping (its largest shard, up to
@@ -163,6 +243,7 @@ static void print_profile(const report *r, int ng, int d, double secs, int ntok)
     }
     double prod = ps / ntok, other = step - prod - att - ht, gbps = ps > 0 ? pb / ps / 1e9 : 0;
     double ht_gbps = st.heads_t.seconds > 0 ? st.heads_t.bytes / st.heads_t.seconds / 1e9 : 0;
+    if (r->json && r->fmt != OUT_JSONL) return; /* one kind of row per table */
     if (r->json) {
         printf("{\"test\": \"profile\", \"n_gen\": %d, \"depth\": %d, \"step_ms\": %.4f, \"products_ms\": %.4f, "
                "\"products_gbps\": %.3f, \"bw_gbps\": %.3f, \"attention_ms\": %.4f, \"heads_t_ms\": %.4f, \"heads_t_gbps\": %.3f, \"other_ms\": %.4f, "
@@ -197,6 +278,109 @@ static void print_profile(const report *r, int ng, int d, double secs, int ntok)
     }
 }
 
+static void cpu_name(char *out, size_t cap)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    snprintf(out, cap, "unknown");
+    while (f && fgets(line, sizeof line, f)) {
+        char *c = strchr(line, ':');
+        if (c && (!strncmp(line, "model name", 10) || !strncmp(line, "Model", 5))) {
+            c += 1 + (c[1] == ' ');
+            c[strcspn(c, "\n")] = 0;
+            snprintf(out, cap, "%s", c);
+            break;
+        }
+    }
+    if (f) fclose(f);
+}
+
+/* The fields of every machine-format row: what ran, where and when. */
+static json_t *common_fields(const char *ckpt, const char *config, const char *dtype, const char *kernels, bool cuda,
+                             int world, size_t ckpt_bytes, int n_ctx)
+{
+    char cpu[256], date[32], cfg[4096];
+    cpu_name(cpu, sizeof cpu);
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    snprintf(cfg, sizeof cfg, "%s%s", config ? config : ckpt, config ? "" : "/config.json");
+    const char *backends =
+#ifdef DSV3_CUDA
+        "CPU,CUDA";
+#else
+        "CPU";
+#endif
+    char build[128];
+    snprintf(build, sizeof build, "cuda=%s mpi=%s", 
+#ifdef DSV3_CUDA
+             "on",
+#else
+             "off",
+#endif
+#ifdef DSV3_MPI
+             "on"
+#else
+             "off"
+#endif
+    );
+    const char *slash = strrchr(ckpt, '/');
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:i, s:i, s:s}", "model_filename",
+                          ckpt, "model_type", slash && slash[1] ? slash + 1 : ckpt, "config", cfg, "dtype", dtype,
+                          "build_commit", DSV3_COMMIT, "build_version", DSV3_VERSION, "build_options", build,
+                          "backends", backends, "cpu_info", cpu, "gpu_info", cuda ? kernels : "", "device", kernels,
+                          "model_size", (json_int_t)ckpt_bytes, "ranks", world, "n_ctx", n_ctx, "test_time", date);
+    return o;
+}
+
+/* -o csv: a header from the first row's keys, then one line a row; an array
+ * field is its elements joined by ';'; strings are quoted. */
+static void print_csv(json_t *rows)
+{
+    json_t *first = json_array_get(rows, 0);
+    if (!first) return;
+    const char *key;
+    json_t *v;
+    const char *sep = "";
+    json_object_foreach(first, key, v) {
+        printf("%s%s", sep, key);
+        sep = ",";
+    }
+    printf("\n");
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row) {
+        sep = "";
+        json_object_foreach(first, key, v) {
+            json_t *x = json_object_get(row, key);
+            printf("%s", sep);
+            sep = ",";
+            if (json_is_string(x)) {
+                putchar('"');
+                for (const char *c = json_string_value(x); *c; c++) {
+                    if (*c == '"') putchar('"');
+                    putchar(*c);
+                }
+                putchar('"');
+            } else if (json_is_array(x)) {
+                size_t j;
+                json_t *e;
+                putchar('"');
+                json_array_foreach(x, j, e) printf("%s%.17g", j ? ";" : "", json_number_value(e));
+                putchar('"');
+            } else if (json_is_integer(x)) {
+                printf("%lld", (long long)json_integer_value(x));
+            } else if (json_is_number(x)) {
+                printf("%.17g", json_number_value(x));
+            } else if (json_is_boolean(x)) {
+                printf("%s", json_is_true(x) ? "true" : "false");
+            }
+        }
+        printf("\n");
+    }
+}
+
 static int parse_list(const char *s, int **out, const char *flag)
 {
     int n = args_int_list(s, out);
@@ -212,6 +396,7 @@ int cmd_bench(int argc, char **argv)
     const char *device = "auto";
     int threads = 0, reps = 3;
     bool json = false, ref = false, profile = false;
+    const char *fmt = "md";
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
         {"--config", ARG_STR, &config, false, "FILE model config (default: DIR/config.json)"},
@@ -220,7 +405,8 @@ int cmd_bench(int argc, char **argv)
         {"-d", ARG_STR, &ds, false, "LIST context depths (default 0)"},
         {"-t", ARG_INT, &threads, false, "N    threads, 1 to 1024 (default: OpenMP's)"},
         {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
-        {"--json", ARG_BOOL, &json, false, "     one JSON object per line"},
+        {"-o", ARG_STR, &fmt, false, "FMT  md (the table, default), csv, json (an array) or jsonl (an object a line)"},
+        {"--json", ARG_BOOL, &json, false, "     the same as -o jsonl"},
         {"--profile", ARG_BOOL, &profile, false, "     after each decode row, where a step's time goes (CPU)"},
         {"--device", ARG_STR, &device, false, "cpu|cuda|auto (default auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
@@ -229,6 +415,15 @@ int cmd_bench(int argc, char **argv)
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
     if (rc) return rc == 1 ? 0 : rc;
+    out_format of = !strcmp(fmt, "md") ? OUT_MD : !strcmp(fmt, "csv") ? OUT_CSV : !strcmp(fmt, "json") ? OUT_JSON
+                   : !strcmp(fmt, "jsonl")                                     ? OUT_JSONL
+                                                                               : (out_format)-1;
+    if ((int)of < 0) {
+        fprintf(stderr, "dsv3 bench: -o must be md, csv, json or jsonl, not '%s'\n", fmt);
+        return 2;
+    }
+    if (json) of = OUT_JSONL;
+    json = of != OUT_MD;
     int *pl = NULL, *nl = NULL, *dl = NULL;
     int np = parse_list(ps, &pl, "-p"), nn = parse_list(ns, &nl, "-n"), nd = parse_list(ds, &dl, "-d");
     bool bad_t = threads < 0 || threads > MAX_THREADS;
@@ -250,6 +445,7 @@ int cmd_bench(int argc, char **argv)
     ep.matmul = !strcmp(gemm, "fp8") ? DS_MATMUL_FP8 : DS_MATMUL_BF16;
     ds_model_info_buf info;
     bench_ctx b = {0};
+    report r = {0};
     ds_dist *dist = NULL;
     double *times = calloc((size_t)reps * 3, sizeof(double)), *beside = times + reps, *beside_bw = times + 2 * reps;
     int maxd = 0, maxn = 1;
@@ -272,7 +468,7 @@ int cmd_bench(int argc, char **argv)
     }
     /* the machine's limits first: the 1 GiB buffer is gone before the model
      * is paged in, so it does not count in the peak RSS */
-    report r = {.json = json, .threads = ds_threads(), .bw_what = "read"};
+    r = (report){.json = json, .fmt = of, .threads = ds_threads(), .bw_what = "read"};
     ds_limits lim;
     if (ds_measure_limits(device, ref, dist, &lim)) goto fail;
     bool cuda = lim.gpu;
@@ -306,6 +502,14 @@ int cmd_bench(int argc, char **argv)
     r.kernels = ds_engine_device_name(b.e);
     r.dtype = ds_engine_weight_dtype(b.e);
     size_t kv_bytes = ds_engine_kv_bytes(b.e);
+    if (json) {
+        r.common = common_fields(ckpt, config, r.dtype, r.kernels, cuda, world, ckpt_bytes, ds_engine_n_ctx(b.e));
+        r.rows = json_array();
+        if (!r.common || !r.rows) {
+            ds_errorf(DS_ERR_NOMEM, "out of memory building the report");
+            goto fail;
+        }
+    }
     if (!json) {
         printf("model %s: %d layers, %s weights, checkpoint %.2f GB (loaded and paged in: %.1f s); kernels %s, "
                "%d threads%s\n", ckpt, cfg->n_layers, r.dtype, ckpt_bytes / 1e9, t_load, r.kernels, r.threads,
@@ -336,8 +540,10 @@ int cmd_bench(int argc, char **argv)
             for (int k = 0; k < reps; k++) times[k] = n / times[k];
             /* experts a batch touches, if routing were uniform: E (1 - (1 - K/E)^n) */
             double touched = E * (1 - pow(1 - (double)K / E, n));
-            print_row(&r, "pp", n, 0, d, summarise(times, reps), ds_engine_pass_bytes(b.e, touched, 1) / n,
-                      2 * ds_engine_pass_params(b.e, K, 0), 0, 0);
+            spread sp = summarise(times, reps);
+            if (print_row(&r, "pp", n, 0, d, sp, times, reps, ds_engine_pass_bytes(b.e, touched, 1) / n,
+                          2 * ds_engine_pass_params(b.e, K, 0), 0, 0))
+                goto nomem;
         }
         for (int i = 0; i < nn; i++) {
             int n = nl[i];
@@ -354,8 +560,10 @@ int cmd_bench(int argc, char **argv)
                 bw_prev = bw_next;
             }
             for (int k = 0; k < reps; k++) times[k] = n / times[k];
-            print_row(&r, "tg", 0, n, d, summarise(times, reps), tok_bytes, 2 * ds_engine_pass_params(b.e, K, 1),
-                      summarise(beside, reps).med, summarise(beside_bw, reps).med);
+            spread sp = summarise(times, reps);
+            if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, K, 1),
+                          summarise(beside, reps).med, summarise(beside_bw, reps).med))
+                goto nomem;
             if (profile) print_profile(&r, n, d, secs, n * reps);
             ds_profile_enable(false);
         }
@@ -365,11 +573,22 @@ int cmd_bench(int argc, char **argv)
     /* on a GPU the KV cache is device memory: not part of the process's resident set */
     double kv_host = cuda ? 0 : (double)kv_bytes;
     int ctx = ds_engine_n_ctx(b.e);
-    if (json)
-        printf("{\"test\": \"memory\", \"peak_rss_bytes\": %.0f, \"checkpoint_bytes\": %zu, \"kv_cache_bytes\": %zu, "
-               "\"kv_cache_on_device\": %s}\n",
-               rss * 1024.0, ckpt_bytes, kv_bytes, cuda ? "true" : "false");
-    else if (cuda)
+    if (json) {
+        json_t *mem = json_pack("{s:s, s:f, s:I, s:I, s:b}", "test", "memory", "peak_rss_bytes", rss * 1024.0,
+                                "checkpoint_bytes", (json_int_t)ckpt_bytes, "kv_cache_bytes", (json_int_t)kv_bytes,
+                                "kv_cache_on_device", cuda);
+        if (of == OUT_CSV) {
+            json_decref(mem); /* a table of runs: the memory figures have other columns */
+        } else if (!mem || (of == OUT_JSONL ? emit_row(&r, mem) : json_array_append_new(r.rows, mem))) {
+            goto nomem;
+        }
+        if (of == OUT_JSON) {
+            if (json_dumpf(r.rows, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER)) goto nomem;
+            printf("\n");
+        } else if (of == OUT_CSV) {
+            print_csv(r.rows);
+        }
+    } else if (cuda)
         printf("peak RSS %.2f GB = checkpoint %.2f GB + %.0f MB other; KV cache %.3f GB (ctx %d) in device memory\n",
                rss * 1024.0 / 1e9, ckpt_bytes / 1e9, (rss * 1024.0 - (double)ckpt_bytes) / 1e6, kv_bytes / 1e9, ctx);
     else
@@ -377,9 +596,13 @@ int cmd_bench(int argc, char **argv)
                ckpt_bytes / 1e9, kv_bytes / 1e9, ctx, (rss * 1024.0 - (double)ckpt_bytes - kv_host) / 1e6);
     rc = 0;
     goto done;
+nomem:
+    ds_errorf(DS_ERR_NOMEM, "out of memory building the report");
 fail:
     rc = args_fail_dist(dist, "bench");
 done:
+    json_decref(r.common);
+    json_decref(r.rows);
     ds_engine_free(b.e);
     ds_dist_finish(dist);
     free(b.tok);

@@ -56,7 +56,28 @@ awk -F'[:,}]' '/"test": "profile"/ {
 "$bin" bench "${m[@]}" -p 0 -n 2 -r 1 --profile --ref-kernels > "$tmp/pr.out" 2>&1 && \
     grep -q 'counts the vectorised kernels, and none ran' "$tmp/pr.out" && ok || bad "--profile --ref-kernels: $(cat "$tmp/pr.out")"
 
-# 4. bad flags: non-zero exit and a message naming the flag
+# 4. -o json (one array, read by JSON.parse), -o jsonl, -o csv: the llama-bench fields and the run's provenance
+if "$bin" bench "${m[@]}" -p 8 -n 4 -r 2 -t 1 -o json > "$tmp/a.json" 2> "$tmp/a.err"; then ok; else bad "bench -o json: $(cat "$tmp/a.err")"; fi
+node -e '
+const a = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+const runs = a.filter(r => r.test === "pp" || r.test === "tg");
+const want = ["model_filename", "config", "dtype", "build_commit", "build_options", "cpu_info", "n_threads", "test_time",
+              "n_prompt", "n_gen", "n_depth", "avg_ts", "stddev_ts", "avg_ns", "samples_ts", "samples_ns", "backends"];
+let bad = runs.length !== 2 || !a.some(r => r.test === "memory");
+for (const r of runs) {
+  for (const k of want) if (!(k in r)) { console.log("missing " + k); bad = true; }
+  if (r.n_threads !== 1 || r.samples_ts.length !== 2 || !(r.avg_ts > 0) || isNaN(Date.parse(r.test_time))) bad = true;
+  if (!/config_tiny\.json$/.test(r.config) || !/tiny_hf$/.test(r.model_filename)) bad = true;
+}
+process.exit(bad ? 1 : 0)' "$tmp/a.json" && ok || bad "bench -o json: $(head -c 2000 "$tmp/a.json")"
+"$bin" bench "${m[@]}" -p 8 -n 4 -r 1 -o jsonl > "$tmp/a.jsonl" 2>/dev/null \
+  && node -e 'const l = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse);
+              process.exit(l.length === 3 && l[0].build_commit && l[2].test === "memory" ? 0 : 1)' "$tmp/a.jsonl" \
+  && ok || bad "bench -o jsonl: $(cat "$tmp/a.jsonl")"
+"$bin" bench "${m[@]}" -p 8 -n 4 -r 1 -o csv > "$tmp/a.csv" 2>/dev/null
+[ "$(wc -l < "$tmp/a.csv")" = 3 ] && head -1 "$tmp/a.csv" | grep -q '^test,n_prompt,n_gen,.*avg_ts' && ok || bad "bench -o csv: $(cat "$tmp/a.csv")"
+
+# 5. bad flags: non-zero exit and a message naming the flag
 check_bad() { # expected-substring args...
     local want=$1; shift
     if "$bin" bench "$@" > "$tmp/b.out" 2> "$tmp/b.err"; then bad "bench $* exited 0"; return; fi
@@ -65,6 +86,7 @@ check_bad() { # expected-substring args...
 check_bad "-p" "${m[@]}" -p 8,x
 check_bad "-n" "${m[@]}" -n -3
 check_bad "-r" "${m[@]}" -r 0
+check_bad "-o must be" "${m[@]}" -o xml
 check_bad "max_seq_len" "${m[@]}" -p 8 -n 4 -d 100000
 check_bad "--ckpt-path" --config "$golden/config_tiny.json"
 check_bad "no_such_dir" --ckpt-path "$tmp/no_such_dir" --config "$golden/config_tiny.json" -p 8 -n 0
