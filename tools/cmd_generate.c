@@ -16,62 +16,9 @@
 #include "cmds.h"
 #include "dsv3.h"
 #include "generate.h"
+#include "think.h"
 
 #define USAGE "--ckpt-path DIR [--config FILE] (--prompt TEXT | --interactive | --input-file FILE|-) [flags]"
-
-#define DIM "\033[2m"
-#define UNDIM "\033[0m"
-
-/* Splits streamed text into thinking and answer at <think> and </think>,
- * which may arrive cut across pieces: a piece that could begin a tag waits in
- * pend until it is known. */
-typedef struct {
-    bool in_think, hide, tty;
-    char pend[16];
-    size_t np;
-} think_filter;
-
-static void think_emit(think_filter *f, const char *s, size_t n)
-{
-    if (n && !(f->in_think && f->hide)) fwrite(s, 1, n, stdout);
-}
-
-static void think_toggle(think_filter *f)
-{
-    f->in_think = !f->in_think;
-    if (f->hide) return;
-    if (f->tty) fputs(f->in_think ? DIM : UNDIM, stdout);
-    else fputs(f->in_think ? "<think>" : "</think>", stdout);
-}
-
-static void think_push(think_filter *f, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        f->pend[f->np++] = s[i];
-        for (;;) {
-            const char *tag = f->in_think ? "</think>" : "<think>";
-            size_t tl = strlen(tag);
-            if (!memcmp(f->pend, tag, f->np < tl ? f->np : tl)) {
-                if (f->np == tl) {
-                    f->np = 0;
-                    think_toggle(f);
-                }
-                break;
-            }
-            think_emit(f, f->pend, 1);
-            memmove(f->pend, f->pend + 1, --f->np);
-            if (!f->np) break;
-        }
-    }
-}
-
-static void think_finish(think_filter *f)
-{
-    think_emit(f, f->pend, f->np);
-    f->np = 0;
-    if (f->in_think && f->tty && !f->hide) fputs(UNDIM, stdout);
-    f->in_think = false;
-}
 
 /* Streams decoded text of the one sequence to stdout (rank 0). */
 typedef struct {
@@ -232,7 +179,7 @@ ds_status gen_turn(gen_ctx *c, chat *h, ds_token_sampler *smp, ds_cancel_fn canc
     int32_t *ids = NULL;
     size_t n = 0;
     ds_completion out = {0};
-    stream_state st = {c, NULL, {.hide = c->hide_thinking, .tty = c->tty}};
+    stream_state st = {c, NULL, {.out = stdout, .hide = c->hide_thinking, .tty = c->tty}};
     *cancelled = false;
     ds_status s = encode_fitting(c, h, &ids, &n);
     if (!s) s = ds_text_stream_new(c->tok, DS_DETOKENIZE_SKIP_SPECIAL, &st.dec);
