@@ -423,6 +423,14 @@ typedef struct {
     void *on_token_user;
     ds_cancel_fn cancel;
     void *cancel_user;
+    /* Speculative decoding with the MTP module (engine param mtp; API 2): 0 off,
+     * 1: each step drafts one token with the module and checks it in the same
+     * batched pass as the next token, so it yields 1 or 2 tokens; the output is
+     * plain greedy decoding's. Greedy sequences only (samplers NULL, or
+     * temperature 0 without penalties); the sequences run one after another and
+     * each prompt is computed whole (no prefix reuse). ds_engine_stats counts the
+     * drafts and those accepted. */
+    int spec_draft;
 } ds_generate_params;
 
 DS_API ds_generate_params ds_generate_default_params(void);
@@ -458,6 +466,7 @@ typedef struct {
     long prefill_tokens, decode_tokens;
     double prefill_seconds, decode_seconds;
     int prefill_shortened, prefill_chunk;
+    long spec_drafted, spec_accepted; /* speculative steps (spec_draft) and their drafts accepted (API 2) */
 } ds_engine_stats;
 DS_API void ds_engine_get_stats(const ds_engine *e, ds_engine_stats *out);
 

@@ -48,6 +48,7 @@ struct ds_engine {
     int32_t *last_tok;
     float *mtp_logits;
     int n_mtp, cap_mtp;
+    long spec_drafted, spec_accepted; /* speculative steps and accepted drafts (spec.c) */
 };
 
 /* Whether ops runs in host memory: the CPU backend's tables are named "cpu-...". */
@@ -64,5 +65,11 @@ ds_status api_config_load(ds_config *cfg, const char *dir, const char *path);
 ds_status api_place_batch(const ds_engine *e, const ds_batch *b, int *sq, int *pos);
 /* After a successful pass: the batch's tokens become part of their slots. */
 void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int *pos);
+
+/* ds_generate's greedy speculative decoding (spec.c) of sequence i of the call in
+ * slot r: prompt from position 0, then steps that draft one token with the MTP
+ * module and verify it; as gen_run for one sequence, *out malloc'ed. */
+ds_status api_generate_spec(ds_engine *e, int i, int r, const int32_t *prompt, int len, const gen_opts *o,
+                            int32_t **out, int *n_out, ds_finish *why);
 
 #endif

@@ -21,3 +21,6 @@ set_tests_properties(train_convert_mtp PROPERTIES LABELS train TIMEOUT 300
 dsv3_unit_test(train_mtp ${CMAKE_CURRENT_LIST_DIR}/test_mtp.c)
 target_compile_definitions(train_mtp PRIVATE DSV3_TRAINED_DIR="${DSV3_TRAINED_DIR}")
 set_tests_properties(train_mtp PROPERTIES LABELS train TIMEOUT 300)
+dsv3_unit_test(train_spec ${CMAKE_CURRENT_LIST_DIR}/test_spec.c)
+target_compile_definitions(train_spec PRIVATE DSV3_TRAINED_DIR="${DSV3_TRAINED_DIR}")
+set_tests_properties(train_spec PROPERTIES LABELS train TIMEOUT 300)
