@@ -11,7 +11,12 @@
  *
  * Perplexity = exp(mean loss); the error is perplexity x the standard error of
  * the mean loss (llama-perplexity's estimate). Losses are log-softmax in
- * double precision. */
+ * double precision.
+ *
+ * --mtp also scores DeepSeek-V3's multi-token-prediction module: at every
+ * scored position p of a window whose token p + 2 exists, given t[p + 1], its
+ * prediction of t[p + 2] (loss and argmax accuracy), the window's positions
+ * evaluated in one ds_decode_mtp after its main pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +30,7 @@
 
 typedef struct {
     double sum, sum2; /* of the losses */
-    long n;
+    long n, hits;     /* hits: argmax == target */
 } loss_acc;
 
 static double acc_ppl(const loss_acc *a) { return a->n ? exp(a->sum / a->n) : NAN; }
@@ -43,9 +48,19 @@ static double token_loss(const float *row, int V, int32_t target)
 {
     double mx = row[0];
     for (int i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+    /* (a target at the maximum is a hit: acc_add counts it) */
     double s = 0;
     for (int i = 0; i < V; i++) s += exp(row[i] - mx);
     return mx + log(s) - row[target];
+}
+
+static void acc_add(loss_acc *a, const float *row, int V, int32_t target)
+{
+    double l = token_loss(row, V, target);
+    a->sum += l;
+    a->sum2 += l * l;
+    a->n++;
+    a->hits += ds_argmax(row, V) == target;
 }
 
 /* One window: the tokens ids[0..len) in a fresh slot; the losses of the
@@ -112,7 +127,7 @@ int cmd_perplexity(int argc, char **argv)
     const char *ckpt = NULL, *config = NULL, *file = NULL, *tokdir = NULL, *attn = "absorb", *gemm = "bf16";
     const char *device = "auto";
     int ctx = 512, stride = -1, batch = 1, threads = 0; /* stride -1: --ctx-size */
-    bool halves = false, json = false, ref = false;
+    bool halves = false, json = false, ref = false, mtp = false;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
         {"--file", ARG_STR, &file, true, "FILE  UTF-8 text to score"},
@@ -122,6 +137,7 @@ int cmd_perplexity(int argc, char **argv)
         {"--stride", ARG_INT, &stride, false, "S     tokens between window starts (default: --ctx-size)"},
         {"--score-second-half", ARG_BOOL, &halves, false, "      llama-perplexity's chunks: BOS first, second half scored"},
         {"--batch", ARG_INT, &batch, false, "B     windows evaluated in one forward pass (1)"},
+        {"--mtp", ARG_BOOL, &mtp, false, "      also score the MTP module's next-next-token predictions"},
         {"--json", ARG_BOOL, &json, false, "      print the result as one JSON object"},
         {"--threads", ARG_INT, &threads, false, "N     CPU threads (OpenMP's default)"},
         {"--attn-impl", ARG_STR, &attn, false, "absorb|naive"},
@@ -148,10 +164,11 @@ int cmd_perplexity(int argc, char **argv)
     char *text = NULL;
     size_t text_len = 0, n_ids = 0;
     int32_t *ids = NULL, *all = NULL, *tok = NULL;
-    int *seq = NULL;
+    int *seq = NULL, *mtp_idx = NULL;
+    int32_t *mtp_next = NULL;
     bool *want = NULL;
     window *w = NULL;
-    loss_acc acc = {0};
+    loss_acc acc = {0}, macc = {0};
     rc = 1;
     if (ds_dist_init(&argc, &argv, &dist)) goto fail;
     int rank = ds_dist_rank(dist);
@@ -166,6 +183,7 @@ int cmd_perplexity(int argc, char **argv)
     p.attention = strcmp(attn, "naive") ? DS_ATTENTION_ABSORB : DS_ATTENTION_NAIVE;
     p.matmul = strcmp(gemm, "fp8") ? DS_MATMUL_BF16 : DS_MATMUL_FP8;
     p.dist = dist;
+    p.mtp = mtp;
     if (read_text(file, &text, &text_len) || ds_engine_load(ckpt, &p, &e)) goto fail;
     const ds_tokenizer *tk = ds_engine_tokenizer(e);
     int32_t bos = ds_engine_bos(e);
@@ -194,7 +212,9 @@ int cmd_perplexity(int argc, char **argv)
     tok = malloc(sizeof(int32_t) * (size_t)batch * ctx);
     seq = malloc(sizeof(int) * (size_t)batch * ctx);
     want = malloc((size_t)batch * ctx);
-    if (n_win < 0 || !tok || !seq || !want) {
+    mtp_idx = malloc(sizeof(int) * (size_t)batch * ctx);
+    mtp_next = malloc(sizeof(int32_t) * (size_t)batch * ctx);
+    if (n_win < 0 || !tok || !seq || !want || !mtp_idx || !mtp_next) {
         ds_errorf(DS_ERR_NOMEM, "out of memory for %d windows of %d tokens", batch, ctx);
         goto fail;
     }
@@ -213,11 +233,23 @@ int cmd_perplexity(int argc, char **argv)
         if (ds_decode(e, &b)) goto fail;
         for (int k = 0, r = 0; k < nb; k++) {
             const window *x = &w[w0 + k];
-            for (int j = x->first; j <= x->last; j++, r++) {
-                double l = token_loss(ds_logits(e, r), V, all[x->start + j + 1]);
-                acc.sum += l;
-                acc.sum2 += l * l;
-                acc.n++;
+            for (int j = x->first; j <= x->last; j++, r++) acc_add(&acc, ds_logits(e, r), V, all[x->start + j + 1]);
+        }
+        if (mtp) {
+            /* every position p < len - 1 of each window (the module's KV cache needs them all),
+             * given t[p + 1]; the scored ones are those whose main prediction was scored */
+            int nm = 0;
+            for (int k = 0, off = 0; k < nb; off += w[w0 + k].len, k++)
+                for (int j = 0; j + 1 < w[w0 + k].len; j++, nm++) {
+                    mtp_idx[nm] = off + j;
+                    mtp_next[nm] = all[w[w0 + k].start + j + 1];
+                }
+            if (nm && ds_decode_mtp(e, &(ds_mtp_batch){nm, mtp_idx, mtp_next})) goto fail;
+            for (int k = 0, r = 0; k < nb; k++) {
+                const window *x = &w[w0 + k];
+                for (int j = 0; j + 1 < x->len; j++, r++)
+                    if (j >= x->first && j <= x->last && x->start + j + 2 < T)
+                        acc_add(&macc, ds_mtp_logits(e, r), V, all[x->start + j + 2]);
             }
         }
         if (rank == 0 && !json)
@@ -225,14 +257,23 @@ int cmd_perplexity(int argc, char **argv)
     }
     if (ds_engine_check(e)) goto fail;
     if (rank == 0) {
-        if (json)
+        if (json) {
             printf("{\"perplexity\": %.6f, \"error\": %.6f, \"mean_nll\": %.8f, \"tokens_scored\": %ld, "
-                   "\"windows\": %d, \"ctx_size\": %d, \"stride\": %d, \"score_second_half\": %s}\n",
-                   acc_ppl(&acc), acc_err(&acc), acc.sum / acc.n, acc.n, n_win, ctx, halves ? ctx : stride,
-                   halves ? "true" : "false");
-        else
-            printf("perplexity: %.4f +/- %.4f (mean nll %.6f over %ld tokens, %d windows of %d)\n", acc_ppl(&acc),
-                   acc_err(&acc), acc.sum / acc.n, acc.n, n_win, ctx);
+                   "\"accuracy\": %.6f, \"windows\": %d, \"ctx_size\": %d, \"stride\": %d, \"score_second_half\": %s",
+                   acc_ppl(&acc), acc_err(&acc), acc.sum / acc.n, acc.n, (double)acc.hits / acc.n, n_win, ctx,
+                   halves ? ctx : stride, halves ? "true" : "false");
+            if (mtp && macc.n)
+                printf(", \"mtp\": {\"perplexity\": %.6f, \"error\": %.6f, \"mean_nll\": %.8f, \"tokens_scored\": %ld, "
+                       "\"accuracy\": %.6f}",
+                       acc_ppl(&macc), acc_err(&macc), macc.sum / macc.n, macc.n, (double)macc.hits / macc.n);
+            printf("}\n");
+        } else {
+            printf("perplexity: %.4f +/- %.4f (mean nll %.6f over %ld tokens, %d windows of %d; next-token accuracy %.4f)\n",
+                   acc_ppl(&acc), acc_err(&acc), acc.sum / acc.n, acc.n, n_win, ctx, (double)acc.hits / acc.n);
+            if (mtp && macc.n)
+                printf("mtp perplexity: %.4f +/- %.4f (mean nll %.6f over %ld tokens; next-next-token accuracy %.4f)\n",
+                       acc_ppl(&macc), acc_err(&macc), macc.sum / macc.n, macc.n, (double)macc.hits / macc.n);
+        }
     }
     rc = 0;
     goto done;
@@ -247,6 +288,8 @@ done:
     free(tok);
     free(seq);
     free(want);
+    free(mtp_idx);
+    free(mtp_next);
     free(w);
     return rc;
 }

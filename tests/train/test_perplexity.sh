@@ -3,7 +3,8 @@
 # models/dsv3-mini against the PyTorch model's logits (ref/ref_logits.safetensors,
 # read by ref_nll.js): the text of the reference sequence s24 (BOS + 23 tokens,
 # logits at every position) scored in one window gives the mean loss of the
-# reference's 23 predictions, float32 path within 1e-4 relative. Also: batched
+# reference's 23 predictions, float32 path within 1e-4 relative, and with --mtp
+# the MTP module's 22 predictions of the token after next. Also: batched
 # windows equal one at a time, and bad flags are usage errors.
 set -u
 bin="${DSV3_BIN:-build/dsv3}"
@@ -27,6 +28,17 @@ if [ "$got_n" = "$n_want" ] && node -e "process.exit(Math.abs($got_nll - $want) 
   ok "s24 mean nll $got_nll over $got_n tokens (reference $want over $n_want)"
 else
   bad "s24 mean nll: dsv3 [$got_nll over $got_n] reference [$want over $n_want]"
+fi
+
+# --mtp: the MTP module's losses of t[p + 2] given t[p + 1] at every position of s24
+read -r mwant mn_want < <(node "$here/ref_nll.js" "$dir/ref/ref_logits.safetensors" s24 mtp)
+got=$("$bin" perplexity --ckpt-path "$dir" --file "$tmp/s24.txt" --ctx-size 24 --mtp --json 2>"$tmp/err" \
+  | node -e 'const j = JSON.parse(require("fs").readFileSync(0)); console.log(j.mtp.mean_nll, j.mtp.tokens_scored)')
+read -r got_nll got_n <<< "$got"
+if [ "$got_n" = "$mn_want" ] && node -e "process.exit(Math.abs($got_nll - $mwant) <= 1e-4 * Math.abs($mwant) ? 0 : 1)"; then
+  ok "s24 MTP mean nll $got_nll over $got_n tokens (reference $mwant over $mn_want)"
+else
+  bad "s24 MTP mean nll: dsv3 [$got_nll over $got_n] reference [$mwant over $mn_want] $(cat "$tmp/err")"
 fi
 
 # windows of 8 every 4 tokens: batched passes give what one window a pass gives
