@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 2
+#define DSV3_API_VERSION 3
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -245,6 +245,10 @@ typedef struct {
     bool no_graphs;            /* run decode steps eagerly instead of replaying recorded ones */
     bool mtp;                  /* load the multi-token-prediction module (ds_decode_mtp; one process only;
                                 * API version 2) */
+    /* Logits that are NaN or infinite are always an error (DS_ERR_RANGE). With
+     * check_numerics every layer's output is checked too, and the error names the
+     * first layer that is not finite (slow: for finding where NaNs start; API 3). */
+    bool check_numerics;
     ds_dist *dist;             /* the process group (NULL: alone); each rank loads its shard */
 } ds_engine_params;
 

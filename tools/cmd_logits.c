@@ -15,7 +15,7 @@ int cmd_logits(int argc, char **argv)
 {
     const char *ckpt = NULL, *config = NULL, *tokens = NULL, *out = NULL, *attn = "absorb", *gemm = "bf16";
     const char *device = "auto";
-    bool all = false, stepwise = false, ref = false;
+    bool all = false, stepwise = false, ref = false, check = false;
     int threads = 0;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
@@ -29,6 +29,7 @@ int cmd_logits(int argc, char **argv)
         {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8  GEMM path for FP8 weights (default bf16)"},
         {"--device", ARG_STR, &device, false, "cpu|cuda|auto  backend (auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels (CPU)"},
+        {"--check-numerics", ARG_BOOL, &check, false, "     name the first layer whose output is NaN or inf (slow)"},
     };
     ds_dist *dist = NULL;
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
@@ -76,6 +77,7 @@ int cmd_logits(int argc, char **argv)
     p.no_tokenizer = true;
     p.device = device;
     p.ref_kernels = ref;
+    p.check_numerics = check;
     p.n_ctx = n;
     p.dist = dist;
     if (ds_engine_load(ckpt, &p, &e)) goto fail;

@@ -127,7 +127,7 @@ int cmd_perplexity(int argc, char **argv)
     const char *ckpt = NULL, *config = NULL, *file = NULL, *tokdir = NULL, *attn = "absorb", *gemm = "bf16";
     const char *device = "auto";
     int ctx = 512, stride = -1, batch = 1, threads = 0; /* stride -1: --ctx-size */
-    bool halves = false, json = false, ref = false, mtp = false;
+    bool halves = false, json = false, ref = false, mtp = false, check = false;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
         {"--file", ARG_STR, &file, true, "FILE  UTF-8 text to score"},
@@ -144,6 +144,7 @@ int cmd_perplexity(int argc, char **argv)
         {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8"},
         {"--device", ARG_STR, &device, false, "cpu|cuda|auto (auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "      use the scalar reference kernels (CPU)"},
+        {"--check-numerics", ARG_BOOL, &check, false, "      name the first layer whose output is NaN or inf (slow)"},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs, USAGE);
     if (rc) return rc == 1 ? 0 : rc;
@@ -177,6 +178,7 @@ int cmd_perplexity(int argc, char **argv)
     p.tokenizer_dir = tokdir;
     p.device = device;
     p.ref_kernels = ref;
+    p.check_numerics = check;
     p.n_threads = threads;
     p.n_ctx = ctx;
     p.n_seq = batch;

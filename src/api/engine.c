@@ -126,7 +126,7 @@ ds_status ds_engine_load(const char *dir, const ds_engine_params *pp, ds_engine 
                         .ops = e->ops,
                         .comm = e->comm,
                         .tune = {.prefill_chunk = p.prefill_chunk, .expand_min = p.expand_min, .no_graphs = p.no_graphs},
-                        .mtp = p.mtp};
+                        .mtp = p.mtp, .check_numerics = p.check_numerics};
     if ((s = model_load(&e->m, dir, &e->cfg, &mo)) || (s = gen_new(&e->g, e->m, p.n_seq ? p.n_seq : 1, ctx))) goto fail;
     api_model_info(&e->cfg, dir, &e->info, e->name, sizeof e->name);
     *out = e;

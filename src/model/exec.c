@@ -3,6 +3,7 @@
  * once, replays recorded decode steps where the backend records graphs, and
  * delivers the logits (gathered across ranks) or only the picked tokens (on the
  * device where the backend picks). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,20 +77,35 @@ typedef struct {
     int32_t *next;
 } fwd_out;
 
+/* DS_ERR_RANGE when a logit of the n rows of V is NaN or infinite: a pass gives
+ * finite logits unless the weights or the config overflow float32, and nothing
+ * may be sampled from them. One pass over the rows, cheap beside the pass. */
+static ds_status finite_rows(const float *x, int n, int V)
+{
+    for (size_t i = 0; i < (size_t)n * V; i++)
+        if (!isfinite(x[i]))
+            return ds_errorf(DS_ERR_RANGE, "the logits of wanted token %zu are not finite (%s at id %zu): the weights "
+                             "or the config overflow float32 (check_numerics names the first such layer)",
+                             i / (size_t)V, isnan(x[i]) ? "NaN" : "inf", i % (size_t)V);
+    return DS_OK;
+}
+
 /* The n rows of logits in device (alloc'd) memory d to the caller: into o->logits,
  * or when o->next is set only the picks (see ds_ops.pick_rows), on the device
  * when the backend can (o->logits then unused; else the host's scratch).
  * World size 1: the rows are the whole vocabulary. */
-static void deliver(ds_model *m, float *d, int n, const fwd_out *o)
+static ds_status deliver(ds_model *m, float *d, int n, const fwd_out *o)
 {
     int V = m->vocab_local;
-    if (o->next && m->ops->pick_rows) {
+    if (o->next && m->ops->pick_rows && !m->opt.check_numerics) {
         m->ops->pick_rows(o->next, d, n, V, o->pick);
-        return;
+        return DS_OK;
     }
     m->be.download(&m->be, o->logits, d, sizeof(float) * (size_t)n * V);
-    for (int i = 0; o->next && i < n; i++)
+    ds_status s = finite_rows(o->logits, n, V);
+    for (int i = 0; !s && o->next && i < n; i++)
         o->next[i] = pick_host(o->logits + (size_t)i * V, V, o->pick ? o->pick + i : NULL);
+    return s;
 }
 
 /* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
@@ -103,7 +119,9 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
 {
     const ds_ops *ops = m->ops;
     ds_backend *be = &m->be;
-    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs) return false;
+    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs ||
+        m->opt.check_numerics)
+        return false;
     /* class 0 (short contexts) only where a backend op can use the bound */
     int cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
     ds_graph_slot *d = &kv->dec[cls][n];
@@ -126,7 +144,7 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         if (*s) return true;
     }
     ops->graph_run(d->graph);
-    deliver(m, d->logits, n, o);
+    *s = deliver(m, d->logits, n, o);
     return true;
 }
 
@@ -170,10 +188,11 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     b.hidden = hidden;
     if ((s = transformer_forward(m, kv, &b, lg))) goto done;
     if (n_out && m->world_size == 1) {
-        deliver(m, lg, n_out, o);
+        s = deliver(m, lg, n_out, o);
     } else if (n_out) {
         be->download(be, part, lg, sizeof(float) * nl);
         s = gather_logits(m, part, n_out, o->logits);
+        if (!s) s = finite_rows(o->logits, n_out, m->cfg.vocab_size);
         for (int i = 0; !s && o->next && i < n_out; i++)
             o->next[i] = pick_host(o->logits + (size_t)i * m->cfg.vocab_size, m->cfg.vocab_size,
                                    o->pick ? o->pick + i : NULL);

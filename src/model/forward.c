@@ -13,6 +13,9 @@
  * added: the op that next reads the sum adds it (rmsnorm_rows, or MLA's normed
  * products and wo's carry), so that a backend can fuse the residual add with
  * the norm after it. */
+#include <math.h>
+#include <stdlib.h>
+
 #include "model/forward.h"
 
 #define EPS 1e-6f /* RMSNorm's eps in every norm, as the reference's */
@@ -211,6 +214,25 @@ static ds_status block(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, 
     return l->moe ? moe(m, l, x, n, st->d) : mlp(m, l, x, n, st->d);                      /* d = ffn(x) */
 }
 
+/* check_numerics: the first non-finite value of the stream h + d after layer li. */
+static ds_status check_layer(ds_model *m, const stream *st, int n, int li)
+{
+    size_t nd = (size_t)n * m->cfg.dim;
+    float *h = malloc(sizeof(float) * nd), *d = malloc(sizeof(float) * nd);
+    ds_status s = h && d ? DS_OK : ds_errorf(DS_ERR_NOMEM, "out of memory checking layer %d's output", li);
+    if (!s) {
+        m->be.download(&m->be, h, st->h, sizeof(float) * nd);
+        m->be.download(&m->be, d, st->d, sizeof(float) * nd);
+    }
+    for (size_t i = 0; !s && i < nd; i++)
+        if (!isfinite(h[i] + (st->due ? d[i] : 0.0f)))
+            s = ds_errorf(DS_ERR_RANGE, "layer %d's output is not finite (token %zu of the pass, column %zu)", li,
+                          i / (size_t)m->cfg.dim, i % (size_t)m->cfg.dim);
+    free(h);
+    free(d);
+    return s;
+}
+
 /* Transformer.forward: h = embed(tokens); h = layer(h) for every layer;
  * logits = head(norm(h)) of the wanted rows. */
 ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, float *logits)
@@ -225,7 +247,10 @@ ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, f
     be->embed(be, h, &m->embed, b->tok, n, m->vocab0);
     s = all_reduce(m, h, (size_t)n * dim);
     stream st = {h, d, false};
-    for (int li = 0; !s && li < m->cfg.n_layers; li++) s = block(m, kv, li, b, &st, x);
+    for (int li = 0; !s && li < m->cfg.n_layers; li++) {
+        s = block(m, kv, li, b, &st, x);
+        if (!s && m->opt.check_numerics) s = check_layer(m, &st, n, li);
+    }
     if (!s && b->hidden) { /* hidden = norm(h), every row (the MTP module's input) */
         be->rmsnorm_rows(be, b->hidden, dim, NULL, h, dim, st.due ? d : NULL, m->norm, n, dim, EPS);
         st.due = false;

@@ -55,6 +55,10 @@ typedef struct {
      * block, shared_head) and give the KV cache a layer for its block. Off: the
      * module is ignored. One process only. */
     bool mtp;
+    /* After every layer, stop at the first non-finite value of the residual
+     * stream and name the layer (downloads the stream each layer: for finding
+     * where NaNs start, not for speed). The logits are checked always. */
+    bool check_numerics;
 } ds_model_opts;
 
 /* The MTP module: at position i, h' = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])])

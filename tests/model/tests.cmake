@@ -21,3 +21,4 @@ set_tests_properties(model_golden_avx2 PROPERTIES
   ENVIRONMENT "DSV3_GOLDEN=${DSV3_GOLDEN};DSV3_BIN=$<TARGET_FILE:dsv3>;DSV3_TESTS=${DSV3_TESTS};${DSV3_TEST_ENV}")
 dsv3_unit_test(model_bad_input ${CMAKE_CURRENT_LIST_DIR}/test_bad_input.c)
 dsv3_unit_test(model_sampler ${CMAKE_CURRENT_LIST_DIR}/test_sampler.c)
+dsv3_script_test(model_nonfinite ${CMAKE_CURRENT_LIST_DIR}/test_nonfinite.sh)
