@@ -7,7 +7,15 @@
  * for this rank, so a config that does not match the checkpoint is reported
  * before any compute, naming the tensor. Weights are not copied: they point
  * into the mapped files. Norm vectors and the gate bias are small and are
- * converted to float32 once. */
+ * converted to float32 once.
+ *
+ * Every size formed from config fields or caller arguments (a dimension that
+ * is a product or sum of fields, the bytes of a copy, a table or the KV cache)
+ * goes through base/checked.h, so a value past what the code can index is an
+ * error naming the field or tensor, never a wrapped size. config_validate's
+ * ranges make most of these unreachable from a config file; the checks keep
+ * each size safe on its own, whatever the ranges become. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +24,7 @@
 #include <dirent.h>
 #include <sys/stat.h>
 
+#include "base/checked.h"
 #include "base/numeric.h"
 #include "dist/dist.h"
 #include "model/model.h"
@@ -79,6 +88,27 @@ static ds_status bad_shape(const ds_model *m, const char *ref, const st_tensor *
                      t->name, st_shape_str(t, sh, sizeof sh), r);
 }
 
+/* *n = a*b + c as a tensor dimension (an int), or an error naming the
+ * dimension (`what`: the tensor and the fields it is made of). */
+static ds_status dim_of(int *n, int64_t a, int64_t b, int64_t c, const char *what)
+{
+    int64_t r;
+    if (a < 0 || b < 0 || c < 0 || !ck_mul_i64(&r, a, b) || !ck_add_i64(&r, r, c) || r > INT_MAX)
+        return ds_errorf(DS_ERR_FORMAT, "config: %s is %lld x %lld + %lld, beyond a tensor dimension's limit of %d",
+                         what, (long long)a, (long long)b, (long long)c, INT_MAX);
+    *n = (int)r;
+    return DS_OK;
+}
+
+/* *bytes = a*b*c, or an error naming what the buffer is for. */
+static ds_status bytes_of(size_t *bytes, int64_t a, int64_t b, int64_t c, const char *what)
+{
+    if (!ck_mul3(bytes, a, b, c))
+        return ds_errorf(DS_ERR_RANGE, "%s: %lld x %lld x %lld bytes overflow a size", what, (long long)a,
+                         (long long)b, (long long)c);
+    return DS_OK;
+}
+
 /* Binds "<base>.weight" (and "<base>.scale" for FP8) as a (rows, cols) matrix. */
 static ds_status get_matrix(const ds_model *m, ds_weight *w, int rows, int cols, const char *fmt, ...)
     DS_PRINTF(5, 6);
@@ -135,13 +165,16 @@ static ds_status get_vector(const ds_model *m, float **out, int n, const char *f
     const st_tensor *t = find(m, name);
     if (!t) return missing(m, name);
     if (t->ndim != 1 || t->shape[0] != n) return bad_shape(m, name, t, n, 0);
-    float *v = malloc(sizeof(float) * (size_t)n);
-    if (!v) return ds_errorf(DS_ERR_NOMEM, "out of memory loading %s", name);
+    size_t bytes;
+    ds_status s = bytes_of(&bytes, n, 1, sizeof(float), name);
+    if (s) return s;
+    float *v = malloc(bytes);
+    if (!v) return ds_errorf(DS_ERR_NOMEM, "out of memory for the float32 copy of %s (%zu bytes)", name, bytes);
     if (t->dtype == ST_BF16) {
         const uint8_t *p = t->data;
         for (int i = 0; i < n; i++) v[i] = bf16_to_f32((uint16_t)(p[2 * i] | p[2 * i + 1] << 8));
     } else if (t->dtype == ST_F32) {
-        memcpy(v, t->data, sizeof(float) * (size_t)n);
+        memcpy(v, t->data, bytes);
     } else {
         free(v);
         return ds_errorf(DS_ERR_FORMAT, "%s: tensor '%s' has dtype %s; expected BF16 or F32", m->ckpt->dir,
@@ -154,22 +187,26 @@ static ds_status get_vector(const ds_model *m, float **out, int n, const char *f
 static ds_status load_attn(ds_model *m, ds_layer *l, int i)
 {
     const ds_config *c = &m->cfg;
-    int H = m->n_local_heads, qk = m->qk_head_dim;
+    int H = m->n_local_heads, q_rows = 0, kv_a_rows = 0, kv_b_rows = 0, o_cols = 0;
     ds_status s;
+    if ((s = dim_of(&q_rows, H, m->qk_head_dim, 0, "the rows of wq/wq_b (heads per rank x qk_head_dim)")) ||
+        (s = dim_of(&kv_a_rows, c->kv_lora_rank, 1, c->qk_rope_head_dim,
+                    "the rows of wkv_a (kv_lora_rank + qk_rope_head_dim)")) ||
+        (s = dim_of(&kv_b_rows, H, (int64_t)c->qk_nope_head_dim + c->v_head_dim, 0,
+                    "the rows of wkv_b (heads per rank x (qk_nope_head_dim + v_head_dim))")) ||
+        (s = dim_of(&o_cols, H, c->v_head_dim, 0, "the columns of wo (heads per rank x v_head_dim)")))
+        return s;
     if (c->q_lora_rank == 0) {
-        if ((s = get_matrix(m, &l->wq, H * qk, c->dim, "layers.%d.attn.wq", i))) return s;
+        if ((s = get_matrix(m, &l->wq, q_rows, c->dim, "layers.%d.attn.wq", i))) return s;
     } else {
         if ((s = get_matrix(m, &l->wq_a, c->q_lora_rank, c->dim, "layers.%d.attn.wq_a", i))) return s;
         if ((s = get_vector(m, &l->q_norm, c->q_lora_rank, "layers.%d.attn.q_norm.weight", i))) return s;
-        if ((s = get_matrix(m, &l->wq_b, H * qk, c->q_lora_rank, "layers.%d.attn.wq_b", i))) return s;
+        if ((s = get_matrix(m, &l->wq_b, q_rows, c->q_lora_rank, "layers.%d.attn.wq_b", i))) return s;
     }
-    if ((s = get_matrix(m, &l->wkv_a, c->kv_lora_rank + c->qk_rope_head_dim, c->dim, "layers.%d.attn.wkv_a", i)))
-        return s;
+    if ((s = get_matrix(m, &l->wkv_a, kv_a_rows, c->dim, "layers.%d.attn.wkv_a", i))) return s;
     if ((s = get_vector(m, &l->kv_norm, c->kv_lora_rank, "layers.%d.attn.kv_norm.weight", i))) return s;
-    if ((s = get_matrix(m, &l->wkv_b, H * (c->qk_nope_head_dim + c->v_head_dim), c->kv_lora_rank,
-                        "layers.%d.attn.wkv_b", i)))
-        return s;
-    if ((s = get_matrix(m, &l->wo, c->dim, H * c->v_head_dim, "layers.%d.attn.wo", i))) return s;
+    if ((s = get_matrix(m, &l->wkv_b, kv_b_rows, c->kv_lora_rank, "layers.%d.attn.wkv_b", i))) return s;
+    if ((s = get_matrix(m, &l->wo, c->dim, o_cols, "layers.%d.attn.wo", i))) return s;
     if ((s = get_vector(m, &l->attn_norm, c->dim, "layers.%d.attn_norm.weight", i))) return s;
     return get_vector(m, &l->ffn_norm, c->dim, "layers.%d.ffn_norm.weight", i);
 }
@@ -194,14 +231,19 @@ static ds_status load_ffn(ds_model *m, ds_layer *l, int i)
     l->ew1 = calloc((size_t)E, sizeof(ds_weight));
     l->ew2 = calloc((size_t)E, sizeof(ds_weight));
     l->ew3 = calloc((size_t)E, sizeof(ds_weight));
-    if (!l->ew1 || !l->ew2 || !l->ew3) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d experts", E);
+    if (!l->ew1 || !l->ew2 || !l->ew3)
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for the tables of layer %d's %d local experts", i, E);
     for (int e = 0; e < E; e++) {
         int g = m->expert0 + e;
         if ((s = get_matrix(m, &l->ew1[e], c->moe_inter_dim, c->dim, "layers.%d.ffn.experts.%d.w1", i, g))) return s;
         if ((s = get_matrix(m, &l->ew2[e], c->dim, c->moe_inter_dim, "layers.%d.ffn.experts.%d.w2", i, g))) return s;
         if ((s = get_matrix(m, &l->ew3[e], c->moe_inter_dim, c->dim, "layers.%d.ffn.experts.%d.w3", i, g))) return s;
     }
-    int sh = c->n_shared_experts * c->moe_inter_dim / ws;
+    int sh = 0;
+    if ((s = dim_of(&sh, c->n_shared_experts, c->moe_inter_dim, 0,
+                    "the shared experts' width (n_shared_experts x moe_inter_dim)")))
+        return s;
+    sh /= ws;
     if (sh == 0) return DS_OK;
     if ((s = get_matrix(m, &l->sw1, sh, c->dim, "layers.%d.ffn.shared_experts.w1", i))) return s;
     if ((s = get_matrix(m, &l->sw2, c->dim, sh, "layers.%d.ffn.shared_experts.w2", i))) return s;
@@ -210,16 +252,26 @@ static ds_status load_ffn(ds_model *m, ds_layer *l, int i)
 
 /* The reference's precompute_freqs_cis: rotary frequencies with the YaRN
  * correction when max_seq_len > original_seq_len, as cos/sin tables. */
+static ds_status rope_bytes(const ds_config *c, size_t *bytes)
+{
+    return bytes_of(bytes, c->max_seq_len, c->qk_rope_head_dim / 2, sizeof(float),
+                    "the rotary tables (max_seq_len x qk_rope_head_dim/2 floats)");
+}
+
 static ds_status rope_tables(ds_model *m)
 {
     const ds_config *c = &m->cfg;
     int dim = c->qk_rope_head_dim, half = dim / 2;
+    size_t bytes;
+    ds_status s = rope_bytes(c, &bytes);
+    if (s) return s;
     float *freqs = malloc(sizeof(float) * (size_t)half);
-    m->cos_tab = malloc(sizeof(float) * (size_t)c->max_seq_len * half);
-    m->sin_tab = malloc(sizeof(float) * (size_t)c->max_seq_len * half);
+    m->cos_tab = malloc(bytes);
+    m->sin_tab = malloc(bytes);
     if (!freqs || !m->cos_tab || !m->sin_tab) {
         free(freqs);
-        return ds_errorf(DS_ERR_NOMEM, "out of memory for rotary tables (max_seq_len %d)", c->max_seq_len);
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for the rotary tables (max_seq_len %d: 2 x %zu bytes)",
+                         c->max_seq_len, bytes);
     }
     for (int i = 0; i < half; i++) freqs[i] = 1.0f / powf((float)c->rope_theta, (float)(2 * i) / (float)dim);
     if (c->max_seq_len > c->original_seq_len) {
@@ -326,10 +378,12 @@ static ds_status load_mtp(ds_model *m)
                                                   "checkpoint without num_nextn_predict_layers?)");
     ds_mtp *t = m->mtp = calloc(1, sizeof *m->mtp);
     if (!t) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    ds_status s;
+    int eh_cols = 0;
+    ds_status s = dim_of(&eh_cols, 2, c->dim, 0, "the columns of the MTP module's eh_proj (2 x dim)");
+    if (s) return s;
     if ((s = get_matrix(m, &t->embed, m->vocab_local, c->dim, "layers.%d.embed", L)) ||
         (s = get_matrix(m, &t->head, m->vocab_local, c->dim, "layers.%d.shared_head.head", L)) ||
-        (s = get_matrix(m, &t->eh_proj, c->dim, 2 * c->dim, "layers.%d.eh_proj", L)) ||
+        (s = get_matrix(m, &t->eh_proj, c->dim, eh_cols, "layers.%d.eh_proj", L)) ||
         (s = get_vector(m, &t->enorm, c->dim, "layers.%d.enorm.weight", L)) ||
         (s = get_vector(m, &t->hnorm, c->dim, "layers.%d.hnorm.weight", L)) ||
         (s = get_vector(m, &t->norm, c->dim, "layers.%d.shared_head.norm.weight", L)))
@@ -360,7 +414,9 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
     m->expert0 = m->rank * m->n_local_experts;
     m->vocab_local = c->vocab_size / m->world_size;
     m->vocab0 = m->rank * m->vocab_local;
-    m->qk_head_dim = c->qk_nope_head_dim + c->qk_rope_head_dim;
+    if ((s = dim_of(&m->qk_head_dim, c->qk_nope_head_dim, 1, c->qk_rope_head_dim,
+                    "qk_head_dim (qk_nope_head_dim + qk_rope_head_dim)")))
+        goto fail;
     m->softmax_scale = 1.0f / sqrtf((float)m->qk_head_dim);
     if (c->max_seq_len > c->original_seq_len) {
         float ms = (float)(0.1 * c->mscale * log(c->rope_factor) + 1.0);
@@ -380,7 +436,7 @@ static ds_status load_rank(ds_model **out, const char *dir, const ds_config *cfg
     }
     m->n_blocks = c->n_layers + (m->opt.mtp ? 1 : 0);
     if (!(m->layers = calloc((size_t)m->n_blocks, sizeof *m->layers))) {
-        s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        s = ds_errorf(DS_ERR_NOMEM, "out of memory for the tables of %d layers", m->n_blocks);
         goto fail;
     }
     for (int i = 0; i < c->n_layers; i++) {
@@ -419,13 +475,17 @@ static ds_status each_weight(ds_model *m, ds_status (*f)(ds_model *, ds_weight *
     return DS_OK;
 }
 
+/* Adds w's bytes (elements and FP8 block scales) to *(size_t *)arg. */
 static ds_status count_bytes(ds_model *m, ds_weight *w, void *arg)
 {
     (void)m;
-    size_t e = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
-    size_t sc = w->fmt == DS_W_FP8 ? (size_t)((w->rows + DS_BLOCK - 1) / DS_BLOCK) * ((w->cols + DS_BLOCK - 1) / DS_BLOCK) : 0;
-    *(size_t *)arg += (size_t)w->rows * w->cols * e + sc * sizeof(float);
-    return DS_OK;
+    size_t e = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4, b, sb = 0;
+    int64_t sr = ((int64_t)w->rows + DS_BLOCK - 1) / DS_BLOCK, sc = ((int64_t)w->cols + DS_BLOCK - 1) / DS_BLOCK;
+    ds_status s = bytes_of(&b, w->rows, w->cols, (int64_t)e, "a weight matrix");
+    if (!s && w->fmt == DS_W_FP8) s = bytes_of(&sb, sr, sc, sizeof(float), "a weight's block scales");
+    if (!s && (!ck_add(&b, b, sb) || !ck_add((size_t *)arg, *(size_t *)arg, b)))
+        s = ds_errorf(DS_ERR_RANGE, "the model's weight bytes overflow a size");
+    return s;
 }
 
 static ds_status upload_one(ds_model *m, ds_weight *w, void *arg)
@@ -438,9 +498,12 @@ static ds_status upload_one(ds_model *m, ds_weight *w, void *arg)
 static ds_status upload_vector(ds_model *m, float **v, size_t n)
 {
     if (!*v) return DS_OK;
-    float *d = m->ops->alloc(sizeof(float) * n);
+    size_t bytes;
+    ds_status s = bytes_of(&bytes, (int64_t)n, 1, sizeof(float), "a device vector");
+    if (s) return s;
+    float *d = m->ops->alloc(bytes);
     if (!d) return ds_errorf(DS_ERR_NOMEM, "out of device memory for a vector of %zu floats", n);
-    m->ops->upload(d, *v, sizeof(float) * n);
+    m->ops->upload(d, *v, bytes);
     free(*v);
     *v = d;
     return DS_OK;
@@ -451,9 +514,11 @@ static ds_status upload_vector(ds_model *m, float **v, size_t n)
 static ds_status upload_model(ds_model *m)
 {
     const ds_config *c = &m->cfg;
-    size_t total = 0;
-    each_weight(m, count_bytes, &total);
-    ds_status s = each_weight(m, upload_one, NULL);
+    size_t total = 0, rt;
+    ds_status s = each_weight(m, count_bytes, &total);
+    if (s || (s = rope_bytes(c, &rt))) return s;
+    rt /= sizeof(float);
+    s = each_weight(m, upload_one, NULL);
     if (s) return ds_error_prefix(s, "uploading the weights (%.2f GiB in all)", (double)total / (1u << 30));
     m->dev_vectors = true;
     if (m->mtp && ((s = upload_vector(m, &m->mtp->enorm, (size_t)c->dim)) ||
@@ -468,7 +533,6 @@ static ds_status upload_model(ds_model *m)
             (s = upload_vector(m, &l->gate_bias, (size_t)c->n_routed_experts)))
             return s;
     }
-    size_t rt = (size_t)c->max_seq_len * (c->qk_rope_head_dim / 2);
     if ((s = upload_vector(m, &m->norm, (size_t)c->dim)) || (s = upload_vector(m, &m->cos_tab, rt)) ||
         (s = upload_vector(m, &m->sin_tab, rt)))
         return s;
@@ -550,17 +614,26 @@ ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx)
     kv->attn = m->opt.attn;
     kv->n_layers = m->n_blocks;
     kv->ops = m->ops;
-    float ***a = kv->attn == DS_ATTN_ABSORB ? &kv->kv : &kv->k;
-    float ***b = kv->attn == DS_ATTN_ABSORB ? &kv->pe : &kv->v;
-    size_t per = (size_t)n_seq * ctx, H = (size_t)m->n_local_heads;
-    size_t na = kv->attn == DS_ATTN_ABSORB ? per * c->kv_lora_rank : per * H * m->qk_head_dim;
-    size_t nb = kv->attn == DS_ATTN_ABSORB ? per * c->qk_rope_head_dim : per * H * c->v_head_dim;
+    bool absorb = kv->attn == DS_ATTN_ABSORB;
+    float ***a = absorb ? &kv->kv : &kv->k;
+    float ***b = absorb ? &kv->pe : &kv->v;
+    /* per layer, (n_seq, ctx, width) floats: absorb caches the latent and its
+     * rotary part, naive the per-head keys and values */
+    int64_t H = m->n_local_heads;
+    int64_t wa = absorb ? c->kv_lora_rank : H * m->qk_head_dim, wb = absorb ? c->qk_rope_head_dim : H * c->v_head_dim;
+    size_t na, nb, all;
+    if (!ck_mul3(&na, n_seq, ctx, wa) || !ck_mul(&na, na, sizeof(float)) || !ck_mul3(&nb, n_seq, ctx, wb) ||
+        !ck_mul(&nb, nb, sizeof(float)) || !ck_add(&all, na, nb) || !ck_mul(&all, all, (size_t)kv->n_layers)) {
+        free(kv);
+        return ds_errorf(DS_ERR_RANGE, "a KV cache of %d sequences x %d positions x %d layers x (%lld + %lld) floats "
+                         "overflows a size", n_seq, ctx, m->n_blocks, (long long)wa, (long long)wb);
+    }
     *a = calloc((size_t)kv->n_layers, sizeof(float *));
     *b = calloc((size_t)kv->n_layers, sizeof(float *));
     if (!*a || !*b) goto oom;
     for (int i = 0; i < kv->n_layers; i++) {
-        (*a)[i] = m->ops->alloc(na * sizeof(float));
-        (*b)[i] = m->ops->alloc(nb * sizeof(float));
+        (*a)[i] = m->ops->alloc(na);
+        (*b)[i] = m->ops->alloc(nb);
         if (!(*a)[i] || !(*b)[i]) goto oom;
     }
     *out = kv;
@@ -568,7 +641,7 @@ ds_status kvcache_new(ds_kvcache **out, const ds_model *m, int n_seq, int ctx)
 oom:
     kvcache_free(kv);
     return ds_errorf(DS_ERR_NOMEM, "out of memory for a KV cache of %d sequences x %d positions (%.1f MiB)", n_seq,
-                     ctx, (double)(na + nb) * 4 * kv->n_layers / 1048576.0);
+                     ctx, (double)all / 1048576.0);
 }
 
 void kvcache_free(ds_kvcache *kv)

@@ -1,7 +1,9 @@
 /* test_bad_input.c - a checkpoint missing a tensor, a tensor of the wrong shape
  * or dtype, a config that does not match the checkpoint, a token id outside
- * the vocabulary, a sequence longer than max_seq_len: each is a clear error
- * naming the tensor, field or value, never a crash. */
+ * the vocabulary, a sequence longer than max_seq_len, a KV cache whose size
+ * overflows: each is a clear error naming the tensor, field or value, never a
+ * crash. */
+#include <limits.h>
 #include <string.h>
 
 #include "io/ckpt.h"
@@ -87,6 +89,11 @@ int main(void)
     ds_kvcache *kv;
     CHECK(kvcache_new(&kv, m, 1, cfg.max_seq_len + 1) == DS_ERR_RANGE);
     CHECK(strstr(ds_last_error(), "max_seq_len") != NULL);
+    /* a cache whose bytes overflow 64 bits: (2^31 - 1) x 2^24 x (128 + 32) floats x 4 layers */
+    m->cfg.max_seq_len = 1 << 24;
+    CHECK(kvcache_new(&kv, m, INT_MAX, 1 << 24) == DS_ERR_RANGE);
+    CHECK_MSG(strstr(ds_last_error(), "overflows") != NULL, "%s", ds_last_error());
+    m->cfg.max_seq_len = cfg.max_seq_len;
     CHECK_OK(kvcache_new(&kv, m, 1, 4));
     int32_t tok[2] = {5, 1024};
     int seq[2] = {0, 0}, pos[2] = {0, 1};
