@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "args.h"
+#include "base/file.h"
 #include "cmds.h"
 #include "dsv3.h"
 
@@ -69,38 +70,6 @@ static void acc_add(loss_acc *a, const float *row, int V, int32_t target)
 typedef struct {
     int start, len, first, last;
 } window;
-
-static ds_status read_text(const char *path, char **text, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return ds_errorf(DS_ERR_IO, "%s: cannot open the text file", path);
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n + 65536 > cap) {
-            char *nb = realloc(buf, cap = 2 * cap + 65536);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return ds_errorf(DS_ERR_NOMEM, "%s: out of memory reading %zu bytes", path, cap);
-            }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return ds_errorf(DS_ERR_IO, "%s: read error", path);
-    }
-    buf[n] = 0;
-    *text = buf;
-    *len = n;
-    return DS_OK;
-}
 
 /* The windows over T ids (see the file comment). */
 static int plan_windows(int T, int ctx, int stride, bool halves, window **out)
@@ -186,7 +155,7 @@ int cmd_perplexity(int argc, char **argv)
     p.matmul = strcmp(gemm, "fp8") ? DS_MATMUL_BF16 : DS_MATMUL_FP8;
     p.dist = dist;
     p.mtp = mtp;
-    if (read_text(file, &text, &text_len) || ds_engine_load(ckpt, &p, &e)) goto fail;
+    if (file_read(file, FILE_MAX_TEXT, "text file", &text, &text_len) || ds_engine_load(ckpt, &p, &e)) goto fail;
     const ds_tokenizer *tk = ds_engine_tokenizer(e);
     int32_t bos = ds_engine_bos(e);
     if (bos < 0) {

@@ -17,6 +17,7 @@
 #define FILE_MAX_INDEX (256u << 20)      /* model.safetensors.index.json [V3: 9 MiB] */
 #define FILE_MAX_TOKENIZER (256u << 20)  /* tokenizer.json [V3: 7.5 MiB; the largest public ones ~35 MiB] */
 #define FILE_MAX_TOK_CONFIG (16u << 20)  /* tokenizer_config.json with its template [V3: 0.2 MiB] */
+#define FILE_MAX_TEXT (1u << 30)        /* perplexity's text [wikitext-2 test: 1.3 MiB; -103 train: 0.5 GiB] */
 
 /* Reads path (at most max bytes; `what` names the kind in messages) into a
  * new NUL-terminated buffer *buf of *len bytes. */

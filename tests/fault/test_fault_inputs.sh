@@ -50,6 +50,12 @@ expect_err "directory as tokenizer.json" "directory" "$bin" tokenize --tokenizer
 rmdir "$tmp/tok/tokenizer.json"; truncate -s 300M "$tmp/tok/tokenizer.json"
 expect_err "300 MB tokenizer.json" "limit" "$bin" tokenize --tokenizer "$tmp/tok" --text hi
 rm "$tmp/tok/tokenizer.json"
+# perplexity's text file (it was read with fread, so a FIFO blocked and a huge file was read whole)
+expect_err "FIFO as perplexity's --file" "FIFO" "$bin" perplexity --ckpt-path "$hf" --config "$cfg" --file "$tmp/fifo"
+expect_err "directory as perplexity's --file" "directory" "$bin" perplexity --ckpt-path "$hf" --config "$cfg" --file "$tmp/adir"
+truncate -s 2G "$tmp/big.txt"
+expect_err "2 GB perplexity --file" "limit" "$bin" perplexity --ckpt-path "$hf" --config "$cfg" --file "$tmp/big.txt"
+rm "$tmp/big.txt"
 if [ -n "${DSV3_TOKENIZER:-}" ] || [ -f "$(dirname "$golden")/../.cache/tokenizer/tokenizer.json" ]; then
     src="${DSV3_TOKENIZER:-$(dirname "$golden")/../.cache/tokenizer}"
     cp "$src/tokenizer.json" "$tmp/tok/"
