@@ -13,9 +13,6 @@
 #include "backend/registry.h"
 #include "dist/dist.h"
 #include "io/safetensors.h"
-#ifdef DSV3_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 const char *ds_version(void) { return DSV3_VERSION; }
 int ds_api_version(void) { return DSV3_API_VERSION; }
@@ -70,22 +67,23 @@ ds_status ds_measure_limits(const char *device, bool ref_kernels, ds_dist *d, ds
     ds_status s = backend_open(&bo, &ops);
     if (s) return s;
     out->gpu = !api_ops_on_host(ops);
+    backend_limits l = {0};
     if (!out->gpu && dist_rank(d) == 0) {
         /* with several ranks on one machine, rank 0 measures while the others wait */
         int t = omp_get_max_threads();
         if (d && d->local_size > 1) omp_set_num_threads(t * d->local_size);
-        out->bandwidth_gbps = cpu_read_bandwidth((size_t)1 << 30, 10);
-        out->fma_gflops = cpu_fma_peak();
-        out->bf16_gflops = cpu_bf16_peak();
+        backend_measure(ops, &l);
         omp_set_num_threads(t);
     }
+    out->bandwidth_gbps = l.bandwidth_gbps;
+    out->fma_gflops = l.fma_gflops;
+    out->bf16_gflops = l.bf16_gflops;
     if (d && (s = dist_agree(d, DS_OK))) return s;
-#ifdef DSV3_CUDA
     if (out->gpu) {
-        out->bandwidth_gbps = cuda_measure_copy_bandwidth();
-        out->bf16_gflops = 1000 * cuda_measure_bf16_tc_peak();
+        backend_measure(ops, &l);
+        out->bandwidth_gbps = l.bandwidth_gbps;
+        out->bf16_gflops = l.bf16_gflops;
     }
-#endif
     return DS_OK;
 }
 

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_peak.h"
 #ifdef DSV3_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -14,20 +15,34 @@ typedef struct {
     const ds_ops *(*open)(const ds_backend_opts *o); /* NULL with ds_last_error() set when it cannot run */
     void (*release)(void);                          /* NULL: nothing cached */
     ds_status (*status)(void);                      /* NULL: its ops cannot fail asynchronously */
+    void (*measure)(backend_limits *out);           /* NULL: nothing to measure */
 } backend_entry;
 
 static const ds_ops *cpu_open(const ds_backend_opts *o) { return cpu_backend_tuned(&o->cpu); }
 
+static void cpu_measure(backend_limits *out)
+{
+    out->bandwidth_gbps = cpu_read_bandwidth((size_t)1 << 30, 10);
+    out->fma_gflops = cpu_fma_peak();
+    out->bf16_gflops = cpu_bf16_peak();
+}
+
 #ifdef DSV3_CUDA
 static const ds_ops *cuda_open(const ds_backend_opts *o) { return cuda_backend(); }
+
+static void cuda_measure(backend_limits *out)
+{
+    out->bandwidth_gbps = cuda_measure_copy_bandwidth();
+    out->bf16_gflops = 1000 * cuda_measure_bf16_tc_peak(); /* TFLOP/s to GFLOP/s */
+}
 #endif
 
 /* In order of preference for device "auto". */
 static const backend_entry k_backends[] = {
 #ifdef DSV3_CUDA
-    {"cuda", cuda_device_count, cuda_open, cuda_forget_weights, cuda_backend_status},
+    {"cuda", cuda_device_count, cuda_open, cuda_forget_weights, cuda_backend_status, cuda_measure},
 #endif
-    {"cpu", NULL, cpu_open, NULL, NULL},
+    {"cpu", NULL, cpu_open, NULL, NULL, cpu_measure},
 };
 #define N_BACKENDS (sizeof k_backends / sizeof *k_backends)
 
@@ -94,4 +109,11 @@ ds_status backend_status(const ds_ops *ops)
 {
     const backend_entry *b = owner(ops);
     return b && b->status ? b->status() : DS_OK;
+}
+
+void backend_measure(const ds_ops *ops, backend_limits *out)
+{
+    *out = (backend_limits){0};
+    const backend_entry *b = owner(ops);
+    if (b && b->measure) b->measure(out);
 }

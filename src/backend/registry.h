@@ -30,4 +30,15 @@ void backend_release(const ds_ops *ops);
  * call, then cleared (DS_OK if none). */
 ds_status backend_status(const ds_ops *ops);
 
+/* The limits of the hardware a backend runs on, measured (0: not measured). */
+typedef struct {
+    double bandwidth_gbps; /* memory bandwidth: CPU reads of a 1 GiB buffer; GPU device-to-device copies */
+    double fma_gflops;     /* float32 FMA peak (CPU only) */
+    double bf16_gflops;    /* bf16 dot-product peak: the CPU's vdpbf16ps (0 without it), a GPU's tensor cores */
+} backend_limits;
+
+/* Measures the limits of the hardware of ops' backend (seconds of work: the
+ * CPU's over all OpenMP threads, a GPU's on the current device). */
+void backend_measure(const ds_ops *ops, backend_limits *out);
+
 #endif
