@@ -4,6 +4,7 @@
  * thread, one parallel region for any number of matrices. The kernels
  * (cpu_avx512.c, cpu_avx2.c) supply the function that runs a unit's rows. */
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,17 +50,46 @@ void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0)
     s->seconds += cpu_stats_clock() - t0;
 }
 
+/* A thread's scratch buffers live in a block found through a pthread key, whose
+ * destructor frees them when the thread exits: the server's threads come and
+ * go, and a _Thread_local pointer alone would leak its buffers with each. */
+typedef struct {
+    void *buf[CPU_SCRATCH_SLOTS];
+    size_t cap[CPU_SCRATCH_SLOTS];
+} scratch_set;
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static bool g_scratch_keyed;
+
+static void scratch_free(void *p)
+{
+    scratch_set *s = p;
+    for (int i = 0; i < CPU_SCRATCH_SLOTS; i++) free(s->buf[i]);
+    free(s);
+}
+
+static void scratch_key_init(void) { g_scratch_keyed = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
+
 void *cpu_scratch(int slot, size_t bytes)
 {
-    static _Thread_local void *buf[CPU_SCRATCH_SLOTS];
-    static _Thread_local size_t cap[CPU_SCRATCH_SLOTS];
-    if (bytes > cap[slot]) {
-        free(buf[slot]);
-        cap[slot] = 0;
-        if (posix_memalign(&buf[slot], 64, bytes)) return buf[slot] = NULL;
-        cap[slot] = bytes;
+    pthread_once(&g_scratch_once, scratch_key_init);
+    if (!g_scratch_keyed) return NULL;
+    scratch_set *s = pthread_getspecific(g_scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(g_scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
     }
-    return buf[slot];
+    if (bytes > s->cap[slot]) {
+        free(s->buf[slot]);
+        s->cap[slot] = 0;
+        if (posix_memalign(&s->buf[slot], 64, bytes)) return s->buf[slot] = NULL;
+        s->cap[slot] = bytes;
+    }
+    return s->buf[slot];
 }
 
 size_t cpu_row_bytes(const ds_weight *w)
