@@ -71,6 +71,12 @@ static void scratch_free(void *p)
 
 static void scratch_key_init(void) { g_scratch_keyed = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
 
+void cpu_stats_note_experts(int experts)
+{
+    g_stats.moe_calls++;
+    g_stats.experts += experts;
+}
+
 void *cpu_scratch(int slot, size_t bytes)
 {
     pthread_once(&g_scratch_once, scratch_key_init);

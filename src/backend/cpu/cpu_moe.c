@@ -17,6 +17,7 @@
 
 #include "cpu_ref.h"
 #include "cpu_simd.h"
+#include "cpu_stats.h"
 
 #define MOE_CHUNK 256
 
@@ -129,6 +130,11 @@ static void moe_experts(many_fn many, silu_fn silu, float *y, const float *x, in
             b.w[j] = wt[i];
         }
     free(fill);
+    if (cpu_stats_on()) {
+        int touched = 0;
+        for (int e = 0; e < ne; e++) touched += b.first[e + 1] > b.first[e];
+        cpu_stats_note_experts(touched);
+    }
     if (b.first[ne]) {
         size_t cap = (size_t)(maxcnt > MOE_CHUNK ? maxcnt : MOE_CHUNK);
         b.xs = ops->alloc_scratch(sizeof(float) * cap * dim);

@@ -1,8 +1,9 @@
 /* cpu_stats.h - where a CPU decode step's time goes, for `dsv3 bench
  * --profile`: the decode products (cpu_decode_many, every AVX-512 and AVX2
  * product of a few tokens) by weight bytes a call, the decode attention
- * (cpu_attention_run) and the per-head transposed products of the absorb form
- * (matmul_heads_t). Off unless turned on; meant for one forward pass at a
+ * (cpu_attention_run), the per-head transposed products of the absorb form
+ * (matmul_heads_t), and the distinct routed experts each MoE layer ran (what a
+ * batch of tokens reads of the experts). Off unless turned on; meant for one forward pass at a
  * time (the bench), not for concurrent ones. */
 #ifndef DS_CPU_STATS_H
 #define DS_CPU_STATS_H
@@ -21,6 +22,8 @@ typedef struct {
 typedef struct {
     cpu_stat products[CPU_STAT_SIZES];
     cpu_stat attention, heads_t;
+    long moe_calls;  /* routed-expert calls (one a MoE layer and pass) */
+    double experts;  /* distinct routed experts those calls ran, summed */
 } cpu_stats;
 
 typedef enum { CPU_STAT_PRODUCT, CPU_STAT_ATTENTION, CPU_STAT_HEADS_T } cpu_stat_kind;
@@ -35,5 +38,7 @@ void cpu_stats_read(cpu_stats *out);
 bool cpu_stats_on(void);
 double cpu_stats_clock(void);
 void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0);
+/* A routed-expert call that ran `experts` distinct experts. */
+void cpu_stats_note_experts(int experts);
 
 #endif
