@@ -514,8 +514,8 @@ DS_API const char *ds_engine_weight_dtype(const ds_engine *e);
 DS_API size_t ds_engine_kv_bytes(const ds_engine *e);
 
 /* Where a CPU decode step's time goes (dsv3 bench --profile): the decode
- * products by weight bytes a call, the attention and the per-head transposed
- * products. Counting is process-wide and meant for one pass at a time. */
+ * products by weight bytes a call, the attention, the per-head transposed
+ * products and the routed experts the MoE layers ran. Counting is process-wide and meant for one pass at a time. */
 typedef struct {
     long calls;
     double bytes;   /* weight bytes the calls read (0 for the attention) */
@@ -525,6 +525,8 @@ typedef struct {
 typedef struct {
     ds_profile_stat products[DS_PROFILE_SIZES];
     ds_profile_stat attention, heads_t;
+    long moe_calls;   /* MoE layers run (a layer a pass), by the CPU kernels */
+    double experts;   /* the distinct routed experts they ran, summed */
 } ds_profile;
 /* Turns counting on (from zero) or off. */
 DS_API void ds_profile_enable(bool on);

@@ -177,6 +177,8 @@ void ds_profile_read(ds_profile *out)
     for (int k = 0; k < CPU_STAT_SIZES; k++) out->products[k] = stat_of(&st.products[k]);
     out->attention = stat_of(&st.attention);
     out->heads_t = stat_of(&st.heads_t);
+    out->moe_calls = st.moe_calls;
+    out->experts = st.experts;
 }
 
 /* ---- files */
