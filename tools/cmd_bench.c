@@ -32,9 +32,11 @@
 #include "commit.h" /* DSV3_COMMIT */
 #include "dsv3.h"
 
-#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [-t N] [-r REPS] [-o md|csv|json|jsonl] [--profile] " \
+#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [--seqs 1,8] [-t N] [-r REPS] " \
+              "[-o md|csv|json|jsonl] [--profile] " \
               "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 #define MAX_THREADS 1024
+#define MAX_SEQS 256
 
 static double now(void)
 {
@@ -81,6 +83,7 @@ typedef struct {
     ds_engine *e;
     int32_t *tok;
     bool *want;
+    int *seq; /* 0, 1, 2, ...: a decode batch's sequences */
 } bench_ctx;
 
 /* One timed prefill of n tokens at depth d; returns seconds or < 0 on error. */
@@ -94,17 +97,23 @@ static double run_pp(bench_ctx *b, int n, int d)
     return now() - t0;
 }
 
-/* n decode steps at positions d..d+n-1, each token the argmax of the last. */
-static double run_tg(bench_ctx *b, int n, int d)
+/* n decode steps of sequences 0..B-1 together, at positions d..d+n-1 (each
+ * sequence holds d random positions first), each sequence's token the argmax
+ * of its last; returns seconds or < 0 on error. */
+static double run_tg(bench_ctx *b, int n, int d, int B)
 {
     int V = ds_engine_n_vocab(b->e);
-    int32_t t = b->tok[0];
-    if (ds_seq_truncate(b->e, 0, d)) return -1;
+    int32_t t[MAX_SEQS];
+    for (int s = 0; s < B; s++) {
+        t[s] = b->tok[s];
+        b->want[s] = true;
+        if (ds_seq_truncate(b->e, s, d)) return -1;
+    }
     double t0 = now();
     for (int i = 0; i < n; i++) {
-        ds_batch batch = {.n_tokens = 1, .token = &t};
+        ds_batch batch = {.n_tokens = B, .token = t, .seq = b->seq, .logits = b->want};
         if (ds_decode(b->e, &batch)) return -1;
-        t = ds_argmax(ds_logits(b->e, 0), V);
+        for (int s = 0; s < B; s++) t[s] = ds_argmax(ds_logits(b->e, s), V);
     }
     return now() - t0;
 }
@@ -150,20 +159,21 @@ static int emit_row(report *r, json_t *row)
 }
 
 /* The llama-bench fields of a run of reps repetitions, as tok/s samples. */
-static json_t *row_new(const char *test, int np, int ng, int d, int threads, const double *tps, int reps)
+static json_t *row_new(const char *test, int np, int ng, int d, int seqs, int threads, const double *tps, int reps)
 {
     json_t *row = json_object(), *ts = json_array(), *ns = json_array();
     int bad = !row || !ts || !ns;
     for (int i = 0; !bad && i < reps; i++)
         bad |= json_array_append_new(ts, json_real(tps[i])) ||
-               json_array_append_new(ns, json_integer((json_int_t)(1e9 * (np + ng) / tps[i])));
+               json_array_append_new(ns, json_integer((json_int_t)(1e9 * (np + ng * seqs) / tps[i])));
     double sd_ts, sd_ns, ns_v[64];
     int k = reps < 64 ? reps : 64;
-    for (int i = 0; i < k; i++) ns_v[i] = 1e9 * (np + ng) / tps[i];
+    for (int i = 0; i < k; i++) ns_v[i] = 1e9 * (np + ng * seqs) / tps[i];
     double avg_ts = mean_of(tps, reps, &sd_ts), avg_ns = mean_of(ns_v, k, &sd_ns);
     bad = bad || json_object_set_new(row, "test", json_string(test)) ||
           json_object_set_new(row, "n_prompt", json_integer(np)) || json_object_set_new(row, "n_gen", json_integer(ng)) ||
           json_object_set_new(row, "depth", json_integer(d)) || json_object_set_new(row, "n_depth", json_integer(d)) ||
+          json_object_set_new(row, "n_seqs", json_integer(seqs)) ||
           json_object_set_new(row, "threads", json_integer(threads)) ||
           json_object_set_new(row, "n_threads", json_integer(threads)) ||
           json_object_set_new(row, "avg_ts", json_real(avg_ts)) ||
@@ -178,16 +188,29 @@ static json_t *row_new(const char *test, int np, int ng, int d, int threads, con
     return row;
 }
 
-/* beside: for decode on the CPU, the median over repetitions of GB/s over
- * the bandwidth measured beside that repetition, and the median of those
- * bandwidths (0: not measured). */
+/* What a decode row's bytes are made of: seqs sequences decoding together,
+ * the routed experts a MoE layer ran (distinct over the batch, averaged over
+ * layers and steps), the KV cache bytes a token read; beside: on the CPU, the
+ * median over repetitions of GB/s over the bandwidth measured beside that
+ * repetition, and the median of those bandwidths (0: not measured). */
+typedef struct {
+    int seqs;
+    double experts, kv_tok, beside_frac, beside_bw;
+} decode_extra;
+
 static int print_row(report *r, const char *test, int np, int ng, int d, spread s, const double *tps, int reps,
-                     double bytes_tok, double flop_tok, double beside_frac, double beside_bw)
+                     double bytes_tok, double flop_tok, const decode_extra *x)
 {
+    static const decode_extra none = {.seqs = 1};
+    if (!x) x = &none;
     double gbps = bytes_tok * s.med / 1e9, gflops = flop_tok * s.med / 1e9;
     double lim = r->bf16 > 0 ? r->bf16 : r->fma;
+    double beside_frac = x->beside_frac, beside_bw = x->beside_bw;
+    char name[32];
+    if (x->seqs > 1) snprintf(name, sizeof name, "%s%dx%d", test, ng, x->seqs);
+    else snprintf(name, sizeof name, "%s%d", test, !strcmp(test, "tg") ? ng : np);
     if (r->json) {
-        json_t *row = row_new(test, np, ng, d, r->threads, tps, reps);
+        json_t *row = row_new(test, np, ng, d, x->seqs, r->threads, tps, reps);
         if (!row || json_object_set_new(row, "kernels", json_string(r->kernels)) ||
             json_object_set_new(row, "weights", json_string(r->dtype)) ||
             json_object_set_new(row, "tok_s", json_real(s.med)) || json_object_set_new(row, "tok_s_min", json_real(s.min)) ||
@@ -199,22 +222,25 @@ static int print_row(report *r, const char *test, int np, int ng, int d, spread 
             json_object_set_new(row, "fma_peak_gflops", json_real(r->fma)) ||
             json_object_set_new(row, "bf16_peak_gflops", json_real(r->bf16)) ||
             json_object_set_new(row, "bw_beside_gbps", json_real(beside_bw)) ||
-            json_object_set_new(row, "bw_beside_frac", json_real(beside_frac))) {
+            json_object_set_new(row, "bw_beside_frac", json_real(beside_frac)) ||
+            json_object_set_new(row, "experts_per_layer", json_real(x->experts)) ||
+            json_object_set_new(row, "kv_bytes_per_token", json_real(x->kv_tok))) {
             json_decref(row);
             return -1;
         }
         return emit_row(r, row);
     } else if (!(r->bw > 0 && lim > 0)) { /* a device whose limits could not be measured */
-        printf("%s%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s %6.1f GFLOP/s  (limit unmeasured)\n", test,
-               !strcmp(test, "tg") ? ng : np, d, s.med, s.min, s.max, bytes_tok / 1e6, gbps, gflops);
+        printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s %6.1f GFLOP/s  (limit unmeasured)\n", name, d,
+               s.med, s.min, s.max, bytes_tok / 1e6, gbps, gflops);
     } else if (!strcmp(test, "tg")) {
-        printf("tg%-5d %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s %s", ng, d, s.med, s.min,
+        printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %9.1f MB %7.2f GB/s  %5.1f%% of %5.1f GB/s %s", name, d, s.med, s.min,
                s.max, bytes_tok / 1e6, gbps, 100 * gbps / r->bw, r->bw, r->bw_what);
         if (beside_bw > 0) printf("; %5.1f%% of %5.1f beside", 100 * beside_frac, beside_bw);
-        printf("\n");
+        /* a token's bytes: its share of the weights the step read, and its KV rows */
+        printf(" (%.1f experts a layer, KV %.1f MB)\n", x->experts, x->kv_tok / 1e6);
     } else {
         /* the widest dot product the device has: bf16 (AVX512_BF16, tensor cores), else f32 FMA (AVX2) */
-        printf("pp%-5d %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f %s peak", np, d, s.med, s.min,
+        printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f %s peak", name, d, s.med, s.min,
                s.max, gflops, 100 * gflops / lim, lim, r->bf16 > 0 ? "bf16" : "f32 FMA");
         if (r->fma > 0 && r->bf16 > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's is its tensor cores' */
         printf("\n");
@@ -392,7 +418,8 @@ static int parse_list(const char *s, int **out, const char *flag)
 
 int cmd_bench(int argc, char **argv)
 {
-    const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *attn = "absorb", *gemm = "bf16";
+    const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *ss = "1", *attn = "absorb";
+    const char *gemm = "bf16";
     const char *device = "auto";
     int threads = 0, reps = 3;
     bool json = false, ref = false, profile = false;
@@ -403,6 +430,7 @@ int cmd_bench(int argc, char **argv)
         {"-p", ARG_STR, &ps, false, "LIST prompt lengths for prefill tests (default 512; 0 skips)"},
         {"-n", ARG_STR, &ns, false, "LIST generated tokens for decode tests (default 128; 0 skips)"},
         {"-d", ARG_STR, &ds, false, "LIST context depths (default 0)"},
+        {"--seqs", ARG_STR, &ss, false, "LIST sequences decoding together, a token each a step (default 1)"},
         {"-t", ARG_INT, &threads, false, "N    threads, 1 to 1024 (default: OpenMP's)"},
         {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
         {"-o", ARG_STR, &fmt, false, "FMT  md (the table, default), csv, json (an array) or jsonl (an object a line)"},
@@ -424,15 +452,20 @@ int cmd_bench(int argc, char **argv)
     }
     if (json) of = OUT_JSONL;
     json = of != OUT_MD;
-    int *pl = NULL, *nl = NULL, *dl = NULL;
+    int *pl = NULL, *nl = NULL, *dl = NULL, *sl = NULL;
     int np = parse_list(ps, &pl, "-p"), nn = parse_list(ns, &nl, "-n"), nd = parse_list(ds, &dl, "-d");
-    bool bad_t = threads < 0 || threads > MAX_THREADS;
-    if (np <= 0 || nn <= 0 || nd <= 0 || reps < 1 || bad_t) {
+    int nsq = parse_list(ss, &sl, "--seqs"), maxs = 1;
+    for (int i = 0; i < nsq; i++) maxs = sl[i] > maxs ? sl[i] : maxs;
+    bool bad_t = threads < 0 || threads > MAX_THREADS, bad_s = false;
+    for (int i = 0; i < nsq; i++) bad_s |= sl[i] < 1 || sl[i] > MAX_SEQS;
+    if (bad_s) fprintf(stderr, "dsv3 bench: --seqs must be in 1..%d, got '%s'\n", MAX_SEQS, ss);
+    if (np <= 0 || nn <= 0 || nd <= 0 || nsq <= 0 || bad_s || reps < 1 || bad_t) {
         if (reps < 1) fprintf(stderr, "dsv3 bench: -r must be >= 1\n");
         if (bad_t) fprintf(stderr, "dsv3 bench: -t must be in 1..%d (absent: OpenMP's default)\n", MAX_THREADS);
         free(pl);
         free(nl);
         free(dl);
+        free(sl);
         return 2;
     }
     if (threads) ds_set_threads(threads);
@@ -482,6 +515,7 @@ int cmd_bench(int argc, char **argv)
     if (cuda) r.bw_what = "copy";
     double t_load = now();
     ep.n_ctx = maxd + maxn;
+    ep.n_seq = maxs;
     if (ds_engine_load(ckpt, &ep, &b.e)) goto fail;
     size_t ckpt_bytes;
     ds_engine_touch_weights(b.e, &ckpt_bytes);
@@ -490,18 +524,22 @@ int cmd_bench(int argc, char **argv)
      * the limit is the better of the two, fresh memory or the mapped weights */
     double bw_mapped = ds_engine_weights_bandwidth(b.e, 10);
     if (bw_mapped > r.bw) r.bw = bw_mapped;
-    b.tok = malloc(sizeof(int32_t) * (size_t)maxn);
-    b.want = malloc((size_t)maxn);
-    if (!b.tok || !b.want) {
+    int maxtok = maxn > maxs ? maxn : maxs;
+    b.tok = malloc(sizeof(int32_t) * (size_t)maxtok);
+    b.want = malloc((size_t)maxtok);
+    b.seq = malloc(sizeof(int) * (size_t)maxs);
+    if (!b.tok || !b.want || !b.seq) {
         ds_errorf(DS_ERR_NOMEM, "out of memory");
         goto fail;
     }
     uint64_t seed = 1;
-    for (int i = 0; i < maxn; i++) b.tok[i] = (int32_t)(lcg(&seed) % (uint32_t)cfg->n_vocab);
+    for (int i = 0; i < maxtok; i++) b.tok[i] = (int32_t)(lcg(&seed) % (uint32_t)cfg->n_vocab);
+    for (int s = 0; s < maxs; s++) b.seq[s] = s;
 
     r.kernels = ds_engine_device_name(b.e);
     r.dtype = ds_engine_weight_dtype(b.e);
-    size_t kv_bytes = ds_engine_kv_bytes(b.e);
+    double kv_pos = (double)ds_engine_kv_bytes(b.e) / ds_engine_n_ctx(b.e); /* a position's rows, all layers */
+    size_t kv_bytes = ds_engine_kv_bytes(b.e) * (size_t)maxs;               /* every sequence's cache */
     if (json) {
         r.common = common_fields(ckpt, config, r.dtype, r.kernels, cuda, world, ckpt_bytes, ds_engine_n_ctx(b.e));
         r.rows = json_array();
@@ -530,7 +568,8 @@ int cmd_bench(int argc, char **argv)
     int E = cfg->n_routed_experts, K = cfg->n_activated_experts;
     for (int di = 0; di < nd; di++) {
         int d = dl[di];
-        if (ds_seq_fill_random(b.e, 0, d, 42)) goto fail;
+        for (int s = 0; s < maxs; s++)
+            if (ds_seq_fill_random(b.e, s, d, 42 + (uint64_t)s)) goto fail;
         for (int i = 0; i < np; i++) {
             int n = pl[i];
             if (!n) continue;
@@ -542,27 +581,42 @@ int cmd_bench(int argc, char **argv)
             double touched = E * (1 - pow(1 - (double)K / E, n));
             spread sp = summarise(times, reps);
             if (print_row(&r, "pp", n, 0, d, sp, times, reps, ds_engine_pass_bytes(b.e, touched, 1) / n,
-                          2 * ds_engine_pass_params(b.e, K, 0), 0, 0))
+                          2 * ds_engine_pass_params(b.e, K, 0), NULL))
                 goto nomem;
         }
-        for (int i = 0; i < nn; i++) {
-            int n = nl[i];
+        for (int i = 0; i < nn * nsq; i++) {
+            int n = nl[i / nsq], B = sl[i % nsq];
             if (!n) continue;
-            if (run_tg(&b, n < 4 ? n : 4, d) < 0) goto fail; /* warm-up */
-            double tok_bytes = ds_engine_pass_bytes(b.e, K, 1), bw_prev = ds_engine_weights_bandwidth(b.e, 2), secs = 0;
-            ds_profile_enable(profile);
+            if (run_tg(&b, n < 4 ? n : 4, d, B) < 0) goto fail; /* warm-up */
+            double bw_prev = ds_engine_weights_bandwidth(b.e, 2), secs = 0;
+            ds_profile_enable(true); /* the experts the steps ran, and --profile's split */
             for (int k = 0; k < reps; k++) {
-                if ((times[k] = run_tg(&b, n, d)) < 0) goto fail;
+                if ((times[k] = run_tg(&b, n, d, B)) < 0) goto fail;
                 secs += times[k];
-                double bw_next = ds_engine_weights_bandwidth(b.e, 2), bw_k = fmax(bw_prev, bw_next);
-                beside[k] = bw_k > 0 ? tok_bytes * n / times[k] / 1e9 / bw_k : 0;
-                beside_bw[k] = bw_k;
+                double bw_next = ds_engine_weights_bandwidth(b.e, 2);
+                beside_bw[k] = fmax(bw_prev, bw_next);
                 bw_prev = bw_next;
             }
-            for (int k = 0; k < reps; k++) times[k] = n / times[k];
+            /* the bytes a step must read: the weights, each MoE layer's routed
+             * experts once however many of the batch chose them (as counted by the
+             * CPU kernels; elsewhere: K for one token, else the uniform-routing
+             * expectation E (1 - (1 - K/E)^B)), and each sequence's KV rows,
+             * positions d+1 .. d+n over the n steps */
+            ds_profile pr;
+            ds_profile_read(&pr);
+            decode_extra x = {.seqs = B};
+            x.experts = pr.moe_calls ? pr.experts / pr.moe_calls : B == 1 ? K : E * (1 - pow(1 - (double)K / E, B));
+            x.kv_tok = kv_pos * (d + 0.5 * (n + 1));
+            double tok_bytes = ds_engine_pass_bytes(b.e, x.experts, 1) / B + x.kv_tok;
+            for (int k = 0; k < reps; k++) {
+                beside[k] = beside_bw[k] > 0 ? tok_bytes * B * n / times[k] / 1e9 / beside_bw[k] : 0;
+                times[k] = B * n / times[k];
+            }
+            x.beside_frac = summarise(beside, reps).med;
+            x.beside_bw = summarise(beside_bw, reps).med;
             spread sp = summarise(times, reps);
-            if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, K, 1),
-                          summarise(beside, reps).med, summarise(beside_bw, reps).med))
+            if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, x.experts, 1) / B,
+                          &x))
                 goto nomem;
             if (profile) print_profile(&r, n, d, secs, n * reps);
             ds_profile_enable(false);
@@ -573,6 +627,8 @@ int cmd_bench(int argc, char **argv)
     /* on a GPU the KV cache is device memory: not part of the process's resident set */
     double kv_host = cuda ? 0 : (double)kv_bytes;
     int ctx = ds_engine_n_ctx(b.e);
+    char seqs[32] = "";
+    if (maxs > 1) snprintf(seqs, sizeof seqs, " x %d sequences", maxs);
     if (json) {
         json_t *mem = json_pack("{s:s, s:f, s:I, s:I, s:b}", "test", "memory", "peak_rss_bytes", rss * 1024.0,
                                 "checkpoint_bytes", (json_int_t)ckpt_bytes, "kv_cache_bytes", (json_int_t)kv_bytes,
@@ -589,11 +645,11 @@ int cmd_bench(int argc, char **argv)
             print_csv(r.rows);
         }
     } else if (cuda)
-        printf("peak RSS %.2f GB = checkpoint %.2f GB + %.0f MB other; KV cache %.3f GB (ctx %d) in device memory\n",
-               rss * 1024.0 / 1e9, ckpt_bytes / 1e9, (rss * 1024.0 - (double)ckpt_bytes) / 1e6, kv_bytes / 1e9, ctx);
+        printf("peak RSS %.2f GB = checkpoint %.2f GB + %.0f MB other; KV cache %.3f GB (ctx %d%s) in device memory\n",
+               rss * 1024.0 / 1e9, ckpt_bytes / 1e9, (rss * 1024.0 - (double)ckpt_bytes) / 1e6, kv_bytes / 1e9, ctx, seqs);
     else
-        printf("peak RSS %.2f GB = checkpoint %.2f GB + KV cache %.3f GB (ctx %d) + %.0f MB other\n", rss * 1024.0 / 1e9,
-               ckpt_bytes / 1e9, kv_bytes / 1e9, ctx, (rss * 1024.0 - (double)ckpt_bytes - kv_host) / 1e6);
+        printf("peak RSS %.2f GB = checkpoint %.2f GB + KV cache %.3f GB (ctx %d%s) + %.0f MB other\n", rss * 1024.0 / 1e9,
+               ckpt_bytes / 1e9, kv_bytes / 1e9, ctx, seqs, (rss * 1024.0 - (double)ckpt_bytes - kv_host) / 1e6);
     rc = 0;
     goto done;
 nomem:
@@ -611,5 +667,6 @@ done:
     free(pl);
     free(nl);
     free(dl);
+    free(sl);
     return rc;
 }

@@ -2,7 +2,8 @@
 # test_bench.sh - `dsv3 bench` as a command, on the tiny golden model: the
 # JSON lines carry the fields the issue names (test, n_prompt, n_gen, depth,
 # threads, tok_s, tok_s_min, tok_s_max) with sane values, the table prints a
-# limit beside every row, --profile splits a decode step, and bad flags exit
+# limit beside every row, --profile splits a decode step, --seqs decodes
+# several sequences and counts their experts and KV bytes, and bad flags exit
 # non-zero with a message. Speed
 # itself is never asserted: the suite must not fail on a slow machine.
 set -u
@@ -77,7 +78,26 @@ process.exit(bad ? 1 : 0)' "$tmp/a.json" && ok || bad "bench -o json: $(head -c 
 "$bin" bench "${m[@]}" -p 8 -n 4 -r 1 -o csv > "$tmp/a.csv" 2>/dev/null
 [ "$(wc -l < "$tmp/a.csv")" = 3 ] && head -1 "$tmp/a.csv" | grep -q '^test,n_prompt,n_gen,.*avg_ts' && ok || bad "bench -o csv: $(cat "$tmp/a.csv")"
 
-# 5. bad flags: non-zero exit and a message naming the flag
+# 5. --seqs: decode steps of several sequences at once; the row's bytes count
+# each MoE layer's distinct experts (between K and the batch's K B) and the KV
+# rows at depth (a position's rows: (kv_lora_rank + rope) floats a layer)
+if "$bin" bench "${m[@]}" -p 0 -n 3 -d 0,16 --seqs 1,4 -r 1 --json > "$tmp/s.out" 2> "$tmp/s.err"; then ok; else bad "bench --seqs: $(cat "$tmp/s.err")"; fi
+node -e '
+const l = require("fs").readFileSync(process.argv[1], "utf8").trim().split("\n").map(JSON.parse).filter(r => r.test === "tg");
+const cfg = JSON.parse(require("fs").readFileSync(process.argv[2], "utf8"));
+const K = cfg.n_activated_experts, pos = 4 * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * cfg.n_layers;
+let bad = l.length !== 4;
+for (const r of l) {
+  const e = r.experts_per_layer;
+  if (r.n_seqs === 1 ? e !== K : !(e > K && e <= K * r.n_seqs)) { console.log("experts " + e); bad = true; }
+  const kv = pos * (r.depth + 2); /* positions depth+1 .. depth+3, on average depth + 2 */
+  if (Math.abs(r.kv_bytes_per_token - kv) > 1e-6 * kv) { console.log("kv " + r.kv_bytes_per_token + " vs " + kv); bad = true; }
+}
+process.exit(bad ? 1 : 0)' "$tmp/s.out" "$golden/config_tiny.json" && ok || bad "bench --seqs: $(cat "$tmp/s.out")"
+"$bin" bench "${m[@]}" -p 0 -n 2 --seqs 3 -r 1 > "$tmp/s.md" 2>&1 && grep -qE '^tg2x3 .*% of .* GB/s read.*experts a layer, KV' "$tmp/s.md" \
+  && ok || bad "bench --seqs table: $(cat "$tmp/s.md")"
+
+# 6. bad flags: non-zero exit and a message naming the flag
 check_bad() { # expected-substring args...
     local want=$1; shift
     if "$bin" bench "$@" > "$tmp/b.out" 2> "$tmp/b.err"; then bad "bench $* exited 0"; return; fi
@@ -86,6 +106,7 @@ check_bad() { # expected-substring args...
 check_bad "-p" "${m[@]}" -p 8,x
 check_bad "-n" "${m[@]}" -n -3
 check_bad "-r" "${m[@]}" -r 0
+check_bad "--seqs" "${m[@]}" --seqs 0
 check_bad "-o must be" "${m[@]}" -o xml
 check_bad "max_seq_len" "${m[@]}" -p 8 -n 4 -d 100000
 check_bad "--ckpt-path" --config "$golden/config_tiny.json"
