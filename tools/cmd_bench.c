@@ -32,7 +32,7 @@
 #include "commit.h" /* DSV3_COMMIT */
 #include "dsv3.h"
 
-#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [--seqs 1,8] [-t N] [-r REPS] " \
+#define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [--seqs 1,8] [-t 1,2,4] [-r REPS] " \
               "[-o md|csv|json|jsonl] [--profile] " \
               "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
 #define MAX_THREADS 1024
@@ -249,11 +249,21 @@ static int print_row(report *r, const char *test, int np, int ng, int d, spread 
     return 0;
 }
 
-/* Read bandwidth of the checkpoint's own mapping (its largest shard, up to
- * 1 GiB; resident, since touch_checkpoint read it), best of reps passes: the
- * limit measured right beside each decode repetition, on a machine whose
- * bandwidth drifts while it runs. 0 on a GPU, with several ranks, or when
- * the shard is under 256 MiB (the caches would hold too much of it). */
+/* The limits of the rows that follow (the table), with the threads they use. */
+static void print_limits(const report *r, bool cuda)
+{
+    if (cuda) {
+        printf("device: copy bandwidth %.1f GB/s (read + written, 1 GiB, best of 10); bf16 tensor-core peak %.1f "
+               "GFLOP/s\n", r->bw, r->bf16);
+    } else {
+        printf("machine, %d threads: read bandwidth %.1f GB/s (1 GiB of fresh memory or of the mapped weights, the "
+               "better, best of 10); f32 FMA peak %.1f GFLOP/s", r->threads, r->bw, r->fma);
+        if (r->bf16 > 0) printf("; bf16 dot peak %.1f GFLOP/s\n", r->bf16);
+        else printf("; no bf16 dot product (AVX512_BF16) on this CPU\n");
+    }
+    printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
+}
+
 /* --profile, after a decode row: a step's time split between the decode
  * products, the attention and the rest, per token over all repetitions
  * (secs: their wall time, ntok: their tokens), the products' GB/s beside the
@@ -421,7 +431,8 @@ int cmd_bench(int argc, char **argv)
     const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *ss = "1", *attn = "absorb";
     const char *gemm = "bf16";
     const char *device = "auto";
-    int threads = 0, reps = 3;
+    int reps = 3;
+    const char *ts = NULL;
     bool json = false, ref = false, profile = false;
     const char *fmt = "md";
     arg_spec specs[] = {
@@ -431,7 +442,7 @@ int cmd_bench(int argc, char **argv)
         {"-n", ARG_STR, &ns, false, "LIST generated tokens for decode tests (default 128; 0 skips)"},
         {"-d", ARG_STR, &ds, false, "LIST context depths (default 0)"},
         {"--seqs", ARG_STR, &ss, false, "LIST sequences decoding together, a token each a step (default 1)"},
-        {"-t", ARG_INT, &threads, false, "N    threads, 1 to 1024 (default: OpenMP's)"},
+        {"-t", ARG_STR, &ts, false, "LIST threads, 1 to 1024 each (default: OpenMP's); the limits are measured for each"},
         {"-r", ARG_INT, &reps, false, "N    repetitions per test (default 3)"},
         {"-o", ARG_STR, &fmt, false, "FMT  md (the table, default), csv, json (an array) or jsonl (an object a line)"},
         {"--json", ARG_BOOL, &json, false, "     the same as -o jsonl"},
@@ -452,11 +463,13 @@ int cmd_bench(int argc, char **argv)
     }
     if (json) of = OUT_JSONL;
     json = of != OUT_MD;
-    int *pl = NULL, *nl = NULL, *dl = NULL, *sl = NULL;
+    int *pl = NULL, *nl = NULL, *dl = NULL, *sl = NULL, *tl = NULL;
     int np = parse_list(ps, &pl, "-p"), nn = parse_list(ns, &nl, "-n"), nd = parse_list(ds, &dl, "-d");
     int nsq = parse_list(ss, &sl, "--seqs"), maxs = 1;
     for (int i = 0; i < nsq; i++) maxs = sl[i] > maxs ? sl[i] : maxs;
-    bool bad_t = threads < 0 || threads > MAX_THREADS, bad_s = false;
+    int ntl = ts ? parse_list(ts, &tl, "-t") : 0;
+    bool bad_t = ts && ntl <= 0, bad_s = false;
+    for (int i = 0; i < ntl; i++) bad_t |= tl[i] < 1 || tl[i] > MAX_THREADS;
     for (int i = 0; i < nsq; i++) bad_s |= sl[i] < 1 || sl[i] > MAX_SEQS;
     if (bad_s) fprintf(stderr, "dsv3 bench: --seqs must be in 1..%d, got '%s'\n", MAX_SEQS, ss);
     if (np <= 0 || nn <= 0 || nd <= 0 || nsq <= 0 || bad_s || reps < 1 || bad_t) {
@@ -466,9 +479,10 @@ int cmd_bench(int argc, char **argv)
         free(nl);
         free(dl);
         free(sl);
+        free(tl);
         return 2;
     }
-    if (threads) ds_set_threads(threads);
+    if (ntl) ds_set_threads(tl[0]);
     ds_engine_params ep = ds_engine_default_params();
     ep.config_path = config;
     ep.no_tokenizer = true;
@@ -554,72 +568,73 @@ int cmd_bench(int argc, char **argv)
                dist ? " per rank; weights, bytes and GB/s are rank 0's shard" : "");
         if (dist)
             printf("ranks: %d (tensor parallel); checkpoint figure is rank 0's shard\n", world);
-        if (cuda) {
-            printf("device: copy bandwidth %.1f GB/s (read + written, 1 GiB, best of 10); bf16 tensor-core peak %.1f "
-                   "GFLOP/s\n", r.bw, r.bf16);
-        } else {
-            printf("machine: read bandwidth %.1f GB/s (1 GiB of fresh memory or of the mapped weights, the better, "
-                   "best of 10); f32 FMA peak %.1f GFLOP/s", r.bw, r.fma);
-            if (r.bf16 > 0) printf("; bf16 dot peak %.1f GFLOP/s\n", r.bf16);
-            else printf("; no bf16 dot product (AVX512_BF16) on this CPU\n");
-        }
-        printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
     }
     int E = cfg->n_routed_experts, K = cfg->n_activated_experts;
-    for (int di = 0; di < nd; di++) {
-        int d = dl[di];
-        for (int s = 0; s < maxs; s++)
-            if (ds_seq_fill_random(b.e, s, d, 42 + (uint64_t)s)) goto fail;
-        for (int i = 0; i < np; i++) {
-            int n = pl[i];
-            if (!n) continue;
-            if (run_pp(&b, n, d) < 0) goto fail; /* warm-up */
-            for (int k = 0; k < reps; k++)
-                if ((times[k] = run_pp(&b, n, d)) < 0) goto fail;
-            for (int k = 0; k < reps; k++) times[k] = n / times[k];
-            /* experts a batch touches, if routing were uniform: E (1 - (1 - K/E)^n) */
-            double touched = E * (1 - pow(1 - (double)K / E, n));
-            spread sp = summarise(times, reps);
-            if (print_row(&r, "pp", n, 0, d, sp, times, reps, ds_engine_pass_bytes(b.e, touched, 1) / n,
-                          2 * ds_engine_pass_params(b.e, K, 0), NULL))
-                goto nomem;
+    for (int ti = 0; ti < (ntl ? ntl : 1); ti++) {
+        if (ti > 0) { /* the limits again, with this many threads */
+            ds_set_threads(tl[ti]);
+            r.threads = ds_threads();
+            if (ds_measure_limits(device, ref, dist, &lim)) goto fail;
+            r.bw = fmax(lim.bandwidth_gbps, ds_engine_weights_bandwidth(b.e, 10));
+            r.fma = lim.fma_gflops;
+            r.bf16 = lim.bf16_gflops;
         }
-        for (int i = 0; i < nn * nsq; i++) {
-            int n = nl[i / nsq], B = sl[i % nsq];
-            if (!n) continue;
-            if (run_tg(&b, n < 4 ? n : 4, d, B) < 0) goto fail; /* warm-up */
-            double bw_prev = ds_engine_weights_bandwidth(b.e, 2), secs = 0;
-            ds_profile_enable(true); /* the experts the steps ran, and --profile's split */
-            for (int k = 0; k < reps; k++) {
-                if ((times[k] = run_tg(&b, n, d, B)) < 0) goto fail;
-                secs += times[k];
-                double bw_next = ds_engine_weights_bandwidth(b.e, 2);
-                beside_bw[k] = fmax(bw_prev, bw_next);
-                bw_prev = bw_next;
+        if (!json) print_limits(&r, cuda);
+        for (int di = 0; di < nd; di++) {
+            int d = dl[di];
+            for (int s = 0; s < maxs; s++)
+                if (ds_seq_fill_random(b.e, s, d, 42 + (uint64_t)s)) goto fail;
+            for (int i = 0; i < np; i++) {
+                int n = pl[i];
+                if (!n) continue;
+                if (run_pp(&b, n, d) < 0) goto fail; /* warm-up */
+                for (int k = 0; k < reps; k++)
+                    if ((times[k] = run_pp(&b, n, d)) < 0) goto fail;
+                for (int k = 0; k < reps; k++) times[k] = n / times[k];
+                /* experts a batch touches, if routing were uniform: E (1 - (1 - K/E)^n) */
+                double touched = E * (1 - pow(1 - (double)K / E, n));
+                spread sp = summarise(times, reps);
+                if (print_row(&r, "pp", n, 0, d, sp, times, reps, ds_engine_pass_bytes(b.e, touched, 1) / n,
+                              2 * ds_engine_pass_params(b.e, K, 0), NULL))
+                    goto nomem;
             }
-            /* the bytes a step must read: the weights, each MoE layer's routed
-             * experts once however many of the batch chose them (as counted by the
-             * CPU kernels; elsewhere: K for one token, else the uniform-routing
-             * expectation E (1 - (1 - K/E)^B)), and each sequence's KV rows,
-             * positions d+1 .. d+n over the n steps */
-            ds_profile pr;
-            ds_profile_read(&pr);
-            decode_extra x = {.seqs = B};
-            x.experts = pr.moe_calls ? pr.experts / pr.moe_calls : B == 1 ? K : E * (1 - pow(1 - (double)K / E, B));
-            x.kv_tok = kv_pos * (d + 0.5 * (n + 1));
-            double tok_bytes = ds_engine_pass_bytes(b.e, x.experts, 1) / B + x.kv_tok;
-            for (int k = 0; k < reps; k++) {
-                beside[k] = beside_bw[k] > 0 ? tok_bytes * B * n / times[k] / 1e9 / beside_bw[k] : 0;
-                times[k] = B * n / times[k];
+            for (int i = 0; i < nn * nsq; i++) {
+                int n = nl[i / nsq], B = sl[i % nsq];
+                if (!n) continue;
+                if (run_tg(&b, n < 4 ? n : 4, d, B) < 0) goto fail; /* warm-up */
+                double bw_prev = ds_engine_weights_bandwidth(b.e, 2), secs = 0;
+                ds_profile_enable(true); /* the experts the steps ran, and --profile's split */
+                for (int k = 0; k < reps; k++) {
+                    if ((times[k] = run_tg(&b, n, d, B)) < 0) goto fail;
+                    secs += times[k];
+                    double bw_next = ds_engine_weights_bandwidth(b.e, 2);
+                    beside_bw[k] = fmax(bw_prev, bw_next);
+                    bw_prev = bw_next;
+                }
+                /* the bytes a step must read: the weights, each MoE layer's routed
+                 * experts once however many of the batch chose them (as counted by the
+                 * CPU kernels; elsewhere: K for one token, else the uniform-routing
+                 * expectation E (1 - (1 - K/E)^B)), and each sequence's KV rows,
+                 * positions d+1 .. d+n over the n steps */
+                ds_profile pr;
+                ds_profile_read(&pr);
+                decode_extra x = {.seqs = B};
+                x.experts = pr.moe_calls ? pr.experts / pr.moe_calls : B == 1 ? K : E * (1 - pow(1 - (double)K / E, B));
+                x.kv_tok = kv_pos * (d + 0.5 * (n + 1));
+                double tok_bytes = ds_engine_pass_bytes(b.e, x.experts, 1) / B + x.kv_tok;
+                for (int k = 0; k < reps; k++) {
+                    beside[k] = beside_bw[k] > 0 ? tok_bytes * B * n / times[k] / 1e9 / beside_bw[k] : 0;
+                    times[k] = B * n / times[k];
+                }
+                x.beside_frac = summarise(beside, reps).med;
+                x.beside_bw = summarise(beside_bw, reps).med;
+                spread sp = summarise(times, reps);
+                if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, x.experts, 1) / B,
+                              &x))
+                    goto nomem;
+                if (profile) print_profile(&r, n, d, secs, n * reps);
+                ds_profile_enable(false);
             }
-            x.beside_frac = summarise(beside, reps).med;
-            x.beside_bw = summarise(beside_bw, reps).med;
-            spread sp = summarise(times, reps);
-            if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, x.experts, 1) / B,
-                          &x))
-                goto nomem;
-            if (profile) print_profile(&r, n, d, secs, n * reps);
-            ds_profile_enable(false);
         }
     }
     if (ds_engine_check(b.e)) goto fail;
@@ -668,5 +683,6 @@ done:
     free(nl);
     free(dl);
     free(sl);
+    free(tl);
     return rc;
 }

@@ -3,9 +3,8 @@
 # JSON lines carry the fields the issue names (test, n_prompt, n_gen, depth,
 # threads, tok_s, tok_s_min, tok_s_max) with sane values, the table prints a
 # limit beside every row, --profile splits a decode step, --seqs decodes
-# several sequences and counts their experts and KV bytes, and bad flags exit
-# non-zero with a message. Speed
-# itself is never asserted: the suite must not fail on a slow machine.
+# several sequences and counts their experts and KV bytes, -t takes a list, and
+# bad flags exit non-zero with a message. Speed itself is never asserted: the suite must not fail on a slow machine.
 set -u
 bin=${DSV3_BIN:-build/dsv3}
 golden=${DSV3_GOLDEN:-tests/golden}
@@ -33,7 +32,7 @@ awk -F'[:,}]' '/"test": "(pp|tg)"/ {
 
 # 2. the table: a limit on every row
 if "$bin" bench "${m[@]}" -p 8 -n 4 -r 1 > "$tmp/t.out" 2> "$tmp/t.err"; then ok; else bad "bench table: $(cat "$tmp/t.err")"; fi
-grep -q '^machine: read bandwidth' "$tmp/t.out" && ok || bad "no machine line: $(cat "$tmp/t.out")"
+grep -qE "^machine, [0-9]+ threads: read bandwidth" "$tmp/t.out" && ok || bad "no machine line: $(cat "$tmp/t.out")"
 grep -E '^pp8 .*% of .* (bf16|f32 FMA) peak' "$tmp/t.out" >/dev/null && ok || bad "pp row without its limit"
 grep -E '^tg4 .*% of .* GB/s read' "$tmp/t.out" >/dev/null && ok || bad "tg row without its limit"
 grep -q '^peak RSS' "$tmp/t.out" && ok || bad "no peak RSS line"
@@ -97,7 +96,13 @@ process.exit(bad ? 1 : 0)' "$tmp/s.out" "$golden/config_tiny.json" && ok || bad 
 "$bin" bench "${m[@]}" -p 0 -n 2 --seqs 3 -r 1 > "$tmp/s.md" 2>&1 && grep -qE '^tg2x3 .*% of .* GB/s read.*experts a layer, KV' "$tmp/s.md" \
   && ok || bad "bench --seqs table: $(cat "$tmp/s.md")"
 
-# 6. bad flags: non-zero exit and a message naming the flag
+# 6. -t LIST: the runs again for each thread count, each after its own limits
+"$bin" bench "${m[@]}" -p 4 -n 2 -t 1,2 -r 1 > "$tmp/tl.md" 2>&1 && [ "$(grep -cE '^machine, [12] threads: read bandwidth' "$tmp/tl.md")" = 2 ] \
+  && [ "$(grep -c '^tg2 ' "$tmp/tl.md")" = 2 ] && ok || bad "bench -t 1,2: $(cat "$tmp/tl.md")"
+"$bin" bench "${m[@]}" -p 0 -n 2 -t 2,1 -r 1 --json 2>/dev/null | grep '"test": "tg"' | grep -o '"n_threads": [0-9]*' | tr '\n' ' ' \
+  | grep -q '^"n_threads": 2 "n_threads": 1 $' && ok || bad "bench -t 2,1 --json: threads not as asked"
+
+# 7. bad flags: non-zero exit and a message naming the flag
 check_bad() { # expected-substring args...
     local want=$1; shift
     if "$bin" bench "$@" > "$tmp/b.out" 2> "$tmp/b.err"; then bad "bench $* exited 0"; return; fi
@@ -107,6 +112,7 @@ check_bad "-p" "${m[@]}" -p 8,x
 check_bad "-n" "${m[@]}" -n -3
 check_bad "-r" "${m[@]}" -r 0
 check_bad "--seqs" "${m[@]}" --seqs 0
+check_bad "-t must be" "${m[@]}" -t 2,0
 check_bad "-o must be" "${m[@]}" -o xml
 check_bad "max_seq_len" "${m[@]}" -p 8 -n 4 -d 100000
 check_bad "--ckpt-path" --config "$golden/config_tiny.json"
