@@ -11,7 +11,7 @@
 int cmd_serve(int argc, char **argv)
 {
     srv_options o = srv_default_options();
-    int max_body_kb = (int)(o.max_body >> 10), max_prompt_kb = (int)(o.limits.max_prompt_bytes >> 10);
+    int max_body_kb = (int)(o.max_body >> 10), max_prompt_kb = (int)(o.limits.max_prompt_bytes >> 10), cache_mb = 0;
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &o.ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
         {"--config", ARG_STR, &o.config, false, "FILE  model config (default: DIR/config.json)"},
@@ -20,6 +20,8 @@ int cmd_serve(int argc, char **argv)
         {"--api-key-file", ARG_STR, &o.api_key_file, false, "FILE  require 'Authorization: Bearer <the file's key>'"},
         {"--parallel", ARG_INT, &o.parallel, false, "N     sequences decoded at once (KV-cache slots) (4)"},
         {"--ctx-size", ARG_INT, &o.ctx, false, "N     positions per sequence (min(max_seq_len, 4096))"},
+        {"--cache-mem", ARG_INT, &cache_mb, false,
+         "MB    KV cache kept for prompt-prefix reuse beyond --parallel's slots, in MiB (0: only theirs)"},
         {"--device", ARG_STR, &o.device, false, "cpu|cuda|auto"},
         {"--threads", ARG_INT, &o.threads, false, "N     CPU threads (OpenMP's default)"},
         {"--model-name", ARG_STR, &o.model_name, false, "S     the model id the API reports (the directory's name)"},
@@ -37,6 +39,7 @@ int cmd_serve(int argc, char **argv)
     const char *bad = o.port < 0 || o.port > 65535               ? "--port must be in [0, 65535]"
                       : o.parallel < 1                           ? "--parallel must be >= 1"
                       : o.ctx < 0                                ? "--ctx-size must be >= 1"
+                      : cache_mb < 0                             ? "--cache-mem must be >= 0"
                       : o.queue < 1                              ? "--queue must be >= 1"
                       : o.timeout_s < 0                          ? "--timeout must be >= 0"
                       : o.prefill_chunk < 1                      ? "--prefill-chunk must be >= 1"
@@ -49,6 +52,7 @@ int cmd_serve(int argc, char **argv)
         return 2;
     }
     o.max_body = (size_t)max_body_kb << 10;
+    o.cache_mem = (size_t)cache_mb << 20;
     o.limits.max_prompt_bytes = (size_t)max_prompt_kb << 10;
     return srv_run(&o);
 }

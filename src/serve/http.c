@@ -62,6 +62,8 @@ static void job_free(job *j)
     ds_free(j->prompt);
     ds_free(j->prompt_text);
     sb_free(&j->out);
+    sb_free(&j->stage);
+    sb_free(&j->chunk_head);
     pthread_cond_destroy(&j->cv);
     free(j);
 }
@@ -71,16 +73,18 @@ void job_unref_locked(job *j)
     if (--j->refs == 0) job_free(j);
 }
 
-void job_sse_locked(job *j, json_t *obj)
+void sse_append(sbuf *out, json_t *obj)
 {
     char *d = json_dumps(obj, JSON_COMPACT);
     json_decref(obj);
     if (!d) return;
-    sb_adds(&j->out, "data: ");
-    sb_adds(&j->out, d);
-    sb_adds(&j->out, "\n\n");
+    sb_adds(out, "data: ");
+    sb_adds(out, d);
+    sb_adds(out, "\n\n");
     free(d);
 }
+
+void job_sse_locked(job *j, json_t *obj) { sse_append(&j->out, obj); }
 
 /* ---- connections */
 
@@ -230,9 +234,9 @@ static int make_prompt(srv *s, job *j, srv_error *err)
                 j->n_prompt, s->n_ctx);
         return -1;
     }
-    if (r->n > ds_engine_n_seq(s->e)) {
+    if (r->n > s->o.parallel) {
         srv_err(err, 400, "invalid_request_error", "invalid_value", "n", "'n' is %d; this server runs %d sequences (--parallel)",
-                r->n, ds_engine_n_seq(s->e));
+                r->n, s->o.parallel);
         return -1;
     }
     return 0;
@@ -439,7 +443,7 @@ static mhd_result metrics(conn_ctx *cc)
 {
     srv *s = cc->s;
     sbuf b = {0};
-    char line[512];
+    char line[1024];
     pthread_mutex_lock(&s->mu);
     srv_metrics m = s->m;
     pthread_mutex_unlock(&s->mu);
@@ -456,9 +460,20 @@ static mhd_result metrics(conn_ctx *cc)
              "# TYPE dsv3_requests_cancelled_total counter\ndsv3_requests_cancelled_total %ld\n"
              "# TYPE dsv3_queue_depth gauge\ndsv3_queue_depth %d\n"
              "# TYPE dsv3_running_sequences gauge\ndsv3_running_sequences %d\n"
-             "# TYPE dsv3_batch_tokens gauge\ndsv3_batch_tokens %d\n",
+             "# TYPE dsv3_batch_tokens gauge\ndsv3_batch_tokens %d\n"
+             "# HELP dsv3_prompt_cache_tokens Tokens whose KV the prefix cache keeps in free slots.\n"
+             "# TYPE dsv3_prompt_cache_tokens gauge\ndsv3_prompt_cache_tokens %d\n",
              m.prompt_tokens, m.completion_tokens, m.cache_hit_tokens, m.cancelled, m.queue_depth, m.running,
-             m.batch_tokens);
+             m.batch_tokens, m.cache_tokens);
+    sb_adds(&b, line);
+    snprintf(line, sizeof line,
+             "# HELP dsv3_scheduler_busy_seconds_total The scheduler's time in steps: in the engine, and its own "
+             "(batching, sampling, detokenizing, formatting replies).\n"
+             "# TYPE dsv3_scheduler_busy_seconds_total counter\n"
+             "dsv3_scheduler_busy_seconds_total{part=\"engine\"} %.6f\n"
+             "dsv3_scheduler_busy_seconds_total{part=\"server\"} %.6f\n"
+             "# TYPE dsv3_scheduler_steps_total counter\ndsv3_scheduler_steps_total %ld\n",
+             m.sched_engine_s, m.sched_other_s, m.sched_steps);
     sb_adds(&b, line);
     hist(&b, "dsv3_time_to_first_token_seconds", "Time from a request's arrival to its first token.", m.ttft_bucket,
          m.ttft_sum, m.ttft_count);
@@ -661,7 +676,16 @@ int srv_run(const srv_options *opt)
     p.device = opt->device;
     p.n_threads = opt->threads;
     p.n_ctx = opt->ctx;
-    p.n_seq = opt->parallel;
+    /* the prefix cache's own slots: as many whole slots as --cache-mem holds */
+    int extra = 0;
+    ds_model_info_buf mi;
+    if (opt->cache_mem && ds_read_model_info(opt->ckpt, opt->config, &mi) == DS_OK) {
+        const ds_model_info *m = &mi.info;
+        int ctx = opt->ctx ? opt->ctx : m->max_seq_len < 4096 ? m->max_seq_len : 4096;
+        size_t slot = (size_t)ctx * (size_t)m->n_layers * (size_t)(m->kv_lora_rank + m->qk_rope_head_dim) * sizeof(float);
+        extra = slot ? (int)(opt->cache_mem / slot < 4096 ? opt->cache_mem / slot : 4096) : 0;
+    }
+    p.n_seq = opt->parallel + extra;
     int rc = 0;
     if (ds_engine_load(opt->ckpt, &p, &s->e)) {
         fprintf(stderr, "dsv3 serve: %s\n", ds_last_error());
@@ -694,8 +718,13 @@ int srv_run(const srv_options *opt)
         pthread_mutex_lock(&s->mu);
         s->ready = 1;
         pthread_mutex_unlock(&s->mu);
+        int n_seq = ds_engine_n_seq(s->e);
         fprintf(stderr, "dsv3 serve: ready: %s on %s, %d sequences of %d tokens, http://%s:%d/v1\n", s->model_name,
-                ds_engine_device_name(s->e), ds_engine_n_seq(s->e), s->n_ctx, opt->host, port);
+                ds_engine_device_name(s->e), opt->parallel, s->n_ctx, opt->host, port);
+        if (n_seq > opt->parallel)
+            fprintf(stderr, "dsv3 serve: prefix cache: %d more slots, %.1f MiB of KV cache (--cache-mem %zu MiB)\n",
+                    n_seq - opt->parallel, (double)ds_engine_kv_bytes(s->e) * (n_seq - opt->parallel) / (1 << 20),
+                    opt->cache_mem >> 20);
         if (!sched_main(s)) {
             rc = 1;
             g_stop = 1; /* the watcher ends */

@@ -171,6 +171,33 @@ static char *strip_dup(const char *s, size_t n)
     return d;
 }
 
+static const char *find_at(const char *s, size_t n, size_t from, const char *pat)
+{
+    size_t pl = strlen(pat);
+    for (size_t i = from; i + pl <= n; i++)
+        if (!memcmp(s + i, pat, pl)) return s + i;
+    return NULL;
+}
+
+static void call_id(char *id, size_t cap, int index, uint64_t salt)
+{
+    snprintf(id, cap, "call_%d_%08llx", index, (unsigned long long)(salt & 0xffffffffu));
+}
+
+/* The function's name in the first n bytes of a call's text (malloc'd), or
+ * NULL while more text may still change it (whole: no more will come). */
+static char *call_name(const char *s, size_t n, bool whole)
+{
+    const char *sep = find_at(s, n, 0, CALL_SEP);
+    if (!sep) return NULL;
+    char *name = strip_dup(s, (size_t)(sep - s));
+    if (!name || strcmp(name, "function")) return name;
+    free(name); /* V3: type<sep>NAME\n... */
+    const char *rest = sep + strlen(CALL_SEP), *nl = memchr(rest, '\n', n - (size_t)(rest - s));
+    if (!nl && !whole) return NULL;
+    return strip_dup(rest, nl ? (size_t)(nl - rest) : n - (size_t)(rest - s));
+}
+
 /* One call's text between CALL_BEGIN and CALL_END -> {id, type, function: {name, arguments}}. */
 static json_t *parse_call(const char *s, size_t n, int index, uint64_t salt)
 {
@@ -202,7 +229,7 @@ static json_t *parse_call(const char *s, size_t n, int index, uint64_t salt)
     json_t *call = NULL;
     if (name && args && name[0]) {
         char id[48];
-        snprintf(id, sizeof id, "call_%d_%08llx", index, (unsigned long long)(salt & 0xffffffffu));
+        call_id(id, sizeof id, index, salt);
         call = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function", "name", name,
                          "arguments", args);
     }
@@ -228,6 +255,52 @@ json_t *outp_tool_calls(const out_parser *p, uint64_t salt)
         json_t *c = parse_call(s + b, e - b, (int)json_array_size(arr), salt + json_array_size(arr));
         if (c) json_array_append_new(arr, c);
         i = e + el;
+    }
+    if (arr && json_array_size(arr) == 0) {
+        json_decref(arr);
+        arr = NULL;
+    }
+    return arr;
+}
+
+json_t *outp_call_deltas(out_parser *p, bool final, uint64_t salt)
+{
+    if (p->state != OUT_TOOLS) return NULL;
+    json_t *arr = json_array();
+    const char *s = p->tools.p ? p->tools.p : "";
+    size_t n = p->tools.n, i = 0, bl = strlen(CALL_BEGIN), el = strlen(CALL_END);
+    /* past the sections already handed out */
+    for (int k = 0; k < p->sections_done; k++) {
+        const char *b = find_at(s, n, i, CALL_BEGIN), *e = b ? find_at(s, n, (size_t)(b - s) + bl, CALL_END) : NULL;
+        i = e ? (size_t)(e - s) + el : n;
+    }
+    for (const char *b; arr && (b = find_at(s, n, i, CALL_BEGIN));) {
+        size_t from = (size_t)(b - s) + bl;
+        const char *e = find_at(s, n, from, CALL_END);
+        size_t len = (e ? (size_t)(e - s) : n) - from;
+        char id[48];
+        call_id(id, sizeof id, p->calls_sent, salt + (uint64_t)p->calls_sent);
+        if (!p->named) {
+            char *name = call_name(s + from, len, e || final);
+            if (name && name[0]) {
+                json_array_append_new(arr, json_pack("{s:i, s:s, s:s, s:{s:s, s:s}}", "index", p->calls_sent, "id", id,
+                                                     "type", "function", "function", "name", name, "arguments", ""));
+                p->named = true;
+            }
+            free(name);
+        }
+        if (!e && !final) break;
+        json_t *c = parse_call(s + from, len, p->calls_sent, salt + (uint64_t)p->calls_sent);
+        if (c && p->named) {
+            json_t *args = json_object_get(json_object_get(c, "function"), "arguments");
+            json_array_append_new(arr, json_pack("{s:i, s:{s:O}}", "index", p->calls_sent, "function", "arguments", args));
+            p->calls_sent++;
+        }
+        json_decref(c);
+        p->named = false;
+        p->sections_done++;
+        if (!e) break;
+        i = (size_t)(e - s) + el;
     }
     if (arr && json_array_size(arr) == 0) {
         json_decref(arr);

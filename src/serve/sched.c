@@ -45,6 +45,13 @@ typedef struct {
     ds_token_sampler **pick_smp;
     int32_t *next;
     float *scratch;
+    double engine_s; /* time in the engine, this loop */
+    sbuf text, content, reasoning; /* a token's pieces */
+    /* metrics gathered over a step, added to s->m under s->mu at its end */
+    struct {
+        long ttft_bucket[12], ttft_count;
+        double ttft_sum;
+    } m;
 } sched;
 
 static const char *k_markers[] = {"<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
@@ -58,10 +65,10 @@ static void bucket(long *b, double v)
     b[i]++;
 }
 
-static int free_slots(const sched *c)
+static int busy_slots(const sched *c)
 {
     int n = 0;
-    for (int i = 0; i < c->n_slots; i++) n += !c->slots[i].busy;
+    for (int i = 0; i < c->n_slots; i++) n += c->slots[i].busy;
     return n;
 }
 
@@ -86,26 +93,49 @@ static void release_slot(sched *c, int i)
     c->slots[i].used = ++c->clock;
 }
 
-/* Emits what a choice produced this step (the caller holds s->mu). */
-static void emit(sched *c, job *j, int ci, const sbuf *content, const sbuf *reasoning, json_t *tool_calls,
-                 const char *finish, json_t *lp)
+/* A salt for choice ci's tool-call ids: the job's id hashed (FNV-1a). */
+static uint64_t call_salt(const job *j, int ci)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (const char *p = j->id; *p; p++) h = (h ^ (unsigned char)*p) * 1099511628211ull;
+    return h + (uint64_t)ci * 64;
+}
+
+/* What a choice produced this step: a streamed job's SSE events go to
+ * j->stage (published under s->mu at the end of the step), a whole reply's
+ * text to the choice. */
+static void emit(job *j, int ci, const sbuf *content, const sbuf *reasoning, json_t *tool_calls, const char *finish,
+                 json_t *lp)
 {
     choice *ch = &j->ch[ci];
     if (!j->req.stream) {
         sb_add(&ch->content, content->p ? content->p : "", content->n);
         sb_add(&ch->reasoning, reasoning->p ? reasoning->p : "", reasoning->n);
+        json_decref(tool_calls);
+        json_decref(lp);
         return;
     }
     if (!content->n && !reasoning->n && !tool_calls && !finish && !lp) return;
+    if (!tool_calls && !finish && !lp) { /* the per-token path: text only */
+        reply_chunk_sse(&j->stage, j, ci, content, reasoning);
+        return;
+    }
     json_t *o = reply_chunk(j, ci, NULL, content, reasoning, tool_calls, finish, lp);
-    if (o) job_sse_locked(j, o);
+    if (o) sse_append(&j->stage, o);
+}
+
+/* Hands j's staged events to its connection (the caller holds s->mu). */
+static void publish_locked(job *j)
+{
+    if (!j->stage.n) return;
+    sb_add(&j->out, j->stage.p, j->stage.n);
+    sb_clear(&j->stage);
     pthread_cond_broadcast(&j->cv);
 }
 
 /* Ends choice ci: flushes the held text, frees its decoding state, releases its slot. */
 static void finish_choice(sched *c, job *j, int ci, const char *why)
 {
-    srv *s = c->s;
     choice *ch = &j->ch[ci];
     sbuf text = {0}, content = {0}, reasoning = {0};
     const char *tail;
@@ -117,14 +147,18 @@ static void finish_choice(sched *c, job *j, int ci, const char *why)
     if (stopped) why = "stop";
     outp_push(&ch->parser, text.p ? text.p : "", text.n, &content, &reasoning);
     outp_finish(&ch->parser, &content, &reasoning);
-    json_t *calls = j->req.kind == REQ_CHAT ? outp_tool_calls(&ch->parser, s->salt++) : NULL;
-    if (calls && !strcmp(why, "stop")) why = "tool_calls";
+    json_t *calls = NULL;
+    bool any_calls = false;
+    if (j->req.kind == REQ_CHAT && j->req.stream) {
+        calls = outp_call_deltas(&ch->parser, true, call_salt(j, ci));
+        any_calls = ch->parser.calls_sent > 0;
+    } else if (j->req.kind == REQ_CHAT) {
+        ch->tool_calls = outp_tool_calls(&ch->parser, call_salt(j, ci)); /* for reply_final */
+        any_calls = ch->tool_calls != NULL;
+    }
+    if (any_calls && !strcmp(why, "stop")) why = "tool_calls";
     ch->finish = why;
-    pthread_mutex_lock(&s->mu);
-    emit(c, j, ci, &content, &reasoning, calls, why, NULL);
-    pthread_mutex_unlock(&s->mu);
-    if (j->req.stream) json_decref(calls);
-    else ch->tool_calls = calls; /* for reply_final */
+    emit(j, ci, &content, &reasoning, calls, why, NULL);
     sb_free(&text);
     sb_free(&content);
     sb_free(&reasoning);
@@ -148,6 +182,8 @@ static void finish_job(sched *c, job *j, const srv_error *err)
         }
     pthread_mutex_lock(&s->mu);
     j->state = JOB_DONE;
+    if (j->stage.n) sb_add(&j->out, j->stage.p, j->stage.n);
+    sb_clear(&j->stage);
     if (err) {
         json_t *e = reply_error(err);
         if (j->req.stream) {
@@ -207,11 +243,10 @@ static void on_token(sched *c, job *j, int ci, int32_t t, json_t *lp)
     choice *ch = &j->ch[ci];
     if (!j->t_first) {
         j->t_first = srv_now();
-        pthread_mutex_lock(&s->mu);
-        s->m.ttft_sum += j->t_first - j->t_start;
-        s->m.ttft_count++;
-        bucket(s->m.ttft_bucket, j->t_first - j->t_start);
-        pthread_mutex_unlock(&s->mu);
+        double d = j->t_first - j->t_start;
+        c->m.ttft_sum += d;
+        c->m.ttft_count++;
+        bucket(c->m.ttft_bucket, d);
     }
     if (t == ds_engine_eos(c->e) && !j->req.ignore_eos) {
         json_decref(lp);
@@ -220,16 +255,20 @@ static void on_token(sched *c, job *j, int ci, int32_t t, json_t *lp)
     }
     ch->n_gen++;
     j->completion_tokens++;
-    sbuf text = {0}, content = {0}, reasoning = {0};
+    sbuf *text = &c->text, *content = &c->content, *reasoning = &c->reasoning;
+    sb_clear(text);
+    sb_clear(content);
+    sb_clear(reasoning);
     bool stopped = false;
     const char *piece = NULL;
     size_t pl = 0;
     if (t < ds_tokenizer_n_vocab(s->tok) && !hidden_special(s->tok, t) &&
         ds_text_stream_push(ch->ts, t, &piece, &pl) == DS_OK && pl)
-        stopped = stop_push(&ch->stop, piece, pl, &text);
-    outp_push(&ch->parser, text.p ? text.p : "", text.n, &content, &reasoning);
-    pthread_mutex_lock(&s->mu);
-    json_t *lpo = NULL;
+        stopped = stop_push(&ch->stop, piece, pl, text);
+    outp_push(&ch->parser, text->p ? text->p : "", text->n, content, reasoning);
+    json_t *lpo = NULL, *calls = NULL;
+    if (j->req.stream && j->req.kind == REQ_CHAT && ch->parser.state == OUT_TOOLS)
+        calls = outp_call_deltas(&ch->parser, false, call_salt(j, ci));
     if (lp && j->req.kind == REQ_CHAT) {
         if (j->req.stream) lpo = json_pack("{s:[o]}", "content", lp);
         else json_array_append_new(json_object_get(ch->logprobs, "content"), lp);
@@ -248,11 +287,7 @@ static void on_token(sched *c, job *j, int ci, int32_t t, json_t *lp)
         json_array_append_new(json_object_get(dst, "text_offset"), json_integer((json_int_t)ch->content.n));
         json_decref(lp);
     }
-    emit(c, j, ci, &content, &reasoning, NULL, NULL, lpo);
-    pthread_mutex_unlock(&s->mu);
-    sb_free(&text);
-    sb_free(&content);
-    sb_free(&reasoning);
+    emit(j, ci, content, reasoning, calls, NULL, lpo);
     if (stopped) finish_choice(c, j, ci, "stop_string");
     else if (ch->n_gen >= j->max_new || ds_seq_len(c->e, ch->slot) + 1 >= ds_engine_n_ctx(c->e))
         finish_choice(c, j, ci, "length");
@@ -271,7 +306,7 @@ static ds_status init_choices(sched *c, job *j)
 {
     srv *s = c->s;
     if (!(j->ch = calloc((size_t)j->req.n, sizeof *j->ch))) return ds_errorf(DS_ERR_NOMEM, "out of memory");
-    uint64_t seed = j->req.has_seed ? j->req.seed : (uint64_t)time(NULL) * 2654435761u + s->salt++;
+    uint64_t seed = j->req.has_seed ? j->req.seed : call_salt(j, 0) ^ (uint64_t)time(NULL) * 2654435761u;
     for (int i = 0; i < j->req.n; i++) {
         choice *ch = &j->ch[i];
         ch->slot = -1;
@@ -309,12 +344,13 @@ static ds_status admit(sched *c, job *j)
         if (m > k) k = m, best = i;
     }
     if (k > j->n_prompt - 1) k = j->n_prompt - 1; /* the last token is computed for its logits */
-    int s0;
-    if (best >= 0 && k > 0 && !c->slots[best].busy) {
+    /* a free slot whose tokens all match is taken; one holding more is kept
+     * (the least recently used free slot gets a copy of the prefix) */
+    int s0 = lru_slot(c, -1);
+    if (best >= 0 && k > 0 && !c->slots[best].busy && (ds_seq_len(c->e, best) == k || s0 == best)) {
         s0 = best;
         st = ds_seq_truncate(c->e, s0, k);
     } else {
-        s0 = lru_slot(c, -1);
         st = k > 0 ? ds_seq_fork(c->e, s0, best, k) : ds_seq_truncate(c->e, s0, 0);
     }
     if (st) return st;
@@ -353,7 +389,7 @@ static void admit_queued(sched *c)
     for (;;) {
         pthread_mutex_lock(&s->mu);
         job *j = s->q_head;
-        if (!j || j->req.n > free_slots(c)) {
+        if (!j || busy_slots(c) + j->req.n > s->o.parallel) {
             pthread_mutex_unlock(&s->mu);
             return;
         }
@@ -463,14 +499,7 @@ static bool step(sched *c)
     double t0 = srv_now();
     ds_status st = !any_prefill && !any_lp ? ds_decode_pick(c->e, &b, c->pick_smp, c->next) : ds_decode(c->e, &b);
     double dt = srv_now() - t0;
-    pthread_mutex_lock(&s->mu);
-    s->m.batch_tokens = n;
-    if (n_decode) {
-        s->m.step_sum += dt;
-        s->m.step_count++;
-        bucket(s->m.step_bucket, dt);
-    }
-    pthread_mutex_unlock(&s->mu);
+    c->engine_s += dt;
     if (st) { /* the slots are as they were: every job in the batch fails */
         char msg[512];
         snprintf(msg, sizeof msg, "the engine failed: %s", ds_last_error());
@@ -511,6 +540,20 @@ static bool step(sched *c)
         }
         if (st) j->cancelled = true, fprintf(stderr, "dsv3 serve: %s\n", ds_last_error());
     }
+    /* this step's events and metrics, under one lock */
+    pthread_mutex_lock(&s->mu);
+    for (int k = 0; k < c->n_active; k++) publish_locked(c->active[k]);
+    s->m.batch_tokens = n;
+    if (n_decode) {
+        s->m.step_sum += dt;
+        s->m.step_count++;
+        bucket(s->m.step_bucket, dt);
+    }
+    for (int i = 0; i < 12; i++) s->m.ttft_bucket[i] += c->m.ttft_bucket[i];
+    s->m.ttft_sum += c->m.ttft_sum;
+    s->m.ttft_count += c->m.ttft_count;
+    memset(&c->m, 0, sizeof c->m);
+    pthread_mutex_unlock(&s->mu);
     for (int k = 0; k < c->n_active;) {
         job *j = c->active[k];
         if (j->state == JOB_DECODE && job_done(j)) {
@@ -523,13 +566,23 @@ static bool step(sched *c)
     return true;
 }
 
-static void update_gauges(sched *c)
+/* The gauges, and the time of a loop that stepped (busy: all of it). */
+static void update_gauges(sched *c, bool stepped, double busy)
 {
     int running = 0;
     for (int k = 0; k < c->n_active; k++) running += c->active[k]->req.n;
+    int kept = 0;
+    for (int i = 0; i < c->n_slots; i++)
+        if (!c->slots[i].busy) kept += ds_seq_len(c->e, i);
     pthread_mutex_lock(&c->s->mu);
     c->s->m.running = running;
+    c->s->m.cache_tokens = kept;
     c->s->m.queue_depth = c->s->n_queued;
+    if (stepped) {
+        c->s->m.sched_steps++;
+        c->s->m.sched_engine_s += c->engine_s;
+        c->s->m.sched_other_s += busy - c->engine_s;
+    }
     pthread_mutex_unlock(&c->s->mu);
 }
 
@@ -559,14 +612,12 @@ bool sched_main(srv *s)
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
+        double t0 = srv_now();
+        c.engine_s = 0;
         reap_cancelled(&c);
         admit_queued(&c);
-        update_gauges(&c);
-        if (!step(&c) && c.n_active == 0) {
-            struct timespec ts = {0, 1000000};
-            nanosleep(&ts, NULL);
-        }
-        update_gauges(&c);
+        bool stepped = step(&c);
+        update_gauges(&c, stepped, srv_now() - t0);
     }
     for (int k = 0; k < c.n_active; k++) {
         job *j = c.active[k];
@@ -584,6 +635,9 @@ bool sched_main(srv *s)
     free(c.pick_smp);
     free(c.next);
     free(c.scratch);
+    sb_free(&c.text);
+    sb_free(&c.content);
+    sb_free(&c.reasoning);
     return ok;
 }
 

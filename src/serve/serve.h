@@ -120,6 +120,10 @@ typedef struct {
     bool any_content;  /* content other than white space has been sent */
     bool after_think;  /* a </think> was seen */
     sbuf held, tools;
+    /* streaming the tool calls (outp_call_deltas) */
+    int sections_done; /* call sections (<｜tool▁call▁begin｜>...) handed out */
+    int calls_sent;    /* of them, calls (the index of the next one) */
+    bool named;        /* the current section's first delta is out */
 } out_parser;
 
 /* in_reasoning: the prompt ended inside <think> (the template opened it). */
@@ -129,6 +133,13 @@ void outp_finish(out_parser *p, sbuf *content, sbuf *reasoning);
 /* The tool calls found, as an OpenAI tool_calls array (new reference), or NULL.
  * Ids are "call_<index>_<salt>". */
 json_t *outp_tool_calls(const out_parser *p, uint64_t salt);
+/* The tool calls as OpenAI streams them: for each call a first delta
+ * {index, id, type, function: {name, arguments: ""}} as soon as its name is
+ * complete, then {index, function: {arguments}} when the call is (final: the
+ * text ended, a call cut short is taken as it is). Returns an array of the
+ * deltas new since the last call (new reference), or NULL. Indices and ids
+ * are outp_tool_calls' for the same text and salt. */
+json_t *outp_call_deltas(out_parser *p, bool final, uint64_t salt);
 void outp_free(out_parser *p);
 
 /* Whether prompt text (the rendered chat) leaves the model inside <think>. */
@@ -140,6 +151,7 @@ typedef struct {
     const char *ckpt, *config, *host, *api_key_file, *device, *model_name;
     int port, parallel, ctx, threads, queue, timeout_s, prefill_chunk;
     size_t max_body;
+    size_t cache_mem; /* bytes of KV-cache slots kept for the prefix cache beyond --parallel */
     srv_limits limits;
 } srv_options;
 

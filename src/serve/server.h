@@ -26,6 +26,7 @@ typedef struct {
     sbuf content, reasoning; /* the whole reply (not streamed) */
     json_t *logprobs;        /* chat: content entries; completion: the legacy object */
     json_t *tool_calls;      /* parsed at the end (not streamed) */
+    int calls_sent;          /* tool calls streamed so far */
     bool role_sent;
 } choice;
 
@@ -49,6 +50,8 @@ typedef struct job {
     int max_new;
     choice *ch;
     int completion_tokens;
+    sbuf stage;              /* SSE events of this step, published under srv.mu at its end */
+    sbuf chunk_head;         /* what each streamed chunk starts with, up to the choice index */
     /* under srv.mu */
     sbuf out;                /* SSE events, or the whole body when finished */
     size_t sent;             /* bytes of out handed to the connection */
@@ -61,9 +64,11 @@ typedef struct job {
 typedef struct {
     long requests[6];        /* by class: 2xx, 400, 401/403/404/405, 413, 503, 5xx */
     long prompt_tokens, completion_tokens, cache_hit_tokens, cancelled;
-    int queue_depth, running, batch_tokens;
+    int queue_depth, running, batch_tokens, cache_tokens;
     long ttft_bucket[12], step_bucket[12];
     double ttft_sum, step_sum;
+    double sched_engine_s, sched_other_s; /* the scheduler's busy time: in the engine, its own */
+    long sched_steps;
     long ttft_count, step_count;
 } srv_metrics;
 
@@ -88,7 +93,9 @@ struct srv {
 double srv_now(void);
 /* Drops one reference (the caller holds s->mu); frees the job at zero. */
 void job_unref_locked(job *j);
-/* Appends an SSE event "data: <json>\n\n" (the caller holds s->mu). */
+/* Appends an SSE event "data: <json>\n\n" to out (and frees obj). */
+void sse_append(sbuf *out, json_t *obj);
+/* The same to j->out (the caller holds s->mu). */
 void job_sse_locked(job *j, json_t *obj);
 
 /* The scheduler: runs on the calling thread until s->stopping; false when it
@@ -99,12 +106,20 @@ bool sched_submit(srv *s, job *j);
 
 /* ---- reply objects (reply.c) */
 json_t *reply_usage(const job *j);
-/* A streamed chunk for choice index (any of the parts may be NULL). */
+/* A streamed chunk for choice index (any of the parts may be NULL; it takes
+ * tool_calls, deltas that carry their index, and logprobs). */
 json_t *reply_chunk(const job *j, int index, const char *role, const sbuf *content, const sbuf *reasoning,
                     json_t *tool_calls, const char *finish, json_t *logprobs);
 /* The whole reply of a finished job. */
 json_t *reply_final(const job *j);
 json_t *reply_error(const srv_error *e);
+/* Appends text (n bytes) as a JSON string literal; bytes that are not UTF-8
+ * become U+FFFD. */
+bool sb_json_string(sbuf *b, const char *text, size_t n);
+/* Appends the SSE event of a streamed chunk that carries only text (content,
+ * reasoning, either may be empty) for choice index: the same JSON as
+ * reply_chunk's, written directly (the per-token path). */
+bool reply_chunk_sse(sbuf *out, job *j, int index, const sbuf *content, const sbuf *reasoning);
 /* The token's text and log-probability entry ({token, logprob, bytes, top_logprobs}). */
 json_t *reply_logprob_entry(const ds_tokenizer *t, int32_t id, const float *logits, int n_vocab, int top);
 

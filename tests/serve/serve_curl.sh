@@ -85,6 +85,19 @@ check "a next turn reuses the previous turn's tokens" [ "$(jq '.usage.prompt_cac
 check "next turn: the same text with and without the cache" \
   [ "$(jq -r '.choices[0].message.content' <<<"$t2")" = "$(jq -r '.choices[0].message.content' <<<"$t2f")" ]
 check "fresh server: no hit" [ "$(jq '.usage.prompt_cache_hit_tokens' <<<"$t2f")" = 0 ]
+# --cache-mem: whole slots beyond --parallel keep prefixes (least recently used reused first)
+OTHER="{\"messages\":[$(msg "$P1")],\"max_tokens\":4,\"temperature\":0}"
+post "$URL_fresh" /v1/chat/completions "$OTHER" >/dev/null
+t2e=$(post "$URL_fresh" /v1/chat/completions "$turn2")
+check "one slot: another prompt took the conversation's place" [ "$(jq '.usage.prompt_cache_hit_tokens < 20' <<<"$t2e")" = true ]
+start_server cached --parallel 1 --ctx-size 512 --threads 2 --cache-mem 4
+check "4 MiB hold two more slots of 1.6 MiB" grep -q 'prefix cache: 2 more slots, 3.1 MiB' "$WORK/cached.log"
+post "$URL_cached" /v1/chat/completions "$turn2" >/dev/null
+post "$URL_cached" /v1/chat/completions "$OTHER" >/dev/null
+t2c=$(post "$URL_cached" /v1/chat/completions "$turn2")
+check "with --cache-mem the conversation outlives another prompt" [ "$(jq '.usage.prompt_cache_hit_tokens >= 20' <<<"$t2c")" = true ]
+check "and gives the same text" \
+  [ "$(jq -r '.choices[0].message.content' <<<"$t2c")" = "$(jq -r '.choices[0].message.content' <<<"$t2f")" ]
 
 # ---- completions
 r=$(post "$U" /v1/completions '{"prompt":"The old man walked","max_tokens":6,"temperature":0,"logprobs":2,"echo":true}')
@@ -104,7 +117,8 @@ check "health" [ "$(curl -s "$U/health" | jq -r .status)" = ok ]
 check "models lists the model" [ "$(curl -s "$U/v1/models" | jq -r '.data[0].id')" = dsv3-mini ]
 curl -s "$U/metrics" >"$WORK/metrics"
 for m in dsv3_requests_total dsv3_prompt_tokens_total dsv3_completion_tokens_total dsv3_prompt_cache_hit_tokens_total \
-  dsv3_queue_depth dsv3_time_to_first_token_seconds_bucket dsv3_decode_step_seconds_count; do
+  dsv3_queue_depth dsv3_time_to_first_token_seconds_bucket dsv3_decode_step_seconds_count dsv3_prompt_cache_tokens \
+  dsv3_scheduler_busy_seconds_total; do
   check "metrics has $m" grep -q "^$m" "$WORK/metrics"
 done
 check "the chat page" bash -c "curl -s '$U/' | grep -q '<title>dsv3 chat</title>'"

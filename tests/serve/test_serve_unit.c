@@ -1,10 +1,11 @@
 /* test_serve_unit.c - the server's pieces without a socket: request parsing
  * and validation, the stop-string matcher and the reply parser (reasoning and
  * DeepSeek tool-call formats), each fed split at every byte so that matches
- * across token boundaries are checked against a plain search of the whole. */
+ * across token boundaries are checked against a plain search of the whole;
+ * the streamed chunks written directly against the same built with jansson. */
 #include <string.h>
 
-#include "serve/serve.h"
+#include "serve/server.h"
 #include "test.h"
 
 static int parse(const char *body, req_kind k, srv_request *r, srv_error *e)
@@ -133,15 +134,56 @@ static void test_stop(void)
     }
 }
 
-/* Runs the parser over text split every `step` bytes. */
+/* Adds streamed tool-call deltas to the calls they build (an array by index),
+ * checking OpenAI's sequence: a call's first delta has its id, type, name and
+ * empty arguments, the next ones only arguments; indices go 0, 1, ... */
+static void add_deltas(json_t *built, json_t *deltas)
+{
+    size_t i;
+    json_t *d;
+    json_array_foreach(deltas, i, d) {
+        json_int_t k = json_integer_value(json_object_get(d, "index"));
+        json_t *f = json_object_get(d, "function");
+        if (json_object_get(d, "id")) {
+            CHECK_MSG(k == (json_int_t)json_array_size(built), "a new call's index %lld after %zu calls", (long long)k,
+                      json_array_size(built));
+            CHECK(!strcmp(json_string_value(json_object_get(d, "type")), "function"));
+            CHECK(json_string_value(json_object_get(f, "name")) && !strcmp(json_string_value(json_object_get(f, "arguments")), ""));
+            json_t *c = json_deep_copy(d);
+            json_object_del(c, "index");
+            json_array_append_new(built, c);
+        } else {
+            CHECK_MSG(k == (json_int_t)json_array_size(built) - 1 && json_object_size(d) == 2 && json_object_size(f) == 1,
+                      "an arguments delta for call %lld of %zu", (long long)k, json_array_size(built));
+            json_t *c = json_array_get(built, (size_t)k), *cf = json_object_get(c, "function");
+            sbuf a = {0};
+            sb_adds(&a, json_string_value(json_object_get(cf, "arguments")));
+            sb_adds(&a, json_string_value(json_object_get(f, "arguments")));
+            json_object_set_new(cf, "arguments", json_string(a.p));
+            sb_free(&a);
+        }
+    }
+    json_decref(deltas);
+}
+
+/* Runs the parser over text split every `step` bytes; the tool calls streamed
+ * must build the calls found at the end. */
 static void run_parser(const char *text, bool in_reasoning, size_t step, sbuf *content, sbuf *reasoning, json_t **calls)
 {
     out_parser p;
     outp_init(&p, in_reasoning);
     size_t len = strlen(text);
-    for (size_t i = 0; i < len; i += step) outp_push(&p, text + i, len - i < step ? len - i : step, content, reasoning);
+    json_t *built = json_array();
+    for (size_t i = 0; i < len; i += step) {
+        outp_push(&p, text + i, len - i < step ? len - i : step, content, reasoning);
+        add_deltas(built, outp_call_deltas(&p, false, 1));
+    }
     outp_finish(&p, content, reasoning);
+    add_deltas(built, outp_call_deltas(&p, true, 1));
     *calls = outp_tool_calls(&p, 1);
+    CHECK_MSG(json_equal(built, *calls ? *calls : json_array()) || (!*calls && !json_array_size(built)),
+              "'%s' step %zu: the streamed calls differ from the whole reply's", text, step);
+    json_decref(built);
     outp_free(&p);
 }
 
@@ -193,13 +235,57 @@ static void test_parser(void)
                 false, "", "", "get_weather;", "{\"city\":\"Oslo\"};");
     check_parse("think first</think>ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}<｜tool▁call▁end｜>",
                 true, "ok", "think first", "f;", "{};");
+    /* cut short: the call is taken as it came */
+    check_parse("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":", false, "", "", "get_weather;",
+                "{\"city\":;");
+    /* a section without a name is no call; the next one is call 0 */
+    check_parse("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜><｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>[]"
+                "<｜tool▁call▁end｜>",
+                false, "", "", "g;", "[];");
     const char *open = "<｜Assistant｜><think>\n", *closed = "<｜Assistant｜></think>";
     CHECK(prompt_opens_think(open, strlen(open)));
     CHECK(!prompt_opens_think(closed, strlen(closed)));
 }
 
+/* The per-token SSE chunk equals reply_chunk's through jansson; text that is
+ * not UTF-8 still gives JSON. */
+static void test_chunks(void)
+{
+    srv s = {0};
+    snprintf(s.model_name, sizeof s.model_name, "m\"odel/\x01");
+    const char *texts[] = {"", "The", " a \"quoted\" \\ back\n\r\t\b\f\x01\x1f\x7f", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+                           "<｜tool▁sep｜> / </script>"};
+    for (int kind = 0; kind < 2; kind++)
+        for (size_t a = 0; a < sizeof texts / sizeof *texts; a++)
+            for (size_t b = 0; b < sizeof texts / sizeof *texts; b++) {
+                job j = {.s = &s, .created = 1796208413};
+                j.req.kind = kind ? REQ_COMPLETION : REQ_CHAT;
+                snprintf(j.id, sizeof j.id, "chatcmpl-%zu", a);
+                sbuf c = {0}, r = {0}, fast = {0}, slow = {0};
+                sb_adds(&c, texts[a]);
+                if (!kind) sb_adds(&r, texts[b]);
+                if (!c.n && !r.n) continue;
+                CHECK(reply_chunk_sse(&fast, &j, (int)b, &c, &r));
+                sse_append(&slow, reply_chunk(&j, (int)b, NULL, &c, &r, NULL, NULL, NULL));
+                CHECK_MSG(fast.n == slow.n && !memcmp(fast.p, slow.p, fast.n), "chunk:\n%s\nwant:\n%s", fast.p, slow.p);
+                sb_free(&c);
+                sb_free(&r);
+                sb_free(&fast);
+                sb_free(&slow);
+                sb_free(&j.chunk_head);
+            }
+    sbuf o = {0};
+    CHECK(sb_json_string(&o, "a\xff\xc3(\xed\xa0\x80\xe2\x82", 9));
+    json_t *v = json_loads(o.p, JSON_DECODE_ANY, NULL);
+    CHECK_MSG(v && !strcmp(json_string_value(v), "a\xef\xbf\xbd\xef\xbf\xbd(\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"),
+              "not UTF-8 gave %s", o.p);
+    json_decref(v);
+    sb_free(&o);
+}
+
 int main(void)
 {
+    test_chunks();
     test_requests();
     test_stop();
     test_parser();
