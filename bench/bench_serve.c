@@ -1,13 +1,39 @@
-/* bench_serve.c - the in-process figures bench/serve.sh compares `dsv3 serve`
- * with, measured through the public API as the CLI runs: time to first token
- * of a short chat prompt (the prompt's forward pass and the pick, on an idle
- * engine), and greedy decode of B sequences in lockstep (one ds_decode_pick of
- * B tokens per step, eos ignored), in tokens per second.
- *   bench_serve CKPT PROMPT [B=8] [TOKENS=128] [THREADS=0] [DEVICE=auto] */
+/* bench_serve.c - `dsv3 serve`'s own overhead, against the same work done in
+ * this process through the public API (as the CLI does it), in alternating
+ * rounds so that both sides see the same minute of a shared machine.
+ *
+ * Each round measures:
+ *   decode  in process: B sequences holding the prompt, decoded in lockstep
+ *           (one ds_decode_pick of B tokens per step, greedy), tok/s and CPU
+ *           seconds per token. Server: B streamed chat requests at once
+ *           (greedy, eos ignored, N tokens each) over B sockets read by one
+ *           thread; each stream's rate is (N-1) over the time from its first
+ *           token to its last, the aggregate is their sum. The server's CPU
+ *           per token: its threads' CPU time (/proc/PID/task/{*}/schedstat)
+ *           for a wave of N tokens less that of a wave of 1, over B*(N-1).
+ *   ttft    a short chat prompt, new to the server except for the template's
+ *           head, sent as a non-streamed request of max_tokens 1: from connect
+ *           to the whole reply. In process: template and tokenizer, then the
+ *           same prompt tokens the server computed (those it did not take
+ *           from its prefix cache, as its usage reports) and the pick.
+ *   floor   GET /health on the same server: connect, one HTTP exchange, close
+ *           (what no server can avoid on loopback, model or not).
+ * Medians of 7 for the latencies; every round printed, then the medians of
+ * the rounds' ratios.
+ *   bench_serve CKPT PORT PID [B=8] [TOKENS=128] [ROUNDS=5] [THREADS=0] [DEVICE=auto] */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "dsv3.h"
 
@@ -18,10 +44,44 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double cpu_self(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* CPU seconds of every thread of process pid (schedstat: ns on the CPU). */
+static double cpu_of(int pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    double s = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        char f[300];
+        snprintf(f, sizeof f, "/proc/%d/task/%s/schedstat", pid, de->d_name);
+        FILE *fp = fopen(f, "r");
+        unsigned long long ns = 0;
+        if (fp && fscanf(fp, "%llu", &ns) == 1) s += 1e-9 * (double)ns;
+        if (fp) fclose(fp);
+    }
+    if (d) closedir(d);
+    return s;
+}
+
 static int cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 static int fail(void)
@@ -30,58 +90,270 @@ static int fail(void)
     return 1;
 }
 
+static int g_port;
+
+/* Sends an HTTP/1.0 request (the server closes after the reply: no chunked
+ * encoding) on a fresh connection; returns the socket, or -1. */
+static int http_send(const char *method, const char *path, const char *body)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        perror("bench_serve: connect");
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    char head[256];
+    size_t bl = body ? strlen(body) : 0;
+    int hl = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+                      method, path, bl);
+    char *msg = malloc((size_t)hl + bl);
+    memcpy(msg, head, (size_t)hl);
+    if (bl) memcpy(msg + hl, body, bl);
+    size_t off = 0, len = (size_t)hl + bl;
+    while (off < len) {
+        ssize_t w = send(fd, msg + off, len - off, 0);
+        if (w <= 0) {
+            perror("bench_serve: send");
+            free(msg);
+            close(fd);
+            return -1;
+        }
+        off += (size_t)w;
+    }
+    free(msg);
+    return fd;
+}
+
+/* A whole exchange: the reply (headers and body, malloc'd) or NULL. */
+static char *http(const char *method, const char *path, const char *body)
+{
+    int fd = http_send(method, path, body);
+    if (fd < 0) return NULL;
+    size_t n = 0, cap = 4096;
+    char *r = malloc(cap);
+    ssize_t k;
+    while ((k = recv(fd, r + n, cap - n - 1, 0)) > 0)
+        if ((n += (size_t)k) + 1 == cap) r = realloc(r, cap *= 2);
+    close(fd);
+    r[n] = 0;
+    return r;
+}
+
+static void chat_body(char *out, size_t cap, const char *prompt, int max_tokens, bool stream)
+{
+    snprintf(out, cap,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":%d,\"temperature\":0,"
+             "\"ignore_eos\":true,\"stream\":%s}",
+             prompt, max_tokens, stream ? "true" : "false");
+}
+
+/* B streamed requests of n tokens at once: the aggregate decode rate (sum of
+ * each stream's (n-1) tokens over its first-to-last token time); *wall the
+ * whole wave. Returns -1 on failure. */
+static double wave(int B, int n, const char *prompt, double *wall)
+{
+    char body[512];
+    chat_body(body, sizeof body, prompt, n, true);
+    struct pollfd *p = calloc((size_t)B, sizeof *p);
+    double *t_first = calloc((size_t)B, sizeof(double)), *t_last = calloc((size_t)B, sizeof(double));
+    int *events = calloc((size_t)B, sizeof(int));
+    char **tail = calloc((size_t)B, sizeof(char *)); /* an event split over reads */
+    double t0 = now();
+    for (int i = 0; i < B; i++) {
+        p[i].fd = http_send("POST", "/v1/chat/completions", body);
+        p[i].events = POLLIN;
+        tail[i] = calloc(1, 1 << 16);
+        if (p[i].fd < 0) return -1;
+    }
+    int open = B;
+    char buf[1 << 16];
+    while (open) {
+        if (poll(p, (nfds_t)B, 10000) <= 0) {
+            fprintf(stderr, "bench_serve: the server stopped answering\n");
+            return -1;
+        }
+        double t = now();
+        for (int i = 0; i < B; i++) {
+            if (p[i].fd < 0 || !p[i].revents) continue;
+            ssize_t k = recv(p[i].fd, buf, sizeof buf - 1, 0);
+            if (k <= 0) {
+                close(p[i].fd);
+                p[i].fd = -1;
+                open--;
+                continue;
+            }
+            buf[k] = 0;
+            /* token events carry a content delta; the role chunk does not */
+            size_t tl = strlen(tail[i]);
+            if (tl + (size_t)k >= (1 << 16)) tl = 0;
+            memcpy(tail[i] + tl, buf, (size_t)k + 1);
+            char *s = tail[i], *e;
+            while ((e = strstr(s, "\n\n"))) {
+                *e = 0;
+                if (strstr(s, "\"content\":\"") && !strstr(s, "\"role\"")) {
+                    if (!events[i]++) t_first[i] = t;
+                    t_last[i] = t;
+                }
+                s = e + 2;
+            }
+            memmove(tail[i], s, strlen(s) + 1);
+        }
+    }
+    *wall = now() - t0;
+    double rate = 0;
+    for (int i = 0; i < B; i++) {
+        free(tail[i]);
+        if (n == 1) continue;
+        if (events[i] < 2) {
+            fprintf(stderr, "bench_serve: stream %d gave %d token events\n", i, events[i]);
+            return -1;
+        }
+        rate += (events[i] - 1) / (t_last[i] - t_first[i]);
+    }
+    free(p);
+    free(t_first);
+    free(t_last);
+    free(events);
+    free(tail);
+    return rate;
+}
+
+/* The integer after "key": in s, or -1. */
+static long json_int(const char *s, const char *key)
+{
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = s ? strstr(s, k) : NULL;
+    return p ? strtol(p + strlen(k), NULL, 10) : -1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
-        fprintf(stderr, "usage: bench_serve CKPT PROMPT [B=8] [TOKENS=128] [THREADS=0] [DEVICE=auto]\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: bench_serve CKPT PORT PID [B=8] [TOKENS=128] [ROUNDS=5] [THREADS=0] [DEVICE=auto]\n");
         return 2;
     }
-    int B = argc > 3 ? atoi(argv[3]) : 8, N = argc > 4 ? atoi(argv[4]) : 128;
+    g_port = atoi(argv[2]);
+    int pid = atoi(argv[3]);
+    int B = argc > 4 ? atoi(argv[4]) : 8, N = argc > 5 ? atoi(argv[5]) : 128, R = argc > 6 ? atoi(argv[6]) : 5;
     ds_engine_params p = ds_engine_default_params();
     p.n_seq = B;
     p.n_ctx = 512;
-    p.n_threads = argc > 5 ? atoi(argv[5]) : 0;
-    p.device = argc > 6 ? argv[6] : "auto";
+    p.n_threads = argc > 7 ? atoi(argv[7]) : 0;
+    p.device = argc > 8 ? argv[8] : "auto";
     ds_engine *e;
     if (ds_engine_load(argv[1], &p, &e)) return fail();
-    ds_chat_message m = {.role = "user", .content = argv[2]};
+    const ds_tokenizer *tk = ds_engine_tokenizer(e);
+    const int nv = ds_engine_n_vocab(e);
+    const char *prompt = "Tell me about the city.";
     ds_chat_params cp = ds_chat_default_params();
     cp.add_generation_prompt = true;
+    ds_chat_message m = {.role = "user", .content = prompt};
     int32_t *ids;
     size_t n;
-    if (ds_chat_apply(ds_engine_tokenizer(e), &m, 1, &cp, NULL, &ids, &n)) return fail();
-    /* time to first token: the prompt from an empty slot, then the pick (median of 7) */
-    double ttft[7];
-    int32_t first = 0;
-    for (int r = 0; r < 7; r++) {
-        ds_seq_truncate(e, 0, 0);
-        double t0 = now();
-        ds_batch b = {.n_tokens = (int)n, .token = ids};
-        if (ds_decode(e, &b)) return fail();
-        first = ds_argmax(ds_logits(e, 0), ds_engine_n_vocab(e));
-        ttft[r] = now() - t0;
-    }
-    if (getenv("BENCH_VERBOSE"))
-        for (int r = 0; r < 7; r++) fprintf(stderr, "ttft[%d] %.2f ms\n", r, ttft[r] * 1e3);
-    qsort(ttft, 7, sizeof *ttft, cmp);
-    /* B sequences holding the prompt, decoded in lockstep */
-    for (int q = 1; q < B; q++)
-        if (ds_seq_fork(e, q, 0, (int)n)) return fail();
+    if (ds_chat_apply(tk, &m, 1, &cp, NULL, &ids, &n)) return fail();
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)B), *next = malloc(sizeof(int32_t) * (size_t)B);
     int *seq = malloc(sizeof(int) * (size_t)B);
-    for (int q = 0; q < B; q++) tok[q] = first, seq[q] = q;
-    ds_batch b = {.n_tokens = B, .token = tok, .seq = seq};
-    double t0 = now();
-    for (int s = 0; s < N; s++) {
-        if (ds_decode_pick(e, &b, NULL, next)) return fail();
-        memcpy(tok, next, sizeof(int32_t) * (size_t)B);
+    double *r_dec = calloc((size_t)R, sizeof(double)), *r_cpu = calloc((size_t)R, sizeof(double)),
+           *r_ttft = calloc((size_t)R, sizeof(double)), *r_over = calloc((size_t)R, sizeof(double));
+    char body[512], text[128];
+    int uniq = 0;
+    double w;
+    if (wave(B, 4, prompt, &w) < 0) return 1; /* warm-up: threads, caches, pages */
+    printf("round  in-process tok/s  server tok/s  ratio   CPU us/tok in-process  server  ratio   "
+           "TTFT ms in-process  server  /health  server-in-process\n");
+    for (int r = 0; r < R; r++) {
+        /* ---- decode, in process */
+        ds_seq_truncate(e, 0, 0);
+        ds_batch pb = {.n_tokens = (int)n, .token = ids};
+        if (ds_decode(e, &pb)) return fail();
+        int32_t first = ds_argmax(ds_logits(e, 0), nv);
+        for (int q = 1; q < B; q++)
+            if (ds_seq_fork(e, q, 0, (int)n)) return fail();
+        for (int q = 0; q < B; q++) tok[q] = first, seq[q] = q;
+        ds_batch b = {.n_tokens = B, .token = tok, .seq = seq};
+        double c0 = cpu_self(), t0 = now();
+        for (int s = 0; s < N; s++) {
+            if (ds_decode_pick(e, &b, NULL, next)) return fail();
+            memcpy(tok, next, sizeof(int32_t) * (size_t)B);
+        }
+        double cli_dt = now() - t0, cli_cpu = (cpu_self() - c0) / ((double)B * N);
+        double cli_tps = (double)B * N / cli_dt;
+        /* ---- decode, the server */
+        double s0 = cpu_of(pid);
+        if (wave(B, 1, prompt, &w) < 0) return 1;
+        double s1 = cpu_of(pid);
+        double srv_tps = wave(B, N, prompt, &w);
+        if (srv_tps < 0) return 1;
+        double srv_cpu = ((cpu_of(pid) - s1) - (s1 - s0)) / ((double)B * (N - 1));
+        /* ---- time to first token, alternating, and the loopback floor */
+        double tc[7], ts[7], th[7];
+        int cached = -1, computed = -1;
+        for (int k = 0; k < 7; k++) {
+            snprintf(text, sizeof text, "%d tells of a city by the sea.", 1000 + uniq++);
+            chat_body(body, sizeof body, text, 1, false);
+            t0 = now();
+            char *reply = http("POST", "/v1/chat/completions", body);
+            ts[k] = now() - t0;
+            long hit = json_int(reply, "prompt_cache_hit_tokens"), pt = json_int(reply, "prompt_tokens");
+            if (hit < 0 || pt < 1) {
+                fprintf(stderr, "bench_serve: no usage in the reply: %.300s\n", reply ? reply : "(none)");
+                return 1;
+            }
+            free(reply);
+            /* in process: the cached part in place untimed, then the server's work */
+            ds_chat_message mk = {.role = "user", .content = text};
+            int32_t *kid;
+            size_t kn;
+            if (ds_chat_apply(tk, &mk, 1, &cp, NULL, &kid, &kn)) return fail();
+            ds_seq_truncate(e, 0, 0);
+            ds_batch hb = {.n_tokens = (int)hit, .token = kid};
+            if (hit && ds_decode(e, &hb)) return fail();
+            ds_free(kid);
+            t0 = now();
+            if (ds_chat_apply(tk, &mk, 1, &cp, NULL, &kid, &kn)) return fail();
+            ds_batch rb = {.n_tokens = (int)(kn - (size_t)hit), .token = kid + hit};
+            if (ds_decode(e, &rb)) return fail();
+            (void)ds_argmax(ds_logits(e, 0), nv);
+            tc[k] = now() - t0;
+            ds_free(kid);
+            if ((long)kn != pt) {
+                fprintf(stderr, "bench_serve: the server's prompt has %ld tokens, this one %zu\n", pt, kn);
+                return 1;
+            }
+            cached = (int)hit;
+            computed = (int)(kn - (size_t)hit);
+            t0 = now();
+            reply = http("GET", "/health", NULL);
+            th[k] = now() - t0;
+            free(reply);
+        }
+        double mc = median(tc, 7), ms = median(ts, 7), mh = median(th, 7);
+        r_dec[r] = srv_tps / cli_tps;
+        r_cpu[r] = srv_cpu / cli_cpu;
+        r_ttft[r] = ms / mc;
+        r_over[r] = ms - mc;
+        printf("%5d  %16.1f  %12.1f  %5.3f   %21.1f  %6.1f  %5.3f   %18.2f  %6.2f  %7.2f  %6.2f\n", r, cli_tps, srv_tps,
+               r_dec[r], cli_cpu * 1e6, srv_cpu * 1e6, r_cpu[r], mc * 1e3, ms * 1e3, mh * 1e3, (ms - mc) * 1e3);
+        if (r == 0) printf("       (TTFT prompts: %d tokens, %d of them from the server's prefix cache, %d computed)\n",
+                           cached + computed, cached, computed);
+        fflush(stdout);
     }
-    double dt = now() - t0;
-    printf("prompt_tokens %zu\nttft_ms %.2f\ndecode_batch %d\ndecode_tokens_per_s %.1f\n", n, ttft[3] * 1e3, B,
-           (double)B * N / dt);
+    printf("median of %d rounds: decode %.3f of in-process (server CPU per token %.3fx), TTFT %.3fx in-process "
+           "(+%.2f ms)\n",
+           R, median(r_dec, R), median(r_cpu, R), median(r_ttft, R), median(r_over, R) * 1e3);
     free(tok);
     free(next);
     free(seq);
+    free(r_dec);
+    free(r_cpu);
+    free(r_ttft);
+    free(r_over);
     ds_free(ids);
     ds_engine_free(e);
     return 0;
