@@ -34,7 +34,7 @@ typedef struct {
     int n_slots, n_vocab;
     slot_info *slots;
     long clock;
-    job **active;
+    job **active, **wake;
     int n_active;
     /* the batch */
     int32_t *tok;
@@ -124,13 +124,14 @@ static void emit(job *j, int ci, const sbuf *content, const sbuf *reasoning, jso
     if (o) sse_append(&j->stage, o);
 }
 
-/* Hands j's staged events to its connection (the caller holds s->mu). */
-static void publish_locked(job *j)
+/* Hands j's staged events to its connection (the caller holds s->mu);
+ * whether there were any (its connection is then to be woken). */
+static bool publish_locked(job *j)
 {
-    if (!j->stage.n) return;
+    if (!j->stage.n) return false;
     sb_add(&j->out, j->stage.p, j->stage.n);
     sb_clear(&j->stage);
-    pthread_cond_broadcast(&j->cv);
+    return true;
 }
 
 /* Ends choice ci: flushes the held text, frees its decoding state, releases its slot. */
@@ -542,7 +543,9 @@ static bool step(sched *c)
     }
     /* this step's events and metrics, under one lock */
     pthread_mutex_lock(&s->mu);
-    for (int k = 0; k < c->n_active; k++) publish_locked(c->active[k]);
+    int n_wake = 0;
+    for (int k = 0; k < c->n_active; k++)
+        if (publish_locked(c->active[k])) c->wake[n_wake++] = c->active[k];
     s->m.batch_tokens = n;
     if (n_decode) {
         s->m.step_sum += dt;
@@ -554,6 +557,9 @@ static bool step(sched *c)
     s->m.ttft_count += c->m.ttft_count;
     memset(&c->m, 0, sizeof c->m);
     pthread_mutex_unlock(&s->mu);
+    /* woken after the unlock, the connections do not queue on the mutex the
+     * scheduler still holds; a job stays alive until finish_job below */
+    for (int k = 0; k < n_wake; k++) pthread_cond_broadcast(&c->wake[k]->cv);
     for (int k = 0; k < c->n_active;) {
         job *j = c->active[k];
         if (j->state == JOB_DECODE && job_done(j)) {
@@ -593,6 +599,7 @@ bool sched_main(srv *s)
     int cap = c.n_slots + s->o.prefill_chunk + 1;
     c.slots = calloc((size_t)c.n_slots, sizeof *c.slots);
     c.active = calloc((size_t)c.n_slots, sizeof *c.active);
+    c.wake = calloc((size_t)c.n_slots, sizeof *c.wake);
     c.tok = calloc((size_t)cap, sizeof *c.tok);
     c.seq = calloc((size_t)cap, sizeof *c.seq);
     c.want = calloc((size_t)cap, sizeof *c.want);
@@ -601,7 +608,7 @@ bool sched_main(srv *s)
     c.pick_smp = calloc((size_t)cap, sizeof *c.pick_smp);
     c.next = calloc((size_t)cap, sizeof *c.next);
     c.scratch = calloc((size_t)c.n_vocab, sizeof *c.scratch);
-    if (!c.slots || !c.active || !c.tok || !c.seq || !c.want || !c.row_job || !c.row_choice || !c.pick_smp ||
+    if (!c.slots || !c.active || !c.wake || !c.tok || !c.seq || !c.want || !c.row_job || !c.row_choice || !c.pick_smp ||
         !c.next || !c.scratch) {
         fprintf(stderr, "dsv3 serve: out of memory for the scheduler\n");
         ok = false;
@@ -627,6 +634,7 @@ bool sched_main(srv *s)
     }
     free(c.slots);
     free(c.active);
+    free(c.wake);
     free(c.tok);
     free(c.seq);
     free(c.want);
