@@ -7,14 +7,14 @@
 # run in one program (bench/bench_serve.c), in alternating rounds, so that
 # each ratio compares the same minute of a shared machine; every round is
 # printed, then the medians. Loopback only; the server stops at the end.
-#   bench/serve.sh [CKPT=models/dsv3-mini] [B=8] [TOKENS=128] [THREADS=0] [DEVICE=auto] [ROUNDS=5]
+#   bench/serve.sh [CKPT=models/dsv3-mini] [B=8] [TOKENS=256] [THREADS=0] [DEVICE=auto] [ROUNDS=5]
 # DSV3_BIN (default build/dsv3) is the server; bench_serve is built against
 # the libdsv3.a next to it. Extra server flags: SERVE_FLAGS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPT=${1:-models/dsv3-mini}
 B=${2:-8}
-N=${3:-128}
+N=${3:-256}
 THREADS=${4:-0}
 DEVICE=${5:-auto}
 ROUNDS=${6:-5}
