@@ -234,7 +234,7 @@ typedef struct {
     bool no_tokenizer;         /* load none (ds_engine_tokenizer() is NULL) */
     const char *device;        /* "cpu", "cuda" or "auto" (NULL: auto, CUDA when built in and present) */
     bool ref_kernels;          /* the scalar reference kernels (CPU only): slow, for checking */
-    int n_threads;             /* CPU threads, process-wide (0: OpenMP's default) */
+    int n_threads;             /* CPU threads, process-wide, at most 1024 (0: OpenMP's default) */
     int n_ctx;                 /* positions per sequence (0: min(max_seq_len, 4096)) */
     int n_seq;                 /* sequences (KV-cache slots) (0: 1) */
     ds_attention_impl attention; /* absorb (the reference's default) or naive (full K and V cached) */

@@ -73,9 +73,15 @@ ds_engine_params ds_engine_default_params(void)
     return (ds_engine_params){.device = "auto", .attention = DS_ATTENTION_ABSORB, .matmul = DS_MATMUL_BF16};
 }
 
+/* More threads than any machine has cores only cost stacks, and OpenMP cannot
+ * report a failure to create them: -t 100000 ended in a segmentation fault. */
+#define ENGINE_MAX_THREADS 1024
+
 static ds_status check_params(const ds_engine_params *p)
 {
-    if (p->n_threads < 0) return ds_errorf(DS_ERR_ARG, "n_threads must be >= 0 (0: the default), got %d", p->n_threads);
+    if (p->n_threads < 0 || p->n_threads > ENGINE_MAX_THREADS)
+        return ds_errorf(DS_ERR_ARG, "n_threads must be in [0, %d] (0: the default), got %d", ENGINE_MAX_THREADS,
+                         p->n_threads);
     if (p->n_ctx < 0) return ds_errorf(DS_ERR_ARG, "n_ctx must be >= 0 (0: the default), got %d", p->n_ctx);
     if (p->n_seq < 0) return ds_errorf(DS_ERR_ARG, "n_seq must be >= 0 (0: one sequence), got %d", p->n_seq);
     if (p->prefill_chunk < 0) return ds_errorf(DS_ERR_ARG, "prefill_chunk must be >= 1 (0: the backend's choice)");
