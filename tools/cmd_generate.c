@@ -95,8 +95,27 @@ static void chat_remove(chat *h, size_t i, size_t k)
     h->n -= k;
 }
 
+/* The most bytes of text one token stands for: its piece's length (a
+ * byte-level piece spends one or two bytes per byte of text). */
+static size_t max_token_bytes(const ds_tokenizer *t)
+{
+    size_t most = 1;
+    for (int32_t id = 0; id < ds_tokenizer_n_vocab(t); id++) {
+        const char *p = ds_token_piece(t, id);
+        size_t l = p ? strlen(p) : 0;
+        most = l > most ? l : most;
+    }
+    return most;
+}
+
 static ds_status encode_chat(const gen_ctx *c, const chat *h, int32_t **ids, size_t *n)
 {
+    /* A new message of more bytes than the context's tokens can stand for
+     * cannot fit: refused before the tokenizer spends minutes on it. */
+    size_t last = h->n ? strlen(h->m[h->n - 1].content) : 0, n_ctx = (size_t)ds_engine_n_ctx(c->e);
+    if (last > n_ctx && last / max_token_bytes(c->tok) > n_ctx)
+        return ds_errorf(DS_ERR_RANGE, "the message is %zu bytes, more than the context of %zu positions can hold "
+                         "(--ctx-size)", last, n_ctx);
     ds_chat_params p = ds_chat_default_params();
     p.add_generation_prompt = true;
     p.parse_special = c->parse_special;
@@ -252,6 +271,10 @@ static ds_status read_prompts(const char *path, char ***out, int **lines, int *n
     ds_status s = DS_OK;
     while ((r = getline(&line, &cap, f)) >= 0) {
         at++;
+        if (memchr(line, 0, (size_t)r)) { /* the prompt would end there, the rest dropped unseen */
+            s = ds_errorf(DS_ERR_FORMAT, "%s line %d: a NUL byte in the prompt", std_in ? "standard input" : path, at);
+            break;
+        }
         while (r > 0 && (line[r - 1] == '\n' || line[r - 1] == '\r')) line[--r] = 0;
         if (strspn(line, " \t") == (size_t)r) continue;
         char **nv = realloc(v, sizeof(char *) * (size_t)(cnt + 1));
