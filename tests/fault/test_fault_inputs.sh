@@ -3,8 +3,9 @@
 # cannot be written: a FIFO, a directory or an oversized file in place of each
 # kind of input file (never a hang: every command runs under `timeout`), a
 # config whose sizes would overflow, an F32 scale at an unaligned offset, a
-# shard truncated under a running cast (SIGBUS), stdout on /dev/full, and
-# descriptors 0-2 closed at start.
+# shard truncated under a running cast or model (SIGBUS), stdout on /dev/full,
+# descriptors 0-2 closed at start, thread counts past any machine's, and
+# prompts with a NUL byte or too long to tokenize before the context check.
 set -u
 bin="$(realpath "${DSV3_BIN:-build/dsv3}")"
 golden="${DSV3_GOLDEN:-tests/golden}"
@@ -78,6 +79,9 @@ done
 # ---- flag limits of the writers ----
 expect_err "cast-bf16 --threads 100000" "threads" "$bin" cast-bf16 --input-fp8-hf-path "$hf" --output-bf16-hf-path "$tmp/o" --threads 100000
 expect_err "convert --model-parallel 100000" "model-parallel" "$bin" convert --hf-ckpt-path "$hf" --save-path "$tmp/o" --n-experts 100000 --model-parallel 100000
+# thread counts past any machine's cores: a message, not a stack overflow inside OpenMP
+expect_err "bench -t 100000" "-t must be" "$bin" bench --ckpt-path "$hf" --config "$cfg" -p 8 -n 1 -t 100000
+expect_err "logits --threads 100000" "n_threads" "$bin" logits --ckpt-path "$hf" --config "$cfg" --tokens 1,2 --out "$tmp/l.st" --threads 100000
 
 # ---- an F32 scale whose data offset is not 4-aligned (legal in safetensors) ----
 mkdir -p "$tmp/un"
@@ -175,5 +179,26 @@ if [ -f "$tokdir/tokenizer.json" ] && [ -f "$gcfg" ]; then
     timeout 60 "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --max-new-tokens 3 --interactive <&- >/dev/null 2>&1
     rc=$?
     [ $rc = 0 ] && ok "generate --interactive with stdin closed ends" || bad "generate --interactive with stdin closed: exit $rc"
+    expect_err "generate --threads 100000" "n_threads" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" -p hi -n 2 --threads 100000
+    # prompts: text after a NUL byte is an error naming the line, never dropped unseen
+    printf 'fine\nhello\0 world\n' > "$tmp/nul.txt"
+    expect_err "a NUL in a prompt line" "line 2: a NUL byte" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --input-file "$tmp/nul.txt" -n 2
+    # a 50 MB one-word line is refused from its length at once (tokenizing it took minutes)
+    head -c 50000000 /dev/zero | tr '\0' a > "$tmp/word.txt"
+    expect_err "a 50 MB one-word prompt" "more than the context" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --input-file "$tmp/word.txt" -n 2
+    rm "$tmp/word.txt"
+    # a shard truncated while a model runs from it: a message naming the file, not a bare SIGBUS
+    cp -r "$tmp/gm" "$tmp/gm2"
+    mkfifo "$tmp/in"
+    "$bin" generate --ckpt-path "$tmp/gm2" --config "$gcfg" --interactive --max-new-tokens 3 <"$tmp/in" >/dev/null 2>"$tmp/err" &
+    pid=$!
+    exec 7>"$tmp/in"
+    for _ in $(seq 600); do grep -q '^loaded' "$tmp/err" && break; sleep 0.1; done
+    for f in "$tmp"/gm2/*.safetensors; do truncate -s 4096 "$f"; done
+    echo hi >&7
+    exec 7>&-
+    wait $pid; rc=$?
+    [ $rc = 1 ] && grep -q "safetensors changed while in use" "$tmp/err" && ok "shard truncated under generate" \
+        || bad "shard truncated under generate: exit $rc: $(tail -c 300 "$tmp/err")"
 fi
 exit $fail

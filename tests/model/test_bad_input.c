@@ -10,6 +10,11 @@
 #include "model/model.h"
 #include "test.h"
 
+/* Under AddressSanitizer an allocation that cannot be met returns NULL, as
+ * malloc does, rather than ending the test. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 typedef enum { EDIT_DROP, EDIT_RESHAPE, EDIT_DTYPE } edit_kind;
 
 /* Copies golden tiny_hf into a single-file checkpoint with one tensor edited. */
@@ -93,6 +98,10 @@ int main(void)
     m->cfg.max_seq_len = 1 << 24;
     CHECK(kvcache_new(&kv, m, INT_MAX, 1 << 24) == DS_ERR_RANGE);
     CHECK_MSG(strstr(ds_last_error(), "overflows") != NULL, "%s", ds_last_error());
+    /* one no machine can hold, 2^57 bytes a layer: out of memory, saying for what and how much */
+    CHECK(kvcache_new(&kv, m, 1 << 24, 1 << 24) == DS_ERR_NOMEM);
+    CHECK_MSG(strstr(ds_last_error(), "KV cache of 16777216 sequences") && strstr(ds_last_error(), " MiB"), "%s",
+              ds_last_error());
     m->cfg.max_seq_len = cfg.max_seq_len;
     CHECK_OK(kvcache_new(&kv, m, 1, 4));
     int32_t tok[2] = {5, 1024};
