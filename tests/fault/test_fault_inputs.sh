@@ -180,6 +180,12 @@ if [ -f "$tokdir/tokenizer.json" ] && [ -f "$gcfg" ]; then
     rc=$?
     [ $rc = 0 ] && ok "generate --interactive with stdin closed ends" || bad "generate --interactive with stdin closed: exit $rc"
     expect_err "generate --threads 100000" "n_threads" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" -p hi -n 2 --threads 100000
+    # a checkpoint's own chat template with an integer overflow: an error, not SIGFPE
+    mkdir -p "$tmp/jt"
+    cp "$tmp/gm/tokenizer.json" "$tmp/jt/"
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); d["chat_template"] = "{{ (-9223372036854775807 - 1) // -1 }}"; json.dump(d, open(sys.argv[2], "w"))' \
+        "$tmp/gm/tokenizer_config.json" "$tmp/jt/tokenizer_config.json"
+    expect_err "template integer overflow under generate" "integer overflow" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --tokenizer "$tmp/jt" -p hi -n 2
     # prompts: text after a NUL byte is an error naming the line, never dropped unseen
     printf 'fine\nhello\0 world\n' > "$tmp/nul.txt"
     expect_err "a NUL in a prompt line" "line 2: a NUL byte" "$bin" generate --ckpt-path "$tmp/gm" --config "$gcfg" --input-file "$tmp/nul.txt" -n 2
