@@ -678,6 +678,7 @@ done:
     ds_dist_finish(dist);
     free(b.tok);
     free(b.want);
+    free(b.seq);
     free(times);
     free(pl);
     free(nl);
