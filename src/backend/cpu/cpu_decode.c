@@ -117,27 +117,37 @@ void cpu_decode_pieces(int K, int n, int wsz, int x_bytes, size_t prefetch_bytes
 /* Below this many weight bytes in all, one thread does the work: waking the
  * others costs more than it saves. */
 #define DECODE_SERIAL_BYTES 65536
-/* Rows of one work unit: at most this many weight bytes, within one FP8 scale
- * block of one job. */
+/* Rows of one work unit: at most UNIT_BYTES of weights, within one FP8 scale
+ * block of one job, and small enough that the threads get UNITS_PER_THREAD
+ * each (down to MIN_UNIT_BYTES): with 16 threads, units of 512 KiB left all
+ * but one or two threads idle on the products of a few hundred KiB that a
+ * step has dozens of (the router, the per-head values, the small attention
+ * projections: 6-35 GB/s beside 85-90 for the large products, 16 cores of a
+ * Xeon). A thread streams its own share of consecutive units, so small units
+ * cost only the taking of each. */
 #define UNIT_BYTES 524288
+#define MIN_UNIT_BYTES 16384
+#define UNITS_PER_THREAD 4
 
 typedef struct {
     int job, a, b; /* rows [a, b) of jobs[job] */
 } decode_unit;
 
-/* The units of all jobs in order; NULL (and *nu = 0) if out of memory. */
-static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, int *nu)
+/* The units of all jobs in order for nt threads, total weight bytes in all;
+ * NULL (and *nu = 0) if out of memory. */
+static decode_unit *decode_units(const ds_matmul_job *jobs, int nj, size_t total, int nt, int *nu)
 {
-    size_t cap = 0;
+    size_t unit = total / ((size_t)nt * UNITS_PER_THREAD), cap = 0;
+    unit = unit > UNIT_BYTES ? UNIT_BYTES : unit < MIN_UNIT_BYTES ? MIN_UNIT_BYTES : unit;
     for (int i = 0; i < nj; i++) {
-        size_t per = UNIT_BYTES / cpu_row_bytes(jobs[i].w);
+        size_t per = unit / cpu_row_bytes(jobs[i].w);
         cap += (size_t)jobs[i].rows / (per ? per : 1) + (size_t)jobs[i].rows / DS_BLOCK + 2;
     }
     decode_unit *u = cpu_scratch(4, sizeof(decode_unit) * cap);
     if (!u) cpu_fail_oom("decode work list", sizeof(decode_unit) * cap);
     int n = 0;
     for (int i = 0; u && i < nj; i++) {
-        int per = (int)(UNIT_BYTES / cpu_row_bytes(jobs[i].w));
+        int per = (int)(unit / cpu_row_bytes(jobs[i].w));
         if (per < 1) per = 1;
         for (int a = 0, e; a < jobs[i].rows; a = e) {
             e = MIN(jobs[i].rows, a + per);
@@ -180,8 +190,8 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
     double t0 = g_stats_on ? cpu_stats_clock() : 0;
-    int nu = 0;
-    decode_unit *units = decode_units(jobs, nj, &nu);
+    int nu = 0, nt = total > DECODE_SERIAL_BYTES ? omp_get_max_threads() : 1;
+    decode_unit *units = decode_units(jobs, nj, total, MIN(nt, MAX_SHARES), &nu);
     if (!units) return; /* decode_units recorded the failure */
     /* one cache line each: the owner's and a thief's updates would otherwise
      * move the line between cores on every unit */
@@ -237,12 +247,12 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
 void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0, int hstride,
                       int rows, cpu_many_fn many, cpu_matmul_fn matmul)
 {
+    ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
+    if (!jobs) {
+        cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
+        return;
+    }
     if (n == 1) { /* heads' rows are contiguous per head: one decode region for all */
-        ds_matmul_job *jobs = malloc(sizeof(ds_matmul_job) * (size_t)H);
-        if (!jobs) {
-            cpu_fail_oom("per-head jobs", sizeof(ds_matmul_job) * (size_t)H);
-            return;
-        }
         for (int h = 0; h < H; h++)
             jobs[h] = (ds_matmul_job){y + (size_t)h * ys, x + (size_t)h * xs, 1, w, row0 + h * hstride, rows};
         many(jobs, H, DS_GEMM_BF16, false);
@@ -250,19 +260,30 @@ void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, co
         return;
     }
     int K = w->cols;
-    float *xt = malloc(sizeof(float) * (size_t)n * K), *yt = malloc(sizeof(float) * (size_t)n * rows);
+    /* a decode batch: every head's tokens gathered, then one decode region for
+     * all heads (a region a head cost a batch of 8 a twelfth of its step, 16
+     * cores); a prefill: a GEMM a head */
+    bool batch = n < cpu_gemm_min_tokens;
+    size_t hx = batch ? (size_t)H : 1;
+    float *xt = malloc(sizeof(float) * hx * (size_t)n * K), *yt = malloc(sizeof(float) * hx * (size_t)n * rows);
     if (!xt || !yt) {
-        cpu_fail_oom("per-head activations", sizeof(float) * (size_t)n * (K + rows));
-        free(xt);
-        free(yt);
-        return;
+        cpu_fail_oom("per-head activations", sizeof(float) * hx * (size_t)n * ((size_t)K + rows));
+        goto done;
     }
-    for (int h = 0; h < H; h++) {
-        for (int t = 0; t < n; t++) memcpy(xt + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
-        matmul(yt, xt, n, w, row0 + h * hstride, rows, DS_GEMM_BF16, false);
-        for (int t = 0; t < n; t++)
-            memcpy(y + ((size_t)t * H + h) * ys, yt + (size_t)t * rows, sizeof(float) * (size_t)rows);
+    for (int h0 = 0; h0 < H; h0 += (int)hx) {
+        for (int h = h0; h < h0 + (int)hx; h++) {
+            float *xh = xt + (size_t)(h - h0) * n * K;
+            for (int t = 0; t < n; t++) memcpy(xh + (size_t)t * K, x + ((size_t)t * H + h) * xs, sizeof(float) * (size_t)K);
+            jobs[h - h0] = (ds_matmul_job){yt + (size_t)(h - h0) * n * rows, xh, n, w, row0 + h * hstride, rows};
+        }
+        if (batch) many(jobs, H, DS_GEMM_BF16, false);
+        else matmul(yt, xt, n, w, row0 + h0 * hstride, rows, DS_GEMM_BF16, false);
+        for (int h = h0; h < h0 + (int)hx; h++)
+            for (int t = 0; t < n; t++)
+                memcpy(y + ((size_t)t * H + h) * ys, yt + ((size_t)(h - h0) * n + t) * rows, sizeof(float) * (size_t)rows);
     }
+done:
+    free(jobs);
     free(xt);
     free(yt);
 }
