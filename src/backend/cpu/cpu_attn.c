@@ -14,10 +14,11 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
-/* Combines nparts partial results (mx, l, o) of one token into out[h][R]. */
-static void att_merge(int H, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
+/* Combines nparts partial results (mx, l, o) of one token into out[h][R],
+ * heads [h0, h1). */
+static void att_merge(int h0, int h1, int R, int nparts, float *const *mx, float *const *l, float *const *o, float *out)
 {
-    for (int h = 0; h < H; h++) {
+    for (int h = h0; h < h1; h++) {
         float m = -INFINITY, sum = 0;
         for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
         float *oh = out + (size_t)h * R;
@@ -71,7 +72,7 @@ void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
                 #pragma omp for schedule(dynamic, 1)
                 for (int t = 0; t < a->n_tokens; t++) {
                     part(a, t, 0, a->pos[t] + 1, mx[me], l[me], o[me], sc);
-                    att_merge(H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
+                    att_merge(0, H, R, 1, &mx[me], &l[me], &o[me], a->out + (size_t)t * H * R);
                 }
             } else {
                 for (int t = 0; t < a->n_tokens; t++) {
@@ -79,8 +80,10 @@ void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
                     int j0 = MIN(len, me * per), j1 = MIN(len, j0 + per);
                     part(a, t, j0, j1, mx[me], l[me], o[me], sc);
                     #pragma omp barrier
-                    #pragma omp single
-                    att_merge(H, R, parts, mx, l, o, a->out + (size_t)t * H * R);
+                    /* a head a thread: one thread merging every head's parts (16 x 16
+                     * rows of 512 with 16 threads) would keep the others waiting */
+                    #pragma omp for schedule(static)
+                    for (int h = 0; h < H; h++) att_merge(h, h + 1, R, parts, mx, l, o, a->out + (size_t)t * H * R);
                 }
             }
         }
