@@ -23,14 +23,18 @@ static void att_merge(int h0, int h1, int R, int nparts, float *const *mx, float
         for (int p = 0; p < nparts; p++) m = fmaxf(m, mx[p][h]);
         float *oh = out + (size_t)h * R;
         memset(oh, 0, sizeof(float) * (size_t)R);
+        /* omp simd: the parts are other buffers than out (the compiler cannot
+         * know it, and left these loops scalar: at a few positions the merge
+         * was most of the attention's time) */
         for (int p = 0; p < nparts; p++) {
             if (mx[p][h] == -INFINITY) continue;
             float f = expf(mx[p][h] - m);
+            const float *op = o[p] + (size_t)h * R;
             sum += l[p][h] * f;
-            #pragma GCC unroll 16
-            for (int c = 0; c < R; c++) oh[c] += o[p][(size_t)h * R + c] * f;
+            #pragma omp simd
+            for (int c = 0; c < R; c++) oh[c] += op[c] * f;
         }
-        #pragma GCC unroll 16
+        #pragma omp simd
         for (int c = 0; c < R; c++) oh[c] /= sum;
     }
 }
