@@ -21,10 +21,10 @@
 # converter imports (torch, numpy, ...). Everything it makes goes under --work
 # (default .cache/peer, git-ignored) and is reused when present.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-BIN=${DSV3_BIN:-build/dsv3}
-CFG=bench/config_16B_8L.json
-SRC= CONVERT= WORK=.cache/peer
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${DSV3_BIN:-$ROOT/build/dsv3}
+CFG=$ROOT/bench/config_16B_8L.json
+SRC= CONVERT= WORK=$ROOT/.cache/peer
 T=$(nproc) P=512 N=32 D=0 R=3 ROUNDS=2 AMX=on PAIRS="fp8 bf16"
 usage() { sed -n '17,19p' "$0" | sed 's/^# *//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -39,6 +39,12 @@ while [ $# -gt 0 ]; do
     shift 2
 done
 die() { echo "peer_llamacpp.sh: $*" >&2; exit 1; }
+# paths as given (relative to the caller's directory), then from the repository's root
+abs() { [ -z "$1" ] || [ "${1:0:1}" = / ] && echo "$1" || echo "$PWD/$1"; }
+SRC=$(abs "$SRC") CONVERT=$(abs "$CONVERT") CFG=$(abs "$CFG") BIN=$(abs "$BIN")
+mkdir -p "$WORK"
+WORK=$(cd "$WORK" && pwd)
+cd "$ROOT"
 [ -n "$SRC" ] || { echo "peer_llamacpp.sh: --llama-src DIR is required" >&2; usage; }
 [ -f "$SRC/CMakeLists.txt" ] && [ -d "$SRC/tools/llama-bench" ] || die "$SRC is not a llama.cpp source tree (no CMakeLists.txt, tools/llama-bench)"
 [ -x "$BIN" ] || die "$BIN not found: build dsv3 first (cmake -B build && cmake --build build --target dsv3)"
@@ -52,14 +58,12 @@ if [ -z "$CONVERT" ]; then
     [ -f "$SRC/../hf2gguf.py" ] && CONVERT=$SRC/../hf2gguf.py
 fi
 [ -f "$CONVERT" ] || die "no converter $CONVERT (--convert FILE)"
-mkdir -p "$WORK"
-WORK=$(cd "$WORK" && pwd)
 name=$(basename "$CFG" .json); name=${name#config_}
 log=$WORK/runs.jsonl
 : > "$log"
 
 # 1. dsv3's checkpoints (the bench's own, shared with bench/run.sh)
-ckpt() { echo ".cache/bench/${name}_$1"; }
+ckpt() { echo "$ROOT/.cache/bench/${name}_$1"; }
 for dt in bf16 $PAIRS; do
     d=$(ckpt "$dt")
     [ -f "$d/model.safetensors.index.json" ] || "$BIN" synth --config "$CFG" --out "$d" --dtype "$dt"
@@ -73,7 +77,7 @@ for b in $BUILDS; do
         flags=; [ "$b" = noamx ] && flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
         cmake -S "$SRC" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
             -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-            -DLLAMA_BUILD_SERVER=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" > "$WORK/cmake-$b.log" 2>&1 \
+            -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DCMAKE_C_FLAGS="$flags" -DCMAKE_CXX_FLAGS="$flags" > "$WORK/cmake-$b.log" 2>&1 \
             || die "llama.cpp configure failed: $WORK/cmake-$b.log"
         cmake --build "$dir" -j "$(nproc)" --target llama-bench llama-quantize > "$WORK/build-$b.log" 2>&1 \
             || die "llama.cpp build failed: $WORK/build-$b.log"
