@@ -190,8 +190,8 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
     double t0 = g_stats_on ? cpu_stats_clock() : 0;
-    int nu = 0, nt = total > DECODE_SERIAL_BYTES ? omp_get_max_threads() : 1;
-    decode_unit *units = decode_units(jobs, nj, total, MIN(nt, MAX_SHARES), &nu);
+    int nu = 0, team = total > DECODE_SERIAL_BYTES ? omp_get_max_threads() : 1;
+    decode_unit *units = decode_units(jobs, nj, total, MIN(team, MAX_SHARES), &nu);
     if (!units) return; /* decode_units recorded the failure */
     /* one cache line each: the owner's and a thief's updates would otherwise
      * move the line between cores on every unit */
