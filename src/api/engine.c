@@ -82,6 +82,9 @@ static ds_status check_params(const ds_engine_params *p)
     if (p->n_threads < 0 || p->n_threads > ENGINE_MAX_THREADS)
         return ds_errorf(DS_ERR_ARG, "n_threads must be in [0, %d] (0: the default), got %d", ENGINE_MAX_THREADS,
                          p->n_threads);
+    if (!p->n_threads && omp_get_max_threads() > ENGINE_MAX_THREADS)
+        return ds_errorf(DS_ERR_ARG, "OpenMP's default of %d threads (OMP_NUM_THREADS) is over the limit of %d",
+                         omp_get_max_threads(), ENGINE_MAX_THREADS);
     if (p->n_ctx < 0) return ds_errorf(DS_ERR_ARG, "n_ctx must be >= 0 (0: the default), got %d", p->n_ctx);
     if (p->n_seq < 0) return ds_errorf(DS_ERR_ARG, "n_seq must be >= 0 (0: one sequence), got %d", p->n_seq);
     if (p->prefill_chunk < 0) return ds_errorf(DS_ERR_ARG, "prefill_chunk must be >= 1 (0: the backend's choice)");

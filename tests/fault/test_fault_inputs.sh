@@ -82,6 +82,7 @@ expect_err "convert --model-parallel 100000" "model-parallel" "$bin" convert --h
 # thread counts past any machine's cores: a message, not a stack overflow inside OpenMP
 expect_err "bench -t 100000" "-t must be" "$bin" bench --ckpt-path "$hf" --config "$cfg" -p 8 -n 1 -t 100000
 expect_err "logits --threads 100000" "n_threads" "$bin" logits --ckpt-path "$hf" --config "$cfg" --tokens 1,2 --out "$tmp/l.st" --threads 100000
+expect_err "logits with OMP_NUM_THREADS=100000" "OMP_NUM_THREADS" env OMP_NUM_THREADS=100000 "$bin" logits --ckpt-path "$hf" --config "$cfg" --tokens 1,2 --out "$tmp/l.st"
 
 # ---- an F32 scale whose data offset is not 4-aligned (legal in safetensors) ----
 mkdir -p "$tmp/un"
