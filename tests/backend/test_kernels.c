@@ -134,7 +134,9 @@ static void check_matmul(const char *label, matmul_fn f, double tol_all, double 
         /* rows long enough that even one token's activations go in column pieces */
         {20, 4500, 3, 17}, {9, 8256, 0, 9},
     };
-    static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 19, 21, 50}; /* 19, 21: GEMM groups of 1 and 3 left over */
+    /* from 16 (cpu_gemm_min_tokens) the GEMMs: token groups of 4-6 (AVX2), or
+     * 16 + 3 and 16 + 5 (AVX-512) */
+    static const int ns[] = {1, 2, 3, 4, 5, 7, 13, 16, 17, 19, 21, 23, 50};
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8, DS_W_FP8}; /* the last: normal codes only */
     for (size_t fi = 0; fi < 4; fi++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
@@ -158,6 +160,28 @@ static void check_matmul(const char *label, matmul_fn f, double tol_all, double 
                 free(got);
                 free_weight(&w);
             }
+}
+
+/* FP8 weights whose block scales reach past 2^7 (and below 2^-100), with
+ * all codes: the AVX2 GEMM widens codes to floats times 2^-120 and so scales
+ * them in two steps there. Against the reference at GEMM token counts. */
+static void check_fp8_scale_range(const char *label, matmul_fn f)
+{
+    static const float scales[] = {1e-3f, 100.0f, 200.0f, 3e4f, 1e-31f};
+    int rows = 150, cols = 300, n = 19;
+    tweight w = make_weight(DS_W_FP8, rows, cols);
+    for (int i = 0; i < 2 * 3; i++) w.scale[i] = scales[i % 5];
+    float *x = rand_vec((size_t)n * cols);
+    float *ref = out_buf((size_t)n * rows), *got = out_buf((size_t)n * rows);
+    cpu_ref_ops.matmul(ref, x, n, &w.w, 0, rows, DS_GEMM_BF16, false);
+    f(got, x, n, &w.w, 0, rows);
+    double e = matmul_err(got, ref, x, n, &w.w, 0, rows);
+    CHECK_MSG(e <= 1e-6, "%s fp8 scales 1e-31 to 3e4: error %.3g", label, e);
+    CHECK(sentinels_ok(got, (size_t)n * rows));
+    free(x);
+    free(ref);
+    free(got);
+    free_weight(&w);
 }
 
 static void gemm_split(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
@@ -452,7 +476,7 @@ typedef void (*heads_fn)(float *y, int ys, const float *x, int xs, int n, int H,
 
 static void check_heads(const char *label, heads_fn heads, heads_fn heads_t)
 {
-    static const int ns[] = {1, 2, 5, 20};
+    static const int ns[] = {1, 2, 5, 13, 20};
     static const ds_wfmt fmts[] = {DS_W_F32, DS_W_BF16, DS_W_FP8};
     /* H, nope, vd, R: the second and third take the one-token FP8 form of heads_t
      * (R a multiple of 256), with heads that start inside scale blocks */
@@ -682,6 +706,7 @@ int main(void)
     if (cpu_has_avx2()) {
         /* the decode path below cpu_gemm_min_tokens tokens, gemv8 from there */
         check_matmul("avx2 matmul", avx2_mm, 1e-6, 1e-6);
+        check_fp8_scale_range("avx2 matmul", avx2_mm);
         check_matmul_many("avx2 matmul_many", avx2_matmul_many);
         check_moe_gemm("avx2 moe_experts", avx2_moe_experts, DS_GEMM_BF16);
         check_matmul_t("avx2 matmul_t", avx2_matmul_t);

@@ -446,6 +446,19 @@ AVX2 static void prep_fp8_acts8(float *xs, const float *x, int n, const ds_weigh
  * L1 across them, the panels (64 KB) in L2. */
 #define G_PB 4
 
+/* Token group g of n: ceil(n / G_NT) groups whose sizes differ by at most one
+ * (first token *t0, *T tokens), so that from 12 tokens on every group has 4 to 6,
+ * the counts at which g_tile keeps the FMA pipes full: 6 + 6 + 1 for 13 tokens
+ * left a 1-token tile at half that rate, where 5 + 4 + 4 has none. A routed
+ * expert's share of a prefill (near 48 tokens, any remainder mod 6) ended in a
+ * group of 1 to 3 tokens half the time. */
+static inline void g_group(int n, int g, int *t0, int *T)
+{
+    int ng = (n + G_NT - 1) / G_NT, base = n / ng, extra = n % ng;
+    *t0 = g * base + MIN(g, extra);
+    *T = base + (g < extra);
+}
+
 /* Under four tokens a set of 2T sums is a chain shorter than FMA latency x
  * throughput (8): S sets take columns k = s mod S and are added at the end.
  * One thread, panels from L2, GFLOP/s with one set: 27 at 1 token, 50 at 2, 73
@@ -534,45 +547,64 @@ AVX2 INLINE void transpose8(__m256 r[8])
     }
 }
 
-/* wp[k][0..16) = 16 rows' FP8 codes at column k (rows ld bytes apart from p),
- * widened and times sv, for k < 32: the codes transposed as bytes first (two
- * 16 x 16 transposes, one a 128-bit lane, in four rounds of unpacks), then
- * each column's 16 widened at once. Per 512 codes 80 shuffles and 64 fp16
- * conversions, where transpose8 on widened 8 x 8 blocks took 192 shuffles
- * besides the same conversions (FP8 prefill spent a fifth of its GEMM time
- * packing on Zen 3, whose shuffles share two pipes with the FMAs). */
-AVX2 INLINE void g_pack_fp8_16x32(float *wp, const uint8_t *p, size_t ld, __m256 sv)
+/* wp[k][0..16) = 16 rows' FP8 codes at column k (rows ld bytes apart from p)
+ * times sv (the block scale times 2^120; big: times 2^60 more, for scales past
+ * 2^7), for k < 32, without widening through fp16 or transposing bytes: the
+ * 16-bit pairs of columns of rows i and i + 8 interleaved, then two dword
+ * transposes (transpose8) leave each register with one column pair of all 16
+ * rows, a dword a row i = [col c row i, col c+1 row i, col c row i+8, col c+1
+ * row i+8]; fp8x32_to_f32_bf's shifts and masks then make each code's float
+ * (times 2^-120, exact) in its own lane: rows 0-7 of column c, rows 8-15, and
+ * the same of column c+1. 64 shuffles and 144 shifts and masks per 512 codes
+ * where byte transposes and fp16 conversions took 80 shuffles, 64 widenings
+ * and 64 two-op conversions (packing was a fifth of a 48-token FP8 product on
+ * Zen 3, whose shuffles and shifts share pipes with the FMAs). */
+AVX2 INLINE void g_pack_fp8_16x32(float *wp, const uint8_t *p, size_t ld, __m256 sv, bool big)
 {
-    __m256i r[16], a[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
-    for (int i = 0; i < 8; i++) { /* rows 2i, 2i+1: columns 0-7, 8-15 */
-        a[2 * i] = _mm256_unpacklo_epi8(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm256_unpackhi_epi8(r[2 * i], r[2 * i + 1]);
-    }
-    for (int j = 0; j < 4; j++) { /* rows 4j..4j+3: columns 0-3, 4-7, 8-11, 12-15 */
-        r[4 * j] = _mm256_unpacklo_epi16(a[4 * j], a[4 * j + 2]);
-        r[4 * j + 1] = _mm256_unpackhi_epi16(a[4 * j], a[4 * j + 2]);
-        r[4 * j + 2] = _mm256_unpacklo_epi16(a[4 * j + 1], a[4 * j + 3]);
-        r[4 * j + 3] = _mm256_unpackhi_epi16(a[4 * j + 1], a[4 * j + 3]);
-    }
-    for (int h = 0; h < 2; h++) /* rows 8h..8h+7: columns 4q, 4q+1 and 4q+2, 4q+3 */
-        for (int q = 0; q < 4; q++) {
-            a[8 * h + 2 * q] = _mm256_unpacklo_epi32(r[8 * h + q], r[8 * h + 4 + q]);
-            a[8 * h + 2 * q + 1] = _mm256_unpackhi_epi32(r[8 * h + q], r[8 * h + 4 + q]);
+    const __m256i m = _mm256_set1_epi16((short)0x87F0), hm = _mm256_set1_epi32((int)0xFFFF0000);
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* h = 0: column pairs 0-3 and 8-11; 1: 4-7 and 12-15 */
+        __m256 u[8];
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
+            __m256i b = _mm256_loadu_si256((const __m256i *)(p + (size_t)(i + 8) * ld));
+            u[i] = _mm256_castsi256_ps(h ? _mm256_unpackhi_epi16(a, b) : _mm256_unpacklo_epi16(a, b));
         }
-    for (int c = 0; c < 8; c++) { /* all 16 rows: columns 2c, 2c+1 (and 16 more in the high lane) */
-        r[2 * c] = _mm256_unpacklo_epi64(a[c], a[8 + c]);
-        r[2 * c + 1] = _mm256_unpackhi_epi64(a[c], a[8 + c]);
-    }
-    const __m256i m = _mm256_set1_epi16((short)0xBF80);
-    for (int c = 0; c < 16; c++)
-        for (int l = 0; l < 2; l++) {
-            __m128i b = l ? _mm256_extracti128_si256(r[c], 1) : _mm256_castsi256_si128(r[c]);
-            __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), m);
-            float *o = wp + 16 * (16 * l + c);
-            _mm256_store_ps(o, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)), sv));
-            _mm256_store_ps(o + 8, _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)), sv));
+        transpose8(u); /* u[j]: column pair 4h + j (j < 4) or 8 + 4h + j - 4 (j >= 4), all 16 rows */
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_castps_si256(u[j]);
+            __m256i e = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4), m);
+            __m256i o = _mm256_and_si256(_mm256_srai_epi16(v, 4), m);
+            __m256 w0 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(e, 16)), sv);
+            __m256 w1 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(e, hm)), sv);
+            __m256 w2 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(o, 16)), sv);
+            __m256 w3 = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(o, hm)), sv);
+            if (big) {
+                const __m256 b60 = _mm256_set1_ps(0x1p60f);
+                w0 = _mm256_mul_ps(w0, b60);
+                w1 = _mm256_mul_ps(w1, b60);
+                w2 = _mm256_mul_ps(w2, b60);
+                w3 = _mm256_mul_ps(w3, b60);
+            }
+            float *o16 = wp + 32 * (j < 4 ? 4 * h + j : 4 + 4 * h + j);
+            _mm256_store_ps(o16, w0);
+            _mm256_store_ps(o16 + 8, w1);
+            _mm256_store_ps(o16 + 16, w2);
+            _mm256_store_ps(o16 + 24, w3);
         }
+    }
+}
+
+AVX2 static void g_pack_fp8_16x32_n(float *wp, const uint8_t *p, size_t ld, __m256 sv)
+{
+    g_pack_fp8_16x32(wp, p, ld, sv, false);
+}
+
+AVX2 static void g_pack_fp8_16x32_big(float *wp, const uint8_t *p, size_t ld, __m256 sv)
+{
+    g_pack_fp8_16x32(wp, p, ld, sv, true);
 }
 
 /* wp[k][0..16) = 16 rows' BF16 weights at column k (rows ld bytes apart from p),
@@ -626,8 +658,11 @@ AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, in
             if (pk0 + kf < w->cols)
                 for (int i = 8 * (kf / 32 % 2); i < MIN(pnr, 8 * (kf / 32 % 2) + 8); i++)
                     _mm_prefetch((const char *)w_row(w, pr + i) + pk0 + kf / 64 * 64, _MM_HINT_T0);
-            __m256 sv = _mm256_set1_ps(w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + kf) / DS_BLOCK] * 256.0f);
-            g_pack_fp8_16x32(wp + 16 * kf, (const uint8_t *)w_row(w, r) + k0 + kf, cpu_row_bytes(w), sv);
+            float sc = w->scale[(size_t)(r / DS_BLOCK) * cb + (k0 + kf) / DS_BLOCK];
+            bool big = !(fabsf(sc) < 0x1p7f); /* sc 2^120 would overflow */
+            __m256 sv = _mm256_set1_ps(big ? sc * 0x1p60f : sc * 0x1p120f);
+            (big ? g_pack_fp8_16x32_big : g_pack_fp8_16x32_n)(wp + 16 * kf, (const uint8_t *)w_row(w, r) + k0 + kf,
+                                                             cpu_row_bytes(w), sv);
         }
     if (w->fmt == DS_W_BF16 && nr == 16) /* whole 16 x 16 blocks */
         for (; kf + 16 <= kc; kf += 16) {
@@ -653,14 +688,15 @@ AVX2 static void g_pack(float *wp, const ds_weight *w, int r, int nr, int k0, in
         }
 }
 
-/* xp[k][t] = x[g G_NT + t][k], t < G_NT, for token group g (zero past n): a
+/* xp[k][t] = x[t0 + t][k], t < G_NT, for token group g (g_group; zero past its T): a
  * tile's activations in the order it reads them, 8 columns at a time through
  * transpose8 (each store writes 8 floats where 6 belong; the next overwrites
  * the two extra, and a group's room in xp has 8 floats past its end for the
  * last). */
 AVX2 static void g_pack_x(float *xp, const float *x, size_t ldx, int n, int K, int g)
 {
-    int t0 = g * G_NT, T = MIN(G_NT, n - t0), K8 = K / 8 * 8;
+    int t0, T, K8 = K / 8 * 8;
+    g_group(n, g, &t0, &T);
     for (int k = 0; k < K8; k += 8) {
         __m256 r[8];
         for (int t = 0; t < 8; t++) r[t] = t < T ? _mm256_loadu_ps(x + (size_t)(t0 + t) * ldx + k) : _mm256_setzero_ps();
@@ -777,14 +813,16 @@ AVX2 static void avx2_gemm_many(const ds_matmul_job *jobs, int nj)
                     if (k0 + kc < K) g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + pa[i], pn[i], k0 + kc);
                     else g_pack(wp + i * 16 * G_KC, w, row0 + pa[i], pn[i], k0, kc, row0 + a + 16 * i, MIN(16, rows - a - 16 * i), 0);
                 }
-                for (int t0 = 0; t0 < n; t0 += G_NT)
+                for (int g = 0, ng = (n + G_NT - 1) / G_NT; g < ng; g++) {
+                    int t0, T;
+                    g_group(n, g, &t0, &T);
                     for (int i = 0; i < m; i++) {
-                        if (t0 + G_NT < n) /* the next group's activations, a share a panel */
-                            g_prefetch_x(xj + (size_t)(t0 / G_NT + 1) * gj[cj].gstride + (size_t)G_NT * k0, kc, i, m);
-                        g_tiles(MIN(G_NT, n - t0), wp + i * 16 * G_KC, kc,
-                                xj + (size_t)(t0 / G_NT) * gj[cj].gstride + (size_t)G_NT * k0,
+                        if (g + 1 < ng) /* the next group's activations, a share a panel */
+                            g_prefetch_x(xj + (size_t)(g + 1) * gj[cj].gstride + (size_t)G_NT * k0, kc, i, m);
+                        g_tiles(T, wp + i * 16 * G_KC, kc, xj + (size_t)g * gj[cj].gstride + (size_t)G_NT * k0,
                                 j->y + (size_t)t0 * rows + pa[i], (size_t)rows, pn[i], k0 > 0);
                     }
+                }
             }
         }
     }
@@ -980,9 +1018,12 @@ AVX2 static void heads_t_gemm(float *y, int ys, const float *x, int xs, int n, i
         }
         for (int g = 0; g < ng; g++) g_pack_x(xp + (size_t)g * gstride, x + (size_t)h * xs, ldx, n, rows, g);
         for (int c0 = 0; c0 < C; c0 += 16)
-            for (int t0 = 0; t0 < n; t0 += G_NT)
-                g_tiles(MIN(G_NT, n - t0), wp + (size_t)c0 * rows, rows, xp + (size_t)(t0 / G_NT) * gstride,
-                        y + (size_t)t0 * ldy + (size_t)h * ys + c0, ldy, 16, false);
+            for (int g = 0; g < ng; g++) {
+                int t0, T;
+                g_group(n, g, &t0, &T);
+                g_tiles(T, wp + (size_t)c0 * rows, rows, xp + (size_t)g * gstride, y + (size_t)t0 * ldy + (size_t)h * ys + c0,
+                        ldy, 16, false);
+            }
     }
 }
 
