@@ -265,11 +265,15 @@ static void print_limits(const report *r, bool cuda)
 }
 
 /* --profile, after a decode row: a step's time split between the decode
- * products, the attention and the rest, per token over all repetitions
- * (secs: their wall time, ntok: their tokens), the products' GB/s beside the
- * read bandwidth, and the products by weight bytes a call. */
-static void print_profile(const report *r, int ng, int d, double secs, int ntok)
+ * products, the attention and the rest, per step over all repetitions
+ * (secs: their wall time, ntok: their steps; seqs: sequences a step), the
+ * products' GB/s beside the read bandwidth, and the products by weight bytes
+ * a call. */
+static void print_profile(const report *r, int ng, int seqs, int d, double secs, int ntok)
 {
+    char name[32];
+    if (seqs > 1) snprintf(name, sizeof name, "tg%dx%d", ng, seqs);
+    else snprintf(name, sizeof name, "tg%d", ng);
     ds_profile st;
     ds_profile_read(&st);
     double step = secs / ntok, pb = 0, ps = 0, att = st.attention.seconds / ntok, ht = st.heads_t.seconds / ntok;
@@ -281,10 +285,10 @@ static void print_profile(const report *r, int ng, int d, double secs, int ntok)
     double ht_gbps = st.heads_t.seconds > 0 ? st.heads_t.bytes / st.heads_t.seconds / 1e9 : 0;
     if (r->json && r->fmt != OUT_JSONL) return; /* one kind of row per table */
     if (r->json) {
-        printf("{\"test\": \"profile\", \"n_gen\": %d, \"depth\": %d, \"step_ms\": %.4f, \"products_ms\": %.4f, "
+        printf("{\"test\": \"profile\", \"n_gen\": %d, \"n_seqs\": %d, \"depth\": %d, \"step_ms\": %.4f, \"products_ms\": %.4f, "
                "\"products_gbps\": %.3f, \"bw_gbps\": %.3f, \"attention_ms\": %.4f, \"heads_t_ms\": %.4f, \"heads_t_gbps\": %.3f, \"other_ms\": %.4f, "
                "\"sizes\": [",
-               ng, d, 1e3 * step, 1e3 * prod, gbps, r->bw, 1e3 * att, 1e3 * ht, ht_gbps, 1e3 * other);
+               ng, seqs, d, 1e3 * step, 1e3 * prod, gbps, r->bw, 1e3 * att, 1e3 * ht, ht_gbps, 1e3 * other);
         const char *sep = "";
         for (int k = 0; k < DS_PROFILE_SIZES; k++) {
             const ds_profile_stat *c = &st.products[k];
@@ -297,11 +301,11 @@ static void print_profile(const report *r, int ng, int d, double secs, int ntok)
         return;
     }
     if (ps == 0 && st.attention.calls == 0 && st.heads_t.calls == 0) {
-        printf("  a step of tg%d at depth %d: %.2f ms; --profile counts the vectorised kernels, and none ran\n", ng, d,
+        printf("  a step of %s at depth %d: %.2f ms; --profile counts the vectorised kernels, and none ran\n", name, d,
                1e3 * step);
         return;
     }
-    printf("  a step of tg%d at depth %d: %.2f ms = decode products %.2f ms (%.1f%%", ng, d, 1e3 * step, 1e3 * prod,
+    printf("  a step of %s at depth %d: %.2f ms = decode products %.2f ms (%.1f%%", name, d, 1e3 * step, 1e3 * prod,
            100 * prod / step);
     if (ps > 0) printf("; %.2f GB/s, %.1f%% of %.1f GB/s %s", gbps, 100 * gbps / r->bw, r->bw, r->bw_what);
     printf(") + attention %.2f ms (%.1f%%) + per-head products %.2f ms (%.1f%%; %.2f GB/s) + the rest %.2f ms "
@@ -632,7 +636,7 @@ int cmd_bench(int argc, char **argv)
                 if (print_row(&r, "tg", 0, n, d, sp, times, reps, tok_bytes, 2 * ds_engine_pass_params(b.e, x.experts, 1) / B,
                               &x))
                     goto nomem;
-                if (profile) print_profile(&r, n, d, secs, n * reps);
+                if (profile) print_profile(&r, n, B, d, secs, n * reps);
                 ds_profile_enable(false);
             }
         }
