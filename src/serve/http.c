@@ -1,11 +1,15 @@
 /* http.c - the HTTP side of `dsv3 serve` on libmicrohttpd.
  *
- * A thread per connection (MHD_USE_THREAD_PER_CONNECTION): a handler may block
- * until its job has output. While it waits it polls its socket, so a client
- * that goes away is seen within one wait (50 ms) and its job cancelled; the
- * scheduler frees the slots at its next step boundary. Requests are checked
- * before they are queued: API key (constant time), body size, JSON, fields,
- * prompt length; the queue is bounded (503 with Retry-After). The engine is
+ * Two I/O threads (MHD's internal polling with a pool, epoll) serve every
+ * connection; a handler never blocks. A generation request is checked
+ * (API key in constant time, body size, JSON, fields, prompt length), queued
+ * for the scheduler (bounded: 503 with Retry-After) and its connection
+ * suspended until there is output: the scheduler resumes it after each step
+ * that produced some, so that a step wakes one or two threads rather than one
+ * per stream. A suspended connection is watched by the watcher thread (every
+ * 50 ms): a client that went away cancels its job (the scheduler frees the
+ * slots at its next step boundary), a deadline past cancels it too, and a
+ * stream that has been silent for 5 s gets an SSE comment. The engine is
  * loaded after the socket listens, so /health says 503 until it is ready. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -44,6 +48,11 @@ srv_options srv_default_options(void)
 
 /* ---- jobs */
 
+/* The I/O threads: few, so that a step's output wakes few threads; two, so
+ * that one request's template and tokenizer work (a long prompt) does not
+ * hold up every stream. */
+#define IO_THREADS 2
+
 static void job_free(job *j)
 {
     for (int i = 0; j->ch && i < j->req.n; i++) {
@@ -64,9 +73,17 @@ static void job_free(job *j)
     sb_free(&j->out);
     sb_free(&j->stage);
     sb_free(&j->chunk_head);
-    pthread_cond_destroy(&j->cv);
     free(j);
 }
+
+void *job_unsuspend_locked(job *j)
+{
+    if (!j->suspended) return NULL;
+    j->suspended = false;
+    return j->conn;
+}
+
+void srv_resume(void *conn) { MHD_resume_connection(conn); }
 
 void job_unref_locked(job *j)
 {
@@ -100,15 +117,14 @@ typedef struct {
     char method[8], path[64];
 } conn_ctx;
 
-static bool client_gone(struct MHD_Connection *conn)
+/* Whether the peer of socket fd has closed it or reset it (no blocking). */
+static bool client_gone(int fd)
 {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return true;
-    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
     if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL)) return true;
     char b;
-    return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    return recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 static mhd_result send_text(conn_ctx *cc, int status, const char *type, const char *body, size_t len)
@@ -242,32 +258,9 @@ static int make_prompt(srv *s, job *j, srv_error *err)
     return 0;
 }
 
-/* Waits until j has unsent output or is finished; false when the client went
- * away or the deadline passed (the job is then cancelled). Holds s->mu. */
-static bool wait_output(srv *s, conn_ctx *cc, job *j, double keepalive_s)
-{
-    double t_idle = srv_now();
-    while (j->sent == j->out.n && !j->finished) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000;
-        if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
-        pthread_cond_timedwait(&j->cv, &s->mu, &ts);
-        if (j->sent < j->out.n || j->finished) break;
-        double now = srv_now();
-        if (client_gone(cc->conn) || (j->deadline > 0 && now > j->deadline)) {
-            j->cancelled = true;
-            pthread_cond_signal(&s->wake);
-            return false;
-        }
-        if (keepalive_s > 0 && now - t_idle > keepalive_s) { /* an SSE comment while queued */
-            sb_adds(&j->out, ": keep-alive\n\n");
-            break;
-        }
-    }
-    return true;
-}
-
+/* The SSE stream's body: what j has produced since the last call; with
+ * nothing yet, the connection is suspended until the scheduler (or the
+ * watcher) has more. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
 {
     conn_ctx *cc = cls;
@@ -275,16 +268,42 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max)
     srv *s = cc->s;
     (void)pos;
     pthread_mutex_lock(&s->mu);
-    if (!wait_output(s, cc, j, 5.0)) {
-        pthread_mutex_unlock(&s->mu);
-        return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
     size_t n = j->out.n - j->sent < max ? j->out.n - j->sent : max;
-    memcpy(buf, j->out.p + j->sent, n);
+    if (n) memcpy(buf, j->out.p + j->sent, n);
     j->sent += n;
     bool end = n == 0 && j->finished;
+    if (!n && !end) {
+        j->suspended = true;
+        MHD_suspend_connection(cc->conn);
+    }
     pthread_mutex_unlock(&s->mu);
     return end ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+}
+
+/* The reply of a finished non-streamed job (or 504 past its deadline; no
+ * reply when its client left). */
+static mhd_result respond(conn_ctx *cc)
+{
+    srv *s = cc->s;
+    job *j = cc->j;
+    pthread_mutex_lock(&s->mu);
+    bool cancelled = j->cancelled, late = j->deadline > 0 && srv_now() > j->deadline;
+    int status = j->status;
+    char *body = j->out.n ? strndup(j->out.p, j->out.n) : NULL;
+    size_t len = j->out.n;
+    cc->completion_tokens = j->completion_tokens;
+    pthread_mutex_unlock(&s->mu);
+    mhd_result rc;
+    if (cancelled && late)
+        rc = send_errorf(cc, 504, "server_error", "timeout", "the request ran past %d s (--timeout)", s->o.timeout_s);
+    else if (cancelled) {
+        cc->status = 499;
+        rc = MHD_NO;
+    } else {
+        rc = send_text(cc, status, "application/json", body ? body : "{}", body ? len : 2);
+    }
+    free(body);
+    return rc;
 }
 
 static mhd_result generate(conn_ctx *cc, req_kind kind)
@@ -293,8 +312,10 @@ static mhd_result generate(conn_ctx *cc, req_kind kind)
     srv_error err;
     job *j = calloc(1, sizeof *j);
     if (!j) return send_errorf(cc, 500, "server_error", NULL, "out of memory");
-    pthread_cond_init(&j->cv, NULL);
     j->refs = 1;
+    j->conn = cc->conn;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(cc->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    j->fd = ci ? ci->connect_fd : -1;
     j->s = s;
     j->status = 200;
     if (req_parse(cc->body.p ? cc->body.p : "", cc->body.n, kind, &s->o.limits, &j->req, &err) ||
@@ -311,12 +332,18 @@ static mhd_result generate(conn_ctx *cc, req_kind kind)
     cc->prompt_tokens = j->n_prompt;
     if (j->req.stream && kind == REQ_CHAT) /* the role comes first, one chunk per choice */
         for (int i = 0; i < j->req.n; i++) job_sse_locked(j, reply_chunk(j, i, "assistant", NULL, NULL, NULL, NULL, NULL));
+    j->last_out = srv_now();
     if (!sched_submit(s, j)) {
         job_free(j);
         return send_errorf(cc, 503, "server_error", "overloaded", "the server is busy (%d requests queued); retry later",
                            s->o.queue);
     }
     cc->j = j;
+    pthread_mutex_lock(&s->mu); /* watched from now until on_completed */
+    j->live_next = s->live;
+    if (s->live) s->live->live_prev = j;
+    s->live = j;
+    pthread_mutex_unlock(&s->mu);
     if (j->req.stream) {
         struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, cc, NULL);
         if (!r) return MHD_NO;
@@ -328,18 +355,15 @@ static mhd_result generate(conn_ctx *cc, req_kind kind)
         cc->status = 200;
         return rc;
     }
+    /* the whole reply: called again once the job is finished */
     pthread_mutex_lock(&s->mu);
-    bool ok = true;
-    while (ok && !j->finished) ok = wait_output(s, cc, j, 0), j->sent = j->out.n;
-    pthread_mutex_unlock(&s->mu);
-    if (!ok) { /* the client left, or the deadline passed */
-        cc->status = 499;
-        return j->deadline > 0 && srv_now() > j->deadline
-                   ? send_errorf(cc, 504, "server_error", "timeout", "the request ran past %d s (--timeout)", s->o.timeout_s)
-                   : MHD_NO;
+    bool done = j->finished;
+    if (!done) {
+        j->suspended = true;
+        MHD_suspend_connection(cc->conn);
     }
-    cc->completion_tokens = j->completion_tokens;
-    return send_text(cc, j->status, "application/json", j->out.p ? j->out.p : "{}", j->out.p ? j->out.n : 2);
+    pthread_mutex_unlock(&s->mu);
+    return done ? respond(cc) : MHD_YES;
 }
 
 /* ---- the other endpoints */
@@ -556,7 +580,8 @@ static mhd_result on_request(void *cls, struct MHD_Connection *conn, const char 
         *upload_size = 0;
         return MHD_YES;
     }
-    if (cc->started) return MHD_YES;
+    if (cc->started) /* resumed: a whole reply is ready */
+        return cc->j && !cc->j->req.stream ? respond(cc) : MHD_YES;
     cc->started = true;
     return route(cc, method, url);
 }
@@ -569,13 +594,18 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     if (!cc) return;
     pthread_mutex_lock(&s->mu);
     if (cc->j) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !cc->j->finished) {
-            cc->j->cancelled = true;
+        job *j = cc->j;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && !j->finished) {
+            j->cancelled = true;
             pthread_cond_signal(&s->wake);
         }
-        if (!cc->completion_tokens) cc->completion_tokens = cc->j->completion_tokens;
-        if (!cc->j->finished) cc->status = 499;
-        job_unref_locked(cc->j);
+        if (!cc->completion_tokens) cc->completion_tokens = j->completion_tokens;
+        if (!j->finished) cc->status = 499;
+        if (j->live_prev) j->live_prev->live_next = j->live_next;
+        else s->live = j->live_next;
+        if (j->live_next) j->live_next->live_prev = j->live_prev;
+        j->suspended = false; /* the connection is gone: nobody resumes it */
+        job_unref_locked(j);
     }
     int st = cc->status;
     int k = st >= 200 && st < 300 ? 0 : st == 400 ? 1 : st == 401 || st == 404 || st == 405 ? 2 : st == 413 ? 3
@@ -599,13 +629,33 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-/* Waits for SIGINT/SIGTERM, then tells the scheduler to stop. */
-static void *watch_signals(void *arg)
+/* Every 50 ms until SIGINT/SIGTERM: cancels the jobs whose suspended
+ * connection's client went away or whose deadline passed, and sends an SSE
+ * comment on streams silent for 5 s; then tells the scheduler to stop. */
+static void *watch(void *arg)
 {
     srv *s = arg;
     while (!g_stop) {
-        struct timespec ts = {0, 100000000};
+        struct timespec ts = {0, 50000000};
         nanosleep(&ts, NULL);
+        void *wake[64];
+        int n_wake = 0;
+        double now = srv_now();
+        pthread_mutex_lock(&s->mu);
+        for (job *j = s->live; j; j = j->live_next) {
+            if (!j->suspended || j->finished) continue;
+            bool late = j->deadline > 0 && now > j->deadline;
+            if (!j->cancelled && (late || (j->fd >= 0 && client_gone(j->fd)))) {
+                j->cancelled = true; /* the scheduler ends it, which resumes the connection */
+                pthread_cond_signal(&s->wake);
+            } else if (j->req.stream && now - j->last_out > 5.0 && n_wake < 64) {
+                sb_adds(&j->out, ": keep-alive\n\n");
+                j->last_out = now;
+                wake[n_wake++] = job_unsuspend_locked(j);
+            }
+        }
+        pthread_mutex_unlock(&s->mu);
+        for (int i = 0; i < n_wake; i++) srv_resume(wake[i]);
     }
     fprintf(stderr, "dsv3 serve: stopping\n");
     pthread_mutex_lock(&s->mu);
@@ -651,10 +701,10 @@ int srv_run(const srv_options *opt)
         return 1;
     }
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, (uint16_t)opt->port, NULL,
-        NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(opt->queue + 64), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
-        MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG,
+        (uint16_t)opt->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, &addr, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)IO_THREADS, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)(opt->queue + 64), MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "dsv3 serve: cannot listen on %s:%d: %s\n", opt->host, opt->port, strerror(errno));
         free(key);
@@ -709,7 +759,7 @@ int srv_run(const srv_options *opt)
         }
         /* the scheduler runs on this thread, which loaded the engine: the
          * CPU backend's per-thread buffers live as long as the process */
-        if (pthread_create(&s->sched, NULL, watch_signals, s)) {
+        if (pthread_create(&s->sched, NULL, watch, s)) {
             fprintf(stderr, "dsv3 serve: cannot start a thread\n");
             rc = 1;
         }
@@ -732,6 +782,8 @@ int srv_run(const srv_options *opt)
         pthread_join(s->sched, NULL);
     }
     pthread_mutex_lock(&s->mu);
+    void *wake[256];
+    int n_wake = 0;
     for (job *j = s->q_head; j; j = j->next) { /* answered now, so that their connections end */
         sb_clear(&j->out);
         j->sent = 0;
@@ -739,9 +791,11 @@ int srv_run(const srv_options *opt)
                                                                 "\"type\":\"server_error\",\"param\":null,\"code\":null}}");
         j->status = 503;
         j->finished = true;
-        pthread_cond_broadcast(&j->cv);
+        void *c = job_unsuspend_locked(j);
+        if (c && n_wake < 256) wake[n_wake++] = c;
     }
     pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n_wake; i++) srv_resume(wake[i]);
     /* every job has its last bytes now: let the connections send them (up to 3 s) */
     for (int i = 0; i < 300; i++) {
         pthread_mutex_lock(&s->mu);

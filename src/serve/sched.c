@@ -34,7 +34,8 @@ typedef struct {
     int n_slots, n_vocab;
     slot_info *slots;
     long clock;
-    job **active, **wake;
+    job **active;
+    void **wake; /* connections to resume after this step's lock */
     int n_active;
     /* the batch */
     int32_t *tok;
@@ -131,6 +132,7 @@ static bool publish_locked(job *j)
     if (!j->stage.n) return false;
     sb_add(&j->out, j->stage.p, j->stage.n);
     sb_clear(&j->stage);
+    j->last_out = srv_now();
     return true;
 }
 
@@ -176,6 +178,11 @@ static void finish_choice(sched *c, job *j, int ci, const char *why)
 static void finish_job(sched *c, job *j, const srv_error *err)
 {
     srv *s = c->s;
+    srv_error gone;
+    if (!err && !j->ch) { /* never admitted: there is no reply to build */
+        srv_err(&gone, 503, "server_error", "cancelled", NULL, "the request was cancelled");
+        err = &gone;
+    }
     for (int i = 0; i < j->req.n; i++)
         if (j->ch && j->ch[i].slot >= 0) {
             release_slot(c, j->ch[i].slot);
@@ -216,9 +223,10 @@ static void finish_job(sched *c, job *j, const srv_error *err)
     s->m.completion_tokens += j->completion_tokens;
     s->m.cache_hit_tokens += j->cached;
     j->finished = true;
-    pthread_cond_broadcast(&j->cv);
-    job_unref_locked(j);
+    void *conn = job_unsuspend_locked(j);
+    job_unref_locked(j); /* the connection's reference stays until it completes */
     pthread_mutex_unlock(&s->mu);
+    if (conn) srv_resume(conn);
 }
 
 static void drop_active(sched *c, int k)
@@ -416,11 +424,32 @@ static void admit_queued(sched *c)
     }
 }
 
-/* Jobs whose client went away or whose deadline passed: their slots are freed now. */
+/* Jobs whose client went away or whose deadline passed: their slots are
+ * freed now, and queued ones leave the queue. */
 static void reap_cancelled(sched *c)
 {
     srv *s = c->s;
     double now = srv_now();
+    for (;;) {
+        pthread_mutex_lock(&s->mu);
+        job *gone = NULL, *prev = NULL;
+        for (job *q = s->q_head; q && !gone; prev = q, q = q->next)
+            if (q->cancelled || (q->deadline > 0 && now > q->deadline)) {
+                gone = q;
+                if (prev) prev->next = q->next;
+                else s->q_head = q->next;
+                if (s->q_tail == q) s->q_tail = prev;
+                s->n_queued--;
+                q->cancelled = true;
+                s->m.cancelled++;
+            }
+        pthread_mutex_unlock(&s->mu);
+        if (!gone) break;
+        srv_error err; /* read only where the deadline passed: the client of the other is gone */
+        srv_err(&err, 504, "server_error", "timeout", NULL, "the request waited past its deadline (--timeout %d s)",
+                s->o.timeout_s);
+        finish_job(c, gone, &err);
+    }
     for (int k = 0; k < c->n_active;) {
         job *j = c->active[k];
         pthread_mutex_lock(&s->mu);
@@ -545,7 +574,7 @@ static bool step(sched *c)
     pthread_mutex_lock(&s->mu);
     int n_wake = 0;
     for (int k = 0; k < c->n_active; k++)
-        if (publish_locked(c->active[k])) c->wake[n_wake++] = c->active[k];
+        if (publish_locked(c->active[k]) && (c->wake[n_wake] = job_unsuspend_locked(c->active[k]))) n_wake++;
     s->m.batch_tokens = n;
     if (n_decode) {
         s->m.step_sum += dt;
@@ -557,9 +586,9 @@ static bool step(sched *c)
     s->m.ttft_count += c->m.ttft_count;
     memset(&c->m, 0, sizeof c->m);
     pthread_mutex_unlock(&s->mu);
-    /* woken after the unlock, the connections do not queue on the mutex the
-     * scheduler still holds; a job stays alive until finish_job below */
-    for (int k = 0; k < n_wake; k++) pthread_cond_broadcast(&c->wake[k]->cv);
+    /* resumed after the unlock, the connections do not queue on the mutex the
+     * scheduler still holds */
+    for (int k = 0; k < n_wake; k++) srv_resume(c->wake[k]);
     for (int k = 0; k < c->n_active;) {
         job *j = c->active[k];
         if (j->state == JOB_DECODE && job_done(j)) {

@@ -3,7 +3,12 @@
  * One mutex (srv.mu) guards the queue, every job's output buffer and flags,
  * and the metrics. The engine, the slots and the per-choice decoding state are
  * the scheduler thread's alone. A job is owned by two references, the HTTP
- * connection's and the scheduler's; the last to let go frees it. */
+ * connection's and the scheduler's; the last to let go frees it.
+ *
+ * A connection with nothing to send is suspended (MHD), with job.suspended
+ * set under srv.mu; whoever gives it something to send clears the flag under
+ * srv.mu and resumes it (srv_resume) after unlocking. A suspended connection
+ * is not closed by MHD, so its job and socket stay valid until then. */
 #ifndef DS_SERVE_SERVER_H
 #define DS_SERVE_SERVER_H
 
@@ -58,7 +63,11 @@ typedef struct job {
     int status;              /* HTTP status of a non-streamed reply */
     bool finished, cancelled;
     int refs;
-    pthread_cond_t cv;
+    void *conn;              /* its MHD connection */
+    int fd;                  /* the connection's socket (-1: unknown) */
+    bool suspended;          /* the connection waits for output */
+    double last_out;         /* when out last grew */
+    struct job *live_prev, *live_next; /* srv.live: jobs whose connection is open */
 } job;
 
 typedef struct {
@@ -82,15 +91,22 @@ struct srv {
     pthread_mutex_t mu;
     pthread_cond_t wake;
     job *q_head, *q_tail;
+    job *live;               /* jobs with an open connection (watched for disconnects) */
     int n_queued;
     int n_conns;             /* requests between their first call and on_completed */
     bool stopping;
     srv_metrics m;
-    pthread_t sched;         /* the signal watcher (the scheduler runs on the main thread) */
+    pthread_t sched;         /* the watcher: signals, disconnects, deadlines, keep-alives
+                              * (the scheduler runs on the main thread) */
     uint64_t salt;
 };
 
 double srv_now(void);
+/* Takes j's connection off suspension if it is on it (the caller holds
+ * s->mu); returns the connection to pass to srv_resume after unlocking, or NULL. */
+void *job_unsuspend_locked(job *j);
+/* Resumes a connection job_unsuspend_locked returned (s->mu not held). */
+void srv_resume(void *conn);
 /* Drops one reference (the caller holds s->mu); frees the job at zero. */
 void job_unref_locked(job *j);
 /* Appends an SSE event "data: <json>\n\n" to out (and frees obj). */
