@@ -58,6 +58,29 @@ extern "C" void cuda_backend_set_tuning(const cuda_tuning *t)
 
 static ds_ops g_ops;
 
+/* Every entry of the table goes through timed<fn>::call, which brackets fn with
+ * cuda_op_times' accounting (cu_op_enter / cu_op_leave: one test of a flag when the
+ * accounting is off) under the entry's name. */
+template <typename F, F *fn> struct timed;
+template <typename R, typename... A, R (*fn)(A...)> struct timed<R(A...), fn> {
+    static const char *name;
+    struct scope {
+        bool on = cu_op_enter();
+        ~scope()
+        {
+            if (on) cu_op_leave(name);
+        }
+    };
+    static R call(A... a)
+    {
+        scope s;
+        return fn(a...);
+    }
+};
+template <typename R, typename... A, R (*fn)(A...)> const char *timed<R(A...), fn>::name;
+
+#define OP(field, fn) (timed<decltype(fn), fn>::name = #field, g_ops.field = timed<decltype(fn), fn>::call)
+
 extern "C" const ds_ops *cuda_backend(void)
 {
     int n = cuda_device_count();
@@ -71,37 +94,37 @@ extern "C" const ds_ops *cuda_backend(void)
             ds_errorf(DS_ERR_UNSUPPORTED, "cuda: cannot use device 0: %s", cudaGetErrorString(e));
             return NULL;
         }
-        g_ops.alloc = cu_alloc_zeroed;
-        g_ops.alloc_scratch = cu_alloc;
-        g_ops.free = cu_free;
-        g_ops.matmul = cu_matmul;
-        g_ops.matmul_many = cu_matmul_many;
-        g_ops.matmul_many_normed = cu_matmul_many_normed;
-        g_ops.matmul_carry = cu_matmul_carry;
-        g_ops.matmul_t = cu_matmul_t;
-        g_ops.rmsnorm = cu_rmsnorm;
-        g_ops.rope = cu_rope;
-        g_ops.attention = cu_attention;
-        g_ops.silu_mul = cu_silu_mul;
-        g_ops.add = cu_add;
-        g_ops.upload = cu_upload;
-        g_ops.download = cu_download;
-        g_ops.pick_rows = cu_pick_rows;
-        g_ops.sync = cu_sync;
-        g_ops.zero = cu_zero;
-        g_ops.copy_rows = cu_copy_rows;
-        g_ops.add_rows_scaled = cu_add_rows_scaled;
-        g_ops.embed = cu_embed;
-        g_ops.matmul_heads = cu_matmul_heads;
-        g_ops.matmul_heads_t = cu_matmul_heads_t;
-        g_ops.moe_route = cu_moe_route;
-        g_ops.moe_gate = cu_moe_gate;
-        g_ops.moe_experts = cu_moe_experts;
-        g_ops.upload_weight = cu_upload_weight;
-        g_ops.rmsnorm_rows = cu_rmsnorm_rows;
-        g_ops.rope_copy = cu_rope_copy;
-        g_ops.mla_prologue = cu_mla_prologue;
-        g_ops.mla_attend = cu_mla_attend;
+        OP(alloc, cu_alloc_zeroed);
+        OP(alloc_scratch, cu_alloc);
+        OP(free, cu_free);
+        OP(matmul, cu_matmul);
+        OP(matmul_many, cu_matmul_many);
+        OP(matmul_many_normed, cu_matmul_many_normed);
+        OP(matmul_carry, cu_matmul_carry);
+        OP(matmul_t, cu_matmul_t);
+        OP(rmsnorm, cu_rmsnorm);
+        OP(rope, cu_rope);
+        OP(attention, cu_attention);
+        OP(silu_mul, cu_silu_mul);
+        OP(add, cu_add);
+        OP(upload, cu_upload);
+        OP(download, cu_download);
+        OP(pick_rows, cu_pick_rows);
+        OP(sync, cu_sync);
+        OP(zero, cu_zero);
+        OP(copy_rows, cu_copy_rows);
+        OP(add_rows_scaled, cu_add_rows_scaled);
+        OP(embed, cu_embed);
+        OP(matmul_heads, cu_matmul_heads);
+        OP(matmul_heads_t, cu_matmul_heads_t);
+        OP(moe_route, cu_moe_route);
+        OP(moe_gate, cu_moe_gate);
+        OP(moe_experts, cu_moe_experts);
+        OP(upload_weight, cu_upload_weight);
+        OP(rmsnorm_rows, cu_rmsnorm_rows);
+        OP(rope_copy, cu_rope_copy);
+        OP(mla_prologue, cu_mla_prologue);
+        OP(mla_attend, cu_mla_attend);
         /* one pass up to 8192 tokens: on the H200 (16B, FP8) a 4761-token prompt prefilled
          * at 17.2k tok/s in one pass, 15.0k in passes of 2048, 13.0-13.8k in 1024 */
         g_ops.prefill_tokens = 8192;

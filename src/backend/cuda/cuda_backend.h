@@ -57,9 +57,10 @@ void cuda_set_test_mode(bool on);
 double cuda_measure_copy_bandwidth(void);
 double cuda_measure_bf16_tc_peak(void);
 
-/* Per-op wall-time accounting: while on, every op synchronises at its end and
- * the time since the previous op's end is charged to its name (so host work and
- * waits count too). on = true clears the table. Print: a table, largest first. */
+/* Per-op wall-time accounting: while on, every entry of the ops table synchronises
+ * when it is called and when it returns, and is charged the time between (its own
+ * launches and kernels, nothing queued before it); the host's time between entries
+ * is a row of its own. on = true clears the table. Print: a table, largest first. */
 void cuda_op_times(bool on);
 void cuda_op_times_print(FILE *f);
 

@@ -54,6 +54,13 @@ void *cu_tmp(cu_io *io, size_t bytes);
  * and releases the call's scratch. op names the op in error messages. */
 void cu_end(cu_io *io, const char *op);
 
+/* cuda_op_times' accounting of one entry of the ops table (cuda_backend.cu wraps every
+ * entry): cu_op_enter returns whether this call is counted (timing on, no capture), and
+ * then cu_op_leave(name) must follow when the entry returns; only the outermost entry of
+ * a nest is timed. */
+bool cu_op_enter(void);
+void cu_op_leave(const char *op);
+
 /* True when the device can dereference p directly. */
 bool cu_device_readable(const void *p);
 

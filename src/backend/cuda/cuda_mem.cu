@@ -243,11 +243,8 @@ void cu_upload(void *dst, const void *src, size_t bytes)
     if (g_test_mode) cu_check(cudaStreamSynchronize(cu_s), "upload: synchronize");
 }
 
-static void opt_mark(const char *op);
-
 void cu_download(void *dst, const void *src, size_t bytes)
 {
-    opt_mark("(before a download)");
     if (bytes) cu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, cu_s), "download");
     cu_check(cudaStreamSynchronize(cu_s), "download: synchronize");
 }
@@ -343,11 +340,16 @@ void *cu_out(cu_io *io, void *p, size_t bytes, bool copy_in)
     return d;
 }
 
-/* ---- per-op wall time (cuda_op_times): a synchronisation at the end of every op,
- * the time since the previous mark charged to that op's name */
+/* ---- per-op wall time (cuda_op_times). Each entry of the ops table is timed from its
+ * call until the work it queued has finished (cuda_backend.cu wraps every entry in a
+ * cu_op_scope): the outermost entry synchronises on the way in and on the way out, so
+ * an op is charged for its own kernels and launch work only, never for work queued
+ * before it, and the host's time between two ops is charged to a row of its own. */
 
 #define OPT_MAX 64
+#define OPT_HOST "(host, between ops)"
 static bool g_optime;
+static int g_opt_depth; /* table entries open now: only the outermost is timed */
 static double g_opt_last;
 static struct {
     const char *name;
@@ -362,9 +364,9 @@ static double opt_now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Charges the time since the last mark to op. */
 static void opt_mark(const char *op)
 {
-    if (!g_optime || g_capturing) return;
     cudaStreamSynchronize(cu_s);
     double t = opt_now();
     int i = 0;
@@ -377,11 +379,24 @@ static void opt_mark(const char *op)
     g_opt_last = t;
 }
 
+bool cu_op_enter(void)
+{
+    if (!g_optime || g_capturing) return false;
+    if (g_opt_depth++ == 0) opt_mark(OPT_HOST);
+    return true;
+}
+
+void cu_op_leave(const char *op)
+{
+    if (--g_opt_depth == 0) opt_mark(op);
+}
+
 extern "C" void cuda_op_times(bool on)
 {
     cudaStreamSynchronize(cu_s);
     if (on) memset(g_opt, 0, sizeof g_opt);
     g_optime = on;
+    g_opt_depth = 0;
     g_opt_last = opt_now();
 }
 
@@ -405,7 +420,6 @@ extern "C" void cuda_op_times_print(FILE *f)
 
 void cu_end(cu_io *io, const char *op)
 {
-    opt_mark(op);
     char what[96];
     snprintf(what, sizeof what, "%s: launch", op);
     cu_check(cudaGetLastError(), what);
