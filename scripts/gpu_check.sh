@@ -23,9 +23,10 @@
 # scripts/ncu_summary.py's table. GPU_CHECK_PROFILE=decode or =prefill: those steps only.
 # GPU_CHECK_NCU_CACHE=none keeps the caches between kernels (ncu flushes them by default, so
 # each kernel's activations come from DRAM, unlike in a real step).
-# GPU_CHECK_HF=0 skips hf_bench. GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) then also synthesises
-# the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
-# /tmp/dsv3_ckpt_fp8) and runs bench_cuda_model on it. BENCH_AB="default;attn_tc=0;..." (passed
+# GPU_CHECK_HF=0 skips hf_bench; GPU_CHECK_BF16=0 skips the BF16 checkpoint and its bench
+# (with GPU_CHECK_FP8=1: the FP8 figures only). GPU_CHECK_FP8=1 (with GPU_CHECK_MODEL) also
+# synthesises the FP8 checkpoint (e4m3 + 128x128 block scales; GPU_CHECK_CKPT_FP8, default
+# /tmp/dsv3_ckpt_fp8; in the background, after the BF16 one) and runs bench_cuda_model on it. BENCH_AB="default;attn_tc=0;..." (passed
 # through to bench_cuda_model) adds a table of the decode figures for each tuning of the CUDA
 # backend (fields of cuda_tuning, src/backend/cuda/cuda_backend.h), measured in the same process.
 # A build directory over the device tool's 64 MiB can travel as a copy holding only dsv3 and
@@ -62,15 +63,24 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 results=()
 fails=0
 model_cfg=${GPU_CHECK_MODEL:-}
+[ "${GPU_CHECK_BF16:-1}" = 0 ] && model_cfg=
 ckpt=${GPU_CHECK_CKPT:-/tmp/dsv3_ckpt_bf16}
+ckpt8=${GPU_CHECK_CKPT_FP8:-/tmp/dsv3_ckpt_fp8}
+want8=0
+[ -n "${GPU_CHECK_MODEL:-}" ] && [ "${GPU_CHECK_FP8:-0}" = 1 ] && want8=1
 synth_pid=
-if [ -n "$model_cfg" ]; then
+synth() { # dtype dir log: synthesise the checkpoint unless dir holds one
+  [ -d "$2" ] && [ -n "$(ls "$2" 2>/dev/null)" ] && return
+  local t0=$EPOCHREALTIME
+  "$build/dsv3" synth --config "$GPU_CHECK_MODEL" --out "$2" --dtype "$1" >"$3" 2>&1
+  echo "synth $1 rc $? in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s" >>"$3"
+}
+if [ -n "$model_cfg" ] || [ $want8 = 1 ]; then
   df -h "$(dirname "$ckpt")" | sed 's/^/   /'
-  if [ ! -d "$ckpt" ] || [ -z "$(ls "$ckpt" 2>/dev/null)" ]; then
-    ( t0=$EPOCHREALTIME; "$build/dsv3" synth --config "$model_cfg" --out "$ckpt" --dtype bf16 >"$logdir/synth.log" 2>&1
-      echo "synth rc $? in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s" >>"$logdir/synth.log" ) &
-    synth_pid=$!
-  fi
+  # in the background while the tests run: BF16 first (its bench comes first), then FP8
+  ( [ -n "$model_cfg" ] && synth bf16 "$ckpt" "$logdir/synth.log"
+    [ $want8 = 1 ] && synth fp8 "$ckpt8" "$logdir/synth_fp8.log" ) &
+  synth_pid=$!
 fi
 run_prog() { # label name [wrapper...] [-- args...]
   local label=$1 name=$2; shift 2
@@ -114,9 +124,9 @@ run_prog bench_cuda_ops bench_cuda_ops
 # what one dependent step of a chain costs: a kernel boundary (plain, PDL) against a grid
 # barrier (optional: a copied build may leave it out)
 [ -n "$(find_prog bench_cuda_sync)" ] && run_prog bench_cuda_sync bench_cuda_sync
+[ -n "$synth_pid" ] && wait "$synth_pid"
 if [ -n "$model_cfg" ]; then
-  [ -n "$synth_pid" ] && wait "$synth_pid"
-  echo "== synth"; cat "$logdir/synth.log"; du -sh "$ckpt"
+  echo "== synth"; cat "$logdir/synth.log" 2>/dev/null; du -sh "$ckpt"
   bin=$(find_prog bench_cuda_model)
   prof=${GPU_CHECK_PROFILE:-0}
   if [ "$prof" != 0 ]; then
@@ -143,13 +153,8 @@ if [ -n "$model_cfg" ]; then
   rc=${PIPESTATUS[0]}
   results+=("$(printf '%-26s %-8s' hf_bench "$([ "$rc" = 0 ] && echo PASS || echo "FAIL($rc)")")")
 fi
-if [ -n "${GPU_CHECK_MODEL:-}" ] && [ "${GPU_CHECK_FP8:-0}" = 1 ]; then
-  ckpt8=${GPU_CHECK_CKPT_FP8:-/tmp/dsv3_ckpt_fp8}
-  if [ ! -d "$ckpt8" ] || [ -z "$(ls "$ckpt8" 2>/dev/null)" ]; then
-    t0=$EPOCHREALTIME
-    "$build/dsv3" synth --config "$GPU_CHECK_MODEL" --out "$ckpt8" --dtype fp8 >"$logdir/synth_fp8.log" 2>&1
-    echo "synth fp8 rc $? in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }') s"
-  fi
+if [ $want8 = 1 ]; then
+  echo "== synth fp8"; cat "$logdir/synth_fp8.log" 2>/dev/null
   echo "== bench_cuda_model FP8 ($GPU_CHECK_MODEL)"
   "$(find_prog bench_cuda_model)" "$ckpt8" "$GPU_CHECK_MODEL" 2>&1 | tee "$logdir/bench_cuda_model_fp8.log"
   rc=${PIPESTATUS[0]}
