@@ -1,19 +1,26 @@
 /* bench_cuda_model.c - the whole model on the CUDA backend: batch-1 and
- * batch-8 decode, decode at a 4k-token depth, and a 512-token prefill, each
- * beside its ceiling measured in the same run (device-to-device copy
- * bandwidth for decode, cuBLAS bf16 GEMM rate for prefill).
+ * batch-8 decode, decode at a 4k-token depth, and prefills of 512 and 4096
+ * tokens, each beside its ceiling measured in the same run (device-to-device
+ * copy bandwidth for decode; for prefill the cuBLAS bf16 GEMM rate, and with
+ * FP8 weights the cuBLASLt e4m3 GEMM rate for the FP8 GEMM path).
  *
  *   bench_cuda_model CKPT_DIR CONFIG [reps]
  *
- * Roofline for decode: bytes of the weights one token reads (attention, dense
- * and shared MLPs, the K routed experts it selects, the head) / copy
- * bandwidth. Batch 8 reads at most 8 * K experts per layer; its figure is
- * tokens/s against batch 1. The 4k depth fills rows 0..4095 of the KV cache
- * with random values (attention costs the same whatever the values). Decode
- * steps replay a recorded graph after two warm-up steps (tune.no_graphs: every
- * step eager); batch 1 is also timed eagerly, and the logits of a recorded
- * step are compared with the eager ones. BENCH_GEMM=fp8 runs the model with the
- * reference's gemm_impl fp8. Not a test: prints figures. */
+ * Roofline for decode: every byte a step must read / copy bandwidth. Weights:
+ * attention, dense and shared MLPs, the head, and the routed experts the step's
+ * tokens chose, each distinct expert once (counted from the routing of eager
+ * steps of the same shape: 6 a layer at batch 1, fewer than 8 x 6 at batch 8);
+ * at depth d, each sequence's KV-cache rows 0..d of every layer too. The 4k
+ * depth fills rows 0..4095 of the KV cache with random values (attention costs
+ * the same whatever the values). Decode steps replay a recorded graph after two
+ * warm-up steps (tune.no_graphs: every step eager); batch 1 is also timed
+ * eagerly, and with every step's logits downloaded (the rest pick the next tokens on
+ * the device, as generation does), and the logits of a recorded step are compared with
+ * the eager ones.
+ * Prefill FLOPs count two per active weight and token (attention's own not
+ * counted). BENCH_GEMM=fp8 runs the model with the reference's gemm_impl fp8;
+ * with FP8 weights the prefills are timed in both gemm modes. Not a test:
+ * prints figures. */
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -59,11 +66,46 @@ static double token_bytes(const ds_model *m, double experts)
 }
 
 /* Distinct routed experts per MoE layer that n tokens choosing K of E each touch, expected
- * for uniform routing (random weights route close to uniformly): E (1 - (1 - K/E)^n). */
+ * for uniform routing: E (1 - (1 - K/E)^n). Printed beside the count from the routing. */
 static double distinct_experts(const ds_config *c, int n)
 {
     double e = c->n_routed_experts, k = c->n_activated_experts;
     return e * (1 - pow(1 - k / e, n));
+}
+
+/* Bytes of KV cache a decode step of bs sequences at position depth reads: rows 0..depth
+ * of each sequence in every layer (the compressed kv and the rope keys, float32). */
+static double kv_bytes(const ds_config *c, int bs, int depth)
+{
+    return (double)bs * c->n_layers * (depth + 1.0) * (c->kv_lora_rank + c->qk_rope_head_dim) * sizeof(float);
+}
+
+/* The routed experts a step touches, counted from its routing: the model runs on a copy
+ * of the CUDA table whose moe_experts, while g_count_on, downloads the chosen expert ids
+ * (eager steps only: a download cannot be recorded) and counts the distinct local ones. */
+static const ds_ops *g_dev;
+static ds_ops g_counting;
+static bool g_count_on;
+static double g_count_sum; /* distinct experts, summed over the counted MoE calls */
+static long g_count_calls;
+
+static void counting_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                                 const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                                 const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0)
+{
+    int h[64 * 16];
+    if (g_count_on && n * K <= 64 * 16) {
+        g_dev->download(h, idx, sizeof(int) * (size_t)n * K);
+        int d = 0;
+        for (int i = 0; i < n * K; i++) {
+            int j = 0;
+            while (j < i && h[j] != h[i]) j++;
+            d += j == i && h[i] >= e0 && h[i] < e0 + ne;
+        }
+        g_count_sum += d;
+        g_count_calls++;
+    }
+    g_dev->moe_experts(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm, ue8m0);
 }
 
 static int cmp(const void *a, const void *b)
@@ -72,7 +114,12 @@ static int cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Median seconds of `reps` decode steps of `bs` sequences at positions depth, depth+1, ... */
+/* Median seconds of `reps` decode steps of `bs` sequences at positions depth, depth+1, ...
+ * (after two more), each as generation runs it: the next tokens picked on the device
+ * (greedy) and only they downloaded; with g_host_logits, every step's logits downloaded
+ * instead (model_forward). */
+static bool g_host_logits;
+
 static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, float *logits)
 {
     int32_t tok[64];
@@ -86,31 +133,47 @@ static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, f
             pos[i] = depth + r;
             want[i] = true;
         }
+        int32_t next[64];
         double t0 = now();
-        if (model_forward(m, kv, bs, tok, seq, pos, want, logits)) return -1;
+        if (g_host_logits ? model_forward(m, kv, bs, tok, seq, pos, want, logits)
+                          : model_forward_pick(m, kv, bs, tok, seq, pos, NULL, next))
+            return -1;
         if (r >= 2) t[r - 2] = now() - t0;
     }
     qsort(t, (size_t)reps, sizeof *t, cmp);
     return t[reps / 2];
 }
 
-/* The 512-token prefill of main (positions 0..511 of sequence 0, logits of the last). */
-static int g_np;
+/* Prefills of main: positions 0..np-1 of sequence 0, logits of the last token. */
 static int32_t *g_tok;
 static int *g_seq, *g_pos;
 static bool *g_want;
 
-/* Median seconds of 3 prefills after one warm-up. */
-static double prefill(ds_model *m, ds_kvcache *kv, float *logits)
+/* Median seconds of 3 prefills of np tokens after one warm-up. */
+static double prefill(ds_model *m, ds_kvcache *kv, int np, float *logits)
 {
     double t[3];
+    for (int i = 0; i < np; i++) g_want[i] = i == np - 1;
     for (int r = 0; r < 4; r++) {
         double t0 = now();
-        if (model_forward(m, kv, g_np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
+        if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
         if (r >= 1) t[r - 1] = now() - t0;
     }
     qsort(t, 3, sizeof *t, cmp);
     return t[1];
+}
+
+/* Mean distinct routed experts a MoE layer of a decode step of bs sequences touched, over
+ * four eager steps of decode's tokens, counted from the routing. */
+static double touched_experts(ds_model *m, ds_kvcache *kv, int bs, float *logits)
+{
+    bool ng = m->opt.tune.no_graphs;
+    m->opt.tune.no_graphs = true;
+    g_count_sum = 0, g_count_calls = 0, g_count_on = true;
+    double t = decode(m, kv, bs, 0, 2, logits);
+    g_count_on = false;
+    m->opt.tune.no_graphs = ng;
+    return t < 0 || g_count_calls == 0 ? -1 : g_count_sum / g_count_calls;
 }
 
 /* Max |graph - eager| / max |eager| over the logits of decode step 4 of one sequence. */
@@ -217,7 +280,7 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         fill_cache(m, kv, depth);
         double t4k = decode(m, kv, 1, depth, reps, logits);
         double t84k = decode(m, kv, 8, depth, reps, logits); /* sequences 1..7: zeroed caches */
-        double tpf = prefill(m, kv, logits);
+        double tpf = prefill(m, kv, 512, logits);
         kvcache_free(kv);
         double gerr = graph_vs_eager(m, logits, logits + m->cfg.vocab_size);
         if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || t84k < 0 || tpf < 0 || gerr < 0)
@@ -228,6 +291,30 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
     cuda_tuning t = cuda_tuning_default();
     cuda_backend_set_tuning(&t);
     return 0;
+}
+
+/* One prefill of np tokens with every op synchronised: each op's wall time, its own
+ * launches and kernels (cuda_op_times). */
+static int op_times(ds_model *m, ds_kvcache *kv, int np, float *logits)
+{
+    for (int i = 0; i < np; i++) g_want[i] = i == np - 1;
+    cuda_op_times(true);
+    double t = now();
+    if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
+    t = now() - t;
+    cuda_op_times(false);
+    printf("prefill %d (gemm %s) with every op synchronised: %.3f ms\n", np,
+           m->opt.gemm == DS_GEMM_FP8 ? "fp8" : "bf16", t * 1e3);
+    cuda_op_times_print(stdout);
+    return 0;
+}
+
+/* Prints one prefill row: np tokens in t seconds against the ceiling tc (TFLOP/s) named what. */
+static void prefill_row(const char *label, int np, double t, double flop_tok, double tc, const char *what)
+{
+    double fl = flop_tok * np / t / 1e12;
+    printf("%-22s %10.3f %10.1f %5.1f%% of %s peak (%.1f TFLOP/s on weights)\n", label, t * 1e3, np / t,
+           100 * fl / tc, what, fl);
 }
 
 int main(int argc, char **argv)
@@ -247,35 +334,40 @@ int main(int argc, char **argv)
     ds_model *m = NULL;
     ds_kvcache *kv = NULL;
     if (!ops || config_load(&cfg, argv[2])) goto fail;
+    g_dev = ops;
+    g_counting = *ops;
+    g_counting.moe_experts = counting_moe_experts;
     double bw = cuda_measure_copy_bandwidth(), tc = cuda_measure_bf16_tc_peak();
-    printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s\n", bw, tc);
+    double tc8 = cuda_measure_fp8_tc_peak();
+    printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s, fp8 GEMM %.0f TFLOP/s "
+           "(cuBLASLt e4m3, sums in the tensor cores)\n", bw, tc, tc8);
     /* BENCH_GEMM=fp8: the reference's gemm_impl fp8 (act_quant on every product's input) */
     const char *bg = getenv("BENCH_GEMM");
     bool fp8gemm = bg && !strcmp(bg, "fp8");
     if (fp8gemm) printf("gemm_impl fp8 (BENCH_GEMM)\n");
-    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = fp8gemm ? DS_GEMM_FP8 : DS_GEMM_BF16, .ops = ops};
+    ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = fp8gemm ? DS_GEMM_FP8 : DS_GEMM_BF16, .ops = &g_counting};
     double t0 = now();
     if (model_load(&m, argv[1], &cfg, &o)) goto fail;
     printf("load + upload: %.1f s, %.2f GiB of weights on the device\n", now() - t0, cuda_weight_bytes() / 1073741824.0);
+    bool fp8w = m->layers[m->cfg.n_layers - 1].wkv_a.fmt == DS_W_FP8;
     int depth = 4096, ctx = depth + reps + 8;
     if (kvcache_new(&kv, m, 8, ctx)) goto fail;
     printf("KV cache: 8 x %d positions, %.2f GiB\n", ctx,
            8.0 * ctx * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 * cfg.n_layers / 1073741824.0);
     float *logits = malloc(sizeof(float) * 8 * (size_t)cfg.vocab_size);
     if (!logits) goto fail;
-    double b1 = token_bytes(m, cfg.n_activated_experts), roof = b1 / (bw * 1e9);
-    /* prefill 512 at positions 0..511 of sequence 0, logits of the last token */
-    int np = 512;
-    int32_t *tok = malloc(sizeof(int32_t) * np);
-    int *seq = calloc((size_t)np, sizeof(int)), *pos = malloc(sizeof(int) * np);
-    bool *want = calloc((size_t)np, 1);
-    if (!tok || !seq || !pos || !want) goto fail;
-    for (int i = 0; i < np; i++) {
-        tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
-        pos[i] = i;
+    /* prefills at positions 0..np-1 of sequence 0, logits of the last token */
+    int np = 512, npl = 4096;
+    g_tok = malloc(sizeof(int32_t) * npl);
+    g_seq = calloc((size_t)npl, sizeof(int));
+    g_pos = malloc(sizeof(int) * npl);
+    g_want = calloc((size_t)npl, 1);
+    if (!g_tok || !g_seq || !g_pos || !g_want) goto fail;
+    for (int i = 0; i < npl; i++) {
+        g_tok[i] = (int32_t)((i * 7919) % cfg.vocab_size);
+        g_pos[i] = i;
     }
-    want[np - 1] = true;
-    g_np = np, g_tok = tok, g_seq = seq, g_pos = pos, g_want = want;
+    g_want[np - 1] = true;
     const char *prof_mode = getenv("BENCH_PROFILE");
     if (prof_mode) {
         /* for ncu --profile-from-start off: one eager batch-1 step at depth 0, one
@@ -299,60 +391,82 @@ int main(int argc, char **argv)
             cuda_profile_range(false);
         }
         if (pp) {
-            if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
+            if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) goto fail;
             cuda_profile_range(true);
-            if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
+            if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) goto fail;
             cuda_profile_range(false);
         }
         printf("profile steps done\n");
         return 0;
     }
     double t1 = decode(m, kv, 1, 0, reps, logits);
+    g_host_logits = true;
+    double t1h = decode(m, kv, 1, 0, reps, logits);
+    g_host_logits = false;
     m->opt.tune.no_graphs = true;
     double t1e = decode(m, kv, 1, 0, reps, logits);
     m->opt.tune.no_graphs = false;
     double gerr = graph_vs_eager(m, logits, logits + cfg.vocab_size);
+    double e1 = touched_experts(m, kv, 1, logits), e8 = touched_experts(m, kv, 8, logits);
     double t8 = decode(m, kv, 8, 0, reps, logits);
     fill_cache(m, kv, depth);
     double t4k = decode(m, kv, 1, depth, reps, logits);
-    double tp[5];
-    for (int r = 0; r < 6; r++) {
-        double s0 = now();
-        if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
-        if (r >= 1) tp[r - 1] = now() - s0;
+    double t84k = decode(m, kv, 8, depth, reps, logits); /* sequences 1..7: zeroed caches, read all the same */
+    /* prefills: 512 and 4096 tokens, in both gemm modes where the weights are FP8 */
+    ds_gemm_impl gm[2] = {m->opt.gemm, m->opt.gemm == DS_GEMM_FP8 ? DS_GEMM_BF16 : DS_GEMM_FP8};
+    double tp[2][2] = {{0}};
+    for (int g = 0; g < (fp8w ? 2 : 1); g++) {
+        m->opt.gemm = gm[g];
+        tp[g][0] = prefill(m, kv, np, logits);
+        tp[g][1] = prefill(m, kv, npl, logits);
+        if (tp[g][0] < 0 || tp[g][1] < 0) goto fail;
     }
-    qsort(tp, 5, sizeof *tp, cmp);
-    /* where a prefill's time goes: every op synchronised, wall time per op */
-    cuda_op_times(true);
-    double so = now();
-    if (model_forward(m, kv, np, tok, seq, pos, want, logits)) goto fail;
-    so = now() - so;
-    cuda_op_times(false);
-    printf("prefill 512 with every op synchronised: %.3f ms\n", so * 1e3);
-    cuda_op_times_print(stdout);
-    if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || gerr < 0) goto fail;
+    m->opt.gemm = gm[0];
+    /* where a prefill's time goes: 512 tokens, and 4096 on the FP8 GEMM path */
+    if (op_times(m, kv, np, logits)) goto fail;
+    if (fp8w) {
+        m->opt.gemm = DS_GEMM_FP8;
+        if (op_times(m, kv, npl, logits)) goto fail;
+        m->opt.gemm = gm[0];
+    }
+    if (cuda_backend_status() || t1 < 0 || t1h < 0 || t1e < 0 || t8 < 0 || t4k < 0 || t84k < 0 || gerr < 0 || e1 < 0 || e8 < 0)
+        goto fail;
     g_count_elems = true; /* two FLOPs per active weight and token, whatever the format */
-    double flop = 2.0 * token_bytes(m, cfg.n_activated_experts) * np;
+    double flop_tok = 2.0 * token_bytes(m, cfg.n_activated_experts);
     g_count_elems = false;
-    printf("bytes of active weights per token: %.3f GB; roofline %.3f ms/token = %.0f tok/s\n", b1 / 1e9, roof * 1e3,
-           1 / roof);
+    double b1 = token_bytes(m, e1), roof = b1 / (bw * 1e9);
+    double b8 = token_bytes(m, e8), b4k = b1 + kv_bytes(&cfg, 1, depth), b84k = b8 + kv_bytes(&cfg, 8, depth);
+    printf("bytes a decode step reads: batch 1 %.3f GB (%.1f experts a layer); batch 8 %.3f GB (%.1f of %d experts "
+           "a layer from the routing, %.1f for uniform routing); KV cache at depth %d: %.3f GB a sequence\n",
+           b1 / 1e9, e1, b8 / 1e9, e8, cfg.n_routed_experts, distinct_experts(&cfg, 8), depth,
+           kv_bytes(&cfg, 1, depth) / 1e9);
     printf("%-22s %10s %10s %s\n", "test", "ms", "tok/s", "vs limit");
-    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.0f GB/s)\n", "decode batch 1", t1 * 1e3, 1 / t1,
-           100 * roof / t1, b1 / t1 / 1e9);
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.3f ms; %.0f GB/s)\n", "decode batch 1", t1 * 1e3, 1 / t1,
+           100 * roof / t1, roof * 1e3, b1 / t1 / 1e9);
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (every step's logits downloaded: model_forward)\n",
+           "decode b1 host logits", t1h * 1e3, 1 / t1h, 100 * roof / t1h);
     printf("%-22s %10.3f %10.1f %5.1f%% of roofline; graph vs eager logits: max diff %.2e of max |logit|\n",
            "decode batch 1 eager", t1e * 1e3, 1 / t1e, 100 * roof / t1e, gerr);
-    /* a batch-8 step reads every distinct expert its tokens chose once: its own roofline */
-    double d8 = distinct_experts(&cfg, 8), b8 = token_bytes(m, d8);
-    printf("%-22s %10.3f %10.1f %5.2fx batch 1; %.1f%% of its roofline (%.2f GB: %.1f of %d experts per layer)\n",
-           "decode batch 8", t8 * 1e3, 8 / t8, (8 / t8) / (1 / t1), 100 * b8 / (bw * 1e9) / t8, b8 / 1e9, d8,
-           cfg.n_routed_experts);
-    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (weights only)\n", "decode depth 4096", t4k * 1e3, 1 / t4k,
-           100 * roof / t4k);
-    printf("%-22s %10.3f %10.1f %5.1f%% of bf16 peak (%.1f TFLOP/s on weights)\n", "prefill 512", tp[2] * 1e3,
-           np / tp[2], 100 * flop / tp[2] / 1e12 / tc, flop / tp[2] / 1e12);
-    printf("{\"copy_gbs\": %.1f, \"tc_tflops\": %.1f, \"bytes_per_token\": %.0f, \"decode1_ms\": %.4f, "
-           "\"decode1_eager_ms\": %.4f, \"decode8_ms\": %.4f, \"decode4k_ms\": %.4f, \"prefill512_ms\": %.3f}\n",
-           bw, tc, b1, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3, tp[2] * 1e3);
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.3f ms); %.2fx batch 1's tok/s\n", "decode batch 8", t8 * 1e3,
+           8 / t8, 100 * b8 / (bw * 1e9) / t8, b8 / (bw * 1e9) * 1e3, (8 / t8) / (1 / t1));
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.3f ms, weights and KV cache)\n", "decode depth 4096",
+           t4k * 1e3, 1 / t4k, 100 * b4k / (bw * 1e9) / t4k, b4k / (bw * 1e9) * 1e3);
+    printf("%-22s %10.3f %10.1f %5.1f%% of roofline (%.3f ms, weights and KV cache)\n", "decode b8 depth 4096",
+           t84k * 1e3, 8 / t84k, 100 * b84k / (bw * 1e9) / t84k, b84k / (bw * 1e9) * 1e3);
+    for (int g = 0; g < (fp8w ? 2 : 1); g++) {
+        bool q = gm[g] == DS_GEMM_FP8 && fp8w;
+        char l[2][40];
+        snprintf(l[0], sizeof l[0], "prefill 512%s", fp8w ? (q ? " gemm fp8" : " gemm bf16") : "");
+        snprintf(l[1], sizeof l[1], "prefill 4096%s", fp8w ? (q ? " gemm fp8" : " gemm bf16") : "");
+        for (int j = 0; j < 2; j++)
+            prefill_row(l[j], j ? npl : np, tp[g][j], flop_tok, q ? tc8 : tc, q ? "fp8" : "bf16");
+    }
+    printf("{\"copy_gbs\": %.1f, \"tc_tflops\": %.1f, \"fp8_tflops\": %.1f, "
+           "\"bytes_per_token\": %.0f, \"decode1_ms\": %.4f, \"decode1_eager_ms\": %.4f, \"decode8_ms\": %.4f, "
+           "\"decode4k_ms\": %.4f, \"decode8_4k_ms\": %.4f, \"prefill512_ms\": %.3f, \"prefill4096_ms\": %.3f, "
+           "\"decode1_host_logits_ms\": %.4f}\n",
+           bw, tc, tc8, b1, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3, t84k * 1e3, tp[0][0] * 1e3,
+           tp[0][1] * 1e3, t1h * 1e3);
     if (getenv("BENCH_AB") && ab_variants(m, getenv("BENCH_AB"), depth, ctx, reps, logits, roof)) goto fail;
     kvcache_free(kv);
     model_free(m);

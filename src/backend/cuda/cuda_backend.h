@@ -56,6 +56,9 @@ void cuda_set_test_mode(bool on);
  * (cuBLAS 8192^3 on random data, f32 accumulation, best of 6); 0 on failure. */
 double cuda_measure_copy_bandwidth(void);
 double cuda_measure_bf16_tc_peak(void);
+/* The FP8 tensor-core rate in TFLOP/s: an 8192^3 e4m3 product on cuBLASLt (random codes,
+ * bf16 out, per-tensor scales, sums kept in the tensor cores, best of 6); 0 on failure. */
+double cuda_measure_fp8_tc_peak(void);
 
 /* Per-op wall-time accounting: while on, every entry of the ops table synchronises
  * when it is called and when it returns, and is charged the time between (its own
