@@ -10,9 +10,9 @@
 #   bench/serve.sh [CKPT=models/dsv3-mini] [B=8] [TOKENS=256] [THREADS=0] [DEVICE=auto] [ROUNDS=5]
 # DSV3_BIN (default build/dsv3) is the server; bench_serve is built against
 # the libdsv3.a next to it (a CUDA build's too). Extra server flags:
-# SERVE_FLAGS. BUILD_ONLY=1 builds bench_serve and stops; where no compiler
-# or development files are (the GPU machine), a bench_serve built beside
-# DSV3_BIN is used as it is.
+# SERVE_FLAGS. BUILD_ONLY=1 builds bench_serve and stops; where there is no
+# libdsv3.a beside DSV3_BIN, or no compiler or development files (the GPU
+# machine), a bench_serve beside DSV3_BIN is used as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CKPT=${1:-models/dsv3-mini}
@@ -27,9 +27,9 @@ BUILD=$(dirname "$BIN")
 # spinning makes both sides slower and noisier (override by exporting it).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 out=$BUILD/bench_serve
-if command -v gcc >/dev/null && pkg-config --exists jansson libpcre2-8 2>/dev/null; then
+if [ -f "$BUILD/libdsv3.a" ] && command -v gcc >/dev/null && pkg-config --exists jansson libpcre2-8 2>/dev/null; then
   cuda=()
-  if nm "$BUILD/libdsv3.a" 2>/dev/null | grep -q ' U cudaMalloc'; then
+  if nm "$BUILD/libdsv3.a" 2>/dev/null | grep ' U cudaMalloc' >/dev/null; then # (no -q: nm must not die of SIGPIPE)
     cuda=(-L"${CUDA_HOME:-/usr/local/cuda}/lib64" -lcudart -lcublas -lcublasLt -lstdc++)
   fi
   gcc -std=c11 -O2 -D_GNU_SOURCE -fopenmp -Wall -Wextra -Werror -Iinclude bench/bench_serve.c \
