@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "backend/cpu/cpu_peak.h"
@@ -42,11 +43,14 @@ static uint32_t next_u32(void)
 }
 
 /* rows x cols of format f with finite values (FP8: normal codes, as nearly all
- * of a checkpoint's; scales near 1e-3) */
+ * of a checkpoint's; scales near 1e-3), on 2 MiB pages where the kernel gives
+ * them, as the engine maps a checkpoint */
 static ds_weight make_weight(ds_wfmt f, int rows, int cols)
 {
     size_t n = (size_t)rows * cols, esz = f == DS_W_FP8 ? 1 : 2;
-    uint8_t *p = malloc(n * esz);
+    uint8_t *p = NULL;
+    if (posix_memalign((void **)&p, (size_t)2 << 20, n * esz)) p = NULL;
+    else madvise(p, n * esz, MADV_HUGEPAGE);
     int sb = ((rows + 127) / 128) * ((cols + 127) / 128);
     float *s = f == DS_W_FP8 ? malloc(sizeof(float) * (size_t)sb) : NULL;
     if (!p || (f == DS_W_FP8 && !s)) {

@@ -608,36 +608,32 @@ AVX2 static void g_pack_fp8_16x32_big(float *wp, const uint8_t *p, size_t ld, __
 }
 
 /* wp[k][0..16) = 16 rows' BF16 weights at column k (rows ld bytes apart from p),
- * as floats, for k < 16: three rounds of 16-bit unpacks leave each register
- * with 8 rows of one column in each 128-bit lane (columns c and c + 8), which
- * an unpack against zero widens and a lane permute puts in order. 112
- * shuffles per 256 weights, where widening first and transpose8 took 160. */
+ * as floats, for k < 16: as g_pack_fp8_16x32, rows i and i + 8 interleaved by
+ * 16 bits and two dword transposes, so that each register holds one column of
+ * all 16 rows, a dword a row i = [row i, row i + 8]; a shift and a mask give
+ * rows 0-7 and 8-15 as floats. 64 shuffles per 256 weights, where three
+ * rounds of 16-bit transposes, unpacks against zero and lane permutes took 112. */
 AVX2 INLINE void g_pack_bf16_16x16(float *wp, const uint8_t *p, size_t ld)
 {
-    __m256i r[16], a[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
-    for (int i = 0; i < 8; i++) { /* rows 2i, 2i+1: columns 0-3, 4-7 (and 8-11, 12-15) */
-        a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
-        a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
-    }
-    for (int j = 0; j < 4; j++) { /* rows 4j..4j+3: columns 0-1, 2-3, 4-5, 6-7 */
-        r[4 * j] = _mm256_unpacklo_epi32(a[4 * j], a[4 * j + 2]);
-        r[4 * j + 1] = _mm256_unpackhi_epi32(a[4 * j], a[4 * j + 2]);
-        r[4 * j + 2] = _mm256_unpacklo_epi32(a[4 * j + 1], a[4 * j + 3]);
-        r[4 * j + 3] = _mm256_unpackhi_epi32(a[4 * j + 1], a[4 * j + 3]);
-    }
-    for (int h = 0; h < 2; h++) /* rows 8h..8h+7: column 2q in a[8h + 2q], 2q + 1 in a[8h + 2q + 1] */
-        for (int q = 0; q < 4; q++) {
-            a[8 * h + 2 * q] = _mm256_unpacklo_epi64(r[8 * h + q], r[8 * h + 4 + q]);
-            a[8 * h + 2 * q + 1] = _mm256_unpackhi_epi64(r[8 * h + q], r[8 * h + 4 + q]);
+    const __m256i hm = _mm256_set1_epi32((int)0xFFFF0000);
+    #pragma GCC unroll 2
+    for (int h = 0; h < 2; h++) { /* h = 0: columns 0-3 and 8-11; 1: 4-7 and 12-15 */
+        __m256 u[8];
+        #pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) {
+            __m256i a = _mm256_loadu_si256((const __m256i *)(p + (size_t)i * ld));
+            __m256i b = _mm256_loadu_si256((const __m256i *)(p + (size_t)(i + 8) * ld));
+            u[i] = _mm256_castsi256_ps(h ? _mm256_unpackhi_epi16(a, b) : _mm256_unpacklo_epi16(a, b));
         }
-    const __m256i z = _mm256_setzero_si256();
-    for (int h = 0; h < 2; h++)
-        for (int c = 0; c < 8; c++) {
-            __m256i lo = _mm256_unpacklo_epi16(z, a[8 * h + c]), hi = _mm256_unpackhi_epi16(z, a[8 * h + c]);
-            _mm256_store_si256((__m256i *)(wp + 16 * c + 8 * h), _mm256_permute2x128_si256(lo, hi, 0x20));
-            _mm256_store_si256((__m256i *)(wp + 16 * (c + 8) + 8 * h), _mm256_permute2x128_si256(lo, hi, 0x31));
+        transpose8(u); /* u[j]: column 4h + j (j < 4) or 4 + 4h + j (j >= 4), all 16 rows */
+        #pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            __m256i v = _mm256_castps_si256(u[j]);
+            float *o = wp + 16 * (j < 4 ? 4 * h + j : 4 + 4 * h + j);
+            _mm256_store_si256((__m256i *)o, _mm256_slli_epi32(v, 16));
+            _mm256_store_si256((__m256i *)(o + 8), _mm256_and_si256(v, hm));
         }
+    }
 }
 
 /* wp[k][16] = W[r + i][k0 + k] (FP8: times its block scale; the panel's rows
