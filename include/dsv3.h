@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 3
+#define DSV3_API_VERSION 4
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -428,14 +428,21 @@ typedef struct {
     ds_cancel_fn cancel;
     void *cancel_user;
     /* Speculative decoding with the MTP module (engine param mtp; API 2): 0 off,
-     * 1: each step drafts one token with the module and checks it in the same
-     * batched pass as the next token, so it yields 1 or 2 tokens; the output is
-     * plain greedy decoding's. Greedy sequences only (samplers NULL, or
-     * temperature 0 without penalties); the sequences run one after another and
-     * each prompt is computed whole (no prefix reuse). ds_engine_stats counts the
-     * drafts and those accepted. */
+     * N in 1..DS_SPEC_MAX_DRAFT (API 4): each step drafts N tokens with the module
+     * (chained on its own output) and checks them in one batched pass of the main
+     * model beside the next token, so it yields 1 to N + 1 tokens a sequence. The
+     * sequences step together, each keeping its own accepted length. Greedy, the
+     * output is plain greedy decoding's; sampling (API 4), a draft is kept with
+     * probability min(1, p/q) (p the model's, q the draft's distribution, both
+     * after the sampler's penalties, temperature, top-k and top-p) and a rejected
+     * one replaced from norm(max(0, p - q)), so the tokens are distributed as
+     * plain sampling's (not the same draws). Each prompt is computed whole (no
+     * prefix reuse). ds_engine_stats counts the steps, drafts and accepted. */
     int spec_draft;
 } ds_generate_params;
+
+/* The longest draft of ds_generate_params.spec_draft (API 4). */
+#define DS_SPEC_MAX_DRAFT 7
 
 DS_API ds_generate_params ds_generate_default_params(void);
 
@@ -470,7 +477,10 @@ typedef struct {
     long prefill_tokens, decode_tokens;
     double prefill_seconds, decode_seconds;
     int prefill_shortened, prefill_chunk;
-    long spec_drafted, spec_accepted; /* speculative steps (spec_draft) and their drafts accepted (API 2) */
+    long spec_drafted, spec_accepted; /* speculative drafts (spec_draft) made and accepted (API 2) */
+    /* main passes that checked drafts, and of those, how many accepted k drafts
+     * (spec_accept_len[k], k <= DS_SPEC_MAX_DRAFT) (API 4) */
+    long spec_steps, spec_accept_len[DS_SPEC_MAX_DRAFT + 1];
 } ds_engine_stats;
 DS_API void ds_engine_get_stats(const ds_engine *e, ds_engine_stats *out);
 

@@ -48,7 +48,9 @@ struct ds_engine {
     int32_t *last_tok;
     float *mtp_logits;
     int n_mtp, cap_mtp;
-    long spec_drafted, spec_accepted; /* speculative steps and accepted drafts (spec.c) */
+    /* speculative drafts made and accepted, main passes that checked drafts, and
+     * those passes by drafts accepted (spec.c) */
+    long spec_drafted, spec_accepted, spec_steps, spec_accept_len[DS_SPEC_MAX_DRAFT + 1];
 };
 
 /* Whether ops runs in host memory: the CPU backend's tables are named "cpu-...". */
@@ -66,10 +68,12 @@ ds_status api_place_batch(const ds_engine *e, const ds_batch *b, int *sq, int *p
 /* After a successful pass: the batch's tokens become part of their slots. */
 void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int *pos);
 
-/* ds_generate's greedy speculative decoding (spec.c) of sequence i of the call in
- * slot r: prompt from position 0, then steps that draft one token with the MTP
- * module and verify it; as gen_run for one sequence, *out malloc'ed. */
-ds_status api_generate_spec(ds_engine *e, int i, int r, const int32_t *prompt, int len, const gen_opts *o,
-                            int32_t **out, int *n_out, ds_finish *why);
+/* ds_generate's speculative decoding (spec.c): n prompts in slots rows[0..n),
+ * each computed from position 0, then steps that draft n_draft tokens with the
+ * MTP module and verify them in one main pass; sm[i] picks sequence i's tokens
+ * (temperature 0: greedy). As gen_run otherwise: out[i] malloc'ed. */
+ds_status api_generate_spec(ds_engine *e, int n, const int *rows, const int32_t *const *prompts, const int *lens,
+                            ds_sampler *const *sm, int n_draft, const gen_opts *o, int32_t **out, int *n_out,
+                            gen_finish *why);
 
 #endif

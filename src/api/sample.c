@@ -167,15 +167,11 @@ ds_status ds_generate(ds_engine *e, int n, const int *seqs, const int32_t *const
                 return ds_errorf(DS_ERR_RANGE, "ds_generate: prompt %d: token %d is %d, outside [0, %d)", i, j,
                                  prompts[i][j], e->cfg.vocab_size);
     }
-    if (p.spec_draft < 0 || p.spec_draft > 1)
-        return ds_errorf(DS_ERR_ARG, "ds_generate: spec_draft %d: 0 (off) or 1 draft token", p.spec_draft);
+    if (p.spec_draft < 0 || p.spec_draft > DS_SPEC_MAX_DRAFT)
+        return ds_errorf(DS_ERR_ARG, "ds_generate: spec_draft %d: 0 (off) to %d draft tokens", p.spec_draft,
+                         DS_SPEC_MAX_DRAFT);
     if (p.spec_draft && !e->m->mtp)
         return ds_errorf(DS_ERR_ARG, "ds_generate: spec_draft needs the MTP module (load the engine with mtp)");
-    for (int i = 0; p.spec_draft && samplers && i < n; i++) {
-        const ds_sampler *t = samplers[i] ? &samplers[i]->s : NULL;
-        if (t && (t->p.temperature > 0 || t->p.repetition_penalty != 1.0f || t->presence != 0 || t->frequency != 0))
-            return ds_errorf(DS_ERR_ARG, "ds_generate: speculative decoding is greedy only (sequence %d samples)", i);
-    }
     gen_opts o = {.max_new = p.max_new_tokens < 0 ? g->ctx : p.max_new_tokens,
                   .eos_id = p.eos == -2 ? ds_engine_eos(e) : p.eos,
                   .on_token = p.on_token,
@@ -203,12 +199,11 @@ ds_status ds_generate(ds_engine *e, int n, const int *seqs, const int32_t *const
         sm[i] = greedy;
     }
     if (!s && p.spec_draft) {
-        for (int i = 0; i < n; i++) why[i] = GEN_CANCELLED;
-        for (int i = 0; !s && i < n; i++) {
-            ds_finish f = DS_FINISH_CANCELLED;
-            s = api_generate_spec(e, i, seqs ? seqs[i] : i, prompts[i], lens[i], &o, &toks[i], &n_out[i], &f);
-            why[i] = (gen_finish)f;
-        }
+        int *rows = malloc(sizeof(int) * (size_t)n);
+        if (!rows) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
+        for (int i = 0; rows && i < n; i++) rows[i] = seqs ? seqs[i] : i;
+        if (!s) s = api_generate_spec(e, n, rows, prompts, lens, sm, p.spec_draft, &o, toks, n_out, why);
+        free(rows);
     } else if (!s) {
         s = gen_run(g, n, seqs, prompts, lens, sm, &o, toks, n_out, why);
     }

@@ -226,6 +226,12 @@ ds_status model_forward_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t
 ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                     const float *hidden, const int *hrow, float *logits)
 {
+    return model_mtp_rows(m, kv, n, tok, seq, pos, hidden, hrow, NULL, logits, NULL);
+}
+
+ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout)
+{
     ds_backend *be = &m->be;
     if (!m->mtp) return ds_errorf(DS_ERR_ARG, "the MTP module is not loaded (load the model with mtp on)");
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "an MTP pass needs at least one row");
@@ -237,17 +243,17 @@ ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, cons
     int32_t *ids = malloc(sizeof(int32_t) * 6 * (size_t)n), *ids_d = NULL;
     float *hd = NULL, *lg = NULL;
     if (!ids) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d MTP rows", n);
-    int pos_max = 0;
+    int pos_max = 0, n_out = 0;
     for (int i = 0; i < n; i++) {
         pos_max = pos[i] > pos_max ? pos[i] : pos_max;
         ids[i] = tok[i];
         ids[n + i] = seq[i];
         ids[2 * n + i] = pos[i];
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
-        ids[4 * n + i] = i;
+        if (!want || want[i]) ids[4 * n + n_out++] = i;
         ids[5 * n + i] = hrow[i];
     }
-    size_t dim = (size_t)m->cfg.dim, nl = (size_t)n * m->vocab_local;
+    size_t dim = (size_t)m->cfg.dim, nl = (size_t)(n_out ? n_out : 1) * m->vocab_local;
     if (!(ids_d = be->alloc(be, sizeof(int32_t) * 6 * (size_t)n)) ||
         !(hd = be->alloc_scratch(be, sizeof(float) * n * dim)) || !(lg = be->alloc_scratch(be, sizeof(float) * nl))) {
         s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d MTP rows", n);
@@ -258,9 +264,10 @@ ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, cons
     int contig[2] = {seq[0], pos[0]};
     bool one_run = true;
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
-    fwd_batch b = batch_of(ids_d, n, n, one_run ? contig : NULL, pos_max + 1);
-    if ((s = mtp_forward(m, kv, &b, hd, lg))) goto done;
-    be->download(be, logits, lg, sizeof(float) * nl);
+    fwd_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
+    if ((s = mtp_forward(m, kv, &b, hd, lg, hout))) goto done;
+    if (n_out) be->download(be, logits, lg, sizeof(float) * nl);
+    else be->sync(be);
 done:;
     ds_status os = be->status(be);
     if (!s) s = os;

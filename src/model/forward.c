@@ -273,8 +273,8 @@ ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, f
 /* The MTP module (DeepSeek-V3 report, section 2.2), at each row i:
  * h' = eh_proj([enorm(embed(t[i+1])); hnorm(h[i])]); h' = block(h') with its own
  * KV-cache layer (layers[n_layers]) at the main model's positions;
- * logits = shared_head.head(shared_head.norm(h')). */
-ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits)
+ * logits = shared_head.head(shared_head.norm(h')) of the wanted rows. */
+ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits, float *hout)
 {
     ds_backend *be = &m->be;
     const ds_mtp *t = m->mtp;
@@ -293,9 +293,13 @@ ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const flo
     stream st = {h, d, false};
     s = block(m, kv, m->cfg.n_layers, b, &st, x);
     if (!s) {
-        /* logits = head(shared_head.norm(h))  (n, vocab_local) */
+        /* x = shared_head.norm(h'), every row: the hidden state a chained draft
+         * feeds back (hout); logits = head(x) of the wanted rows  (n_out, vocab_local) */
         be->rmsnorm_rows(be, x, dim, NULL, h, dim, st.due ? d : NULL, t->norm, n, dim, EPS);
-        be->matmul(be, logits, x, n, &t->head, 0, m->vocab_local, DS_GEMM_BF16, false);
+        if (hout) be->copy_rows(be, hout, dim, NULL, x, dim, NULL, n, dim);
+        if (b->n_out && b->n_out < n) be->copy_rows(be, h, dim, NULL, x, dim, b->out, b->n_out, dim);
+        if (b->n_out)
+            be->matmul(be, logits, b->n_out < n ? h : x, b->n_out, &t->head, 0, m->vocab_local, DS_GEMM_BF16, false);
     }
     give(m, 4, (float *[]){h, d, x, cat});
     return s;

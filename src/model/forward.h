@@ -25,7 +25,10 @@ typedef struct {
 ds_status transformer_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, float *logits);
 
 /* The MTP module's pass on b (b->tok: the next tokens t[i+1]) with hidden (n, dim)
- * the main model's final-normed states of the rows: logits (n, vocab_local). */
-ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits);
+ * the final-normed states the rows start from: logits of the wanted rows (n_out,
+ * vocab_local); hout (NULL: none) receives every row's shared_head.norm(h') (n,
+ * dim), the state a chained draft starts from. */
+ds_status mtp_forward(ds_model *m, ds_kvcache *kv, const fwd_batch *b, const float *hidden, float *logits,
+                      float *hout);
 
 #endif

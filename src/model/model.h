@@ -149,6 +149,13 @@ ds_status model_forward_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t
 ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                     const float *hidden, const int *hrow, float *logits);
 
+/* model_mtp with the logits of the rows marked in want alone (NULL: all), one
+ * row each in order, and with every row's shared_head.norm(h') into hout ((n,
+ * dim) of ops->alloc memory; NULL: none): a chained draft's hidden state, as
+ * hidden for the next pass (hidden may be hout itself). */
+ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
+                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout);
+
 /* As model_forward with every token wanted, but only each token's next token
  * into next: what sampler_pick_u makes of its logits with pick[i]'s settings
  * (model/sampler.h; pick NULL: all greedy). On the device where the backend can

@@ -279,6 +279,22 @@ int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u)
     return last;
 }
 
+/* The last token sampler_pick_u keeps (top-k, top-p) of the normalised e, in
+ * the order probability descending then id, as it finds it. */
+static int kept_last(ds_sampler *s, float *e, int V, int best)
+{
+    int *cand = s->cand, nc = candidates(cand, e, V, e[best] * 0x1p-20f);
+    int it = last_kept(s, e, cand, nc);
+    if (it >= 0) return it;
+    nc = candidates(cand, e, V, 0);
+    it = last_kept(s, e, cand, nc);
+    if (it >= 0) return it;
+    it = cand[nc - 1]; /* neither limit met: all kept, up to the least likely */
+    for (int i = 0; i < nc; i++)
+        if (e[cand[i]] < e[it] || (e[cand[i]] == e[it] && cand[i] > it)) it = cand[i];
+    return it;
+}
+
 /* logit[t] -= presence + frequency * count(t) for each distinct valid t of the
  * history (s->cand lists them; s->count is zero again afterwards). */
 static void penalise_counts(ds_sampler *s, float *logits, const int32_t *history, int n_history)
@@ -301,4 +317,31 @@ int32_t sampler_pick(ds_sampler *s, float *logits, const int32_t *history, int n
     if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
     if (s->presence != 0 || s->frequency != 0) penalise_counts(s, logits, history, n_history);
     return sampler_pick_u(s, logits, s->p.temperature > 0 ? rng_uniform(&s->rng) : 0.0);
+}
+
+void sampler_probs(ds_sampler *s, float *logits, const int32_t *history, int n_history, float *probs)
+{
+    int V = s->vocab;
+    if (s->p.repetition_penalty != 1.0f) penalise(s, logits, history, n_history);
+    if (s->presence != 0 || s->frequency != 0) penalise_counts(s, logits, history, n_history);
+    int best = sampler_argmax(logits, V);
+    float sum = s->p.temperature > 0 ? exp_all(probs, logits, V, logits[best], 1.0f / s->p.temperature) : 0;
+    if (!(sum >= 1 && sum < INFINITY)) { /* greedy, or a NaN or an infinite logit: the argmax */
+        memset(probs, 0, sizeof(float) * (size_t)V);
+        probs[best] = 1;
+        return;
+    }
+    float inv = 1.0f / sum;
+    for (int i = 0; i < V; i++) probs[i] *= inv;
+    if (!(s->p.top_k > 0 || s->p.top_p < 1)) return;
+    int it = kept_last(s, probs, V, best);
+    float pt = probs[it];
+    double kept = 0;
+    for (int i = 0; i < V; i++) {
+        bool in = probs[i] > pt || (probs[i] == pt && i <= it);
+        probs[i] = in ? probs[i] : 0.0f;
+        kept += probs[i];
+    }
+    float k = (float)(1.0 / kept);
+    for (int i = 0; i < V; i++) probs[i] *= k;
 }

@@ -77,6 +77,12 @@ void sampler_penalise(float *logits, const int32_t *ids, int n, float penalty);
  * stream untouched): temperature, top-k, top-p and the draw. */
 int32_t sampler_pick_u(ds_sampler *s, const float *logits, double u);
 
+/* The distribution sampler_pick draws from for these logits and history: the
+ * penalties, temperature, top-k and top-p applied, into probs (vocab floats,
+ * summing to 1, 0 for every token left out); greedy (temperature 0), 1 at the
+ * argmax. logits is modified. Draws nothing from the stream. */
+void sampler_probs(ds_sampler *s, float *logits, const int32_t *history, int n_history, float *probs);
+
 /* The first index of the largest of x[0..n), n >= 1 (NaNs never win; a NaN in
  * x[0] stands). */
 int sampler_argmax(const float *x, int n);
