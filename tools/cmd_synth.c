@@ -18,9 +18,10 @@ int cmd_synth(int argc, char **argv)
         {"--seed", ARG_U64, &seed, false, "N    random seed (default 0)"},
         {"--tokenizer", ARG_STR, &o.tokenizer_dir, false, "DIR  copy tokenizer.json and tokenizer_config.json"},
         {"--shard-size-mb", ARG_U64, &shard_mb, false, "N    target shard size in MiB (default 4096)"},
+        {"--mtp", ARG_BOOL, &o.mtp, false, "     add the multi-token-prediction module (layer num_hidden_layers)"},
     };
     int rc = args_parse(argc, argv, specs, sizeof specs / sizeof *specs,
-                        "--config FILE --out DIR [--dtype fp8|bf16] [--seed N] [--tokenizer DIR] [--shard-size-mb N]");
+                        "--config FILE --out DIR [--dtype fp8|bf16] [--seed N] [--tokenizer DIR] [--shard-size-mb N] [--mtp]");
     if (rc) return rc == 1 ? 0 : rc;
     if (dtype && !strcmp(dtype, "fp8")) o.dtype = DS_DTYPE_FP8;
     else if (dtype && !strcmp(dtype, "bf16")) o.dtype = DS_DTYPE_BF16;

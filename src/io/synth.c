@@ -145,13 +145,34 @@ static ds_status add_layer(syn_list *l, const ds_config *c, int L)
     return s;
 }
 
-static ds_status build_list(const ds_config *c, syn_list *l)
+/* DeepSeek-V3's MTP module as layer n_layers: a MoE block and embed_tokens,
+ * enorm, hnorm, eh_proj (BF16, as V3's), shared_head.{norm, head}. */
+static ds_status add_mtp(syn_list *l, const ds_config *c)
+{
+    char p[96], q[128];
+    int L = c->n_layers;
+    snprintf(p, sizeof p, "model.layers.%d.", L);
+    snprintf(q, sizeof q, "%sembed_tokens.weight", p);
+    ds_status s = add(l, q, ST_BF16, 2, c->vocab_size, c->dim, G_UNIFORM, sqrtf(3.0f));
+    if (!s) s = add_norm(l, p, "enorm", c->dim);
+    if (!s) s = add_norm(l, p, "hnorm", c->dim);
+    snprintf(q, sizeof q, "%seh_proj.weight", p);
+    if (!s) s = add(l, q, ST_BF16, 2, c->dim, 2 * (int64_t)c->dim, G_UNIFORM, sqrtf(3.0f / (2.0f * (float)c->dim)));
+    if (!s) s = add_layer(l, c, L);
+    if (!s) s = add_norm(l, p, "shared_head.norm", c->dim);
+    snprintf(q, sizeof q, "%sshared_head.head.weight", p);
+    if (!s) s = add(l, q, ST_BF16, 2, c->vocab_size, c->dim, G_UNIFORM, sqrtf(3.0f / (float)c->dim));
+    return s;
+}
+
+static ds_status build_list(const ds_config *c, bool mtp, syn_list *l)
 {
     l->fp8 = c->dtype == DS_DTYPE_FP8;
     ds_status s = add(l, "model.embed_tokens.weight", ST_BF16, 2, c->vocab_size, c->dim, G_UNIFORM, sqrtf(3.0f));
     for (int L = 0; !s && L < c->n_layers; L++) s = add_layer(l, c, L);
     if (!s) s = add_norm(l, "model.", "norm", c->dim);
     if (!s) s = add(l, "lm_head.weight", ST_BF16, 2, c->vocab_size, c->dim, G_UNIFORM, sqrtf(3.0f / (float)c->dim));
+    if (!s && mtp) s = add_mtp(l, c);
     return s;
 }
 
@@ -159,7 +180,7 @@ void synth_totals(const ds_config *c, uint64_t *n_tensors, uint64_t *bytes)
 {
     syn_list l = {0};
     *n_tensors = *bytes = 0;
-    if (build_list(c, &l) == DS_OK) {
+    if (build_list(c, false, &l) == DS_OK) {
         *n_tensors = l.n;
         for (size_t i = 0; i < l.n; i++) *bytes += l.v[i].nbytes;
     }
@@ -384,7 +405,7 @@ ds_status synth_checkpoint(const synth_opts *o)
     if (s) return s;
     if (o->dtype >= 0) c.dtype = (ds_wdtype)o->dtype;
     syn_list l = {0};
-    if ((s = build_list(&c, &l))) {
+    if ((s = build_list(&c, o->mtp, &l))) {
         free(l.v);
         return s;
     }
@@ -404,6 +425,8 @@ ds_status synth_checkpoint(const synth_opts *o)
     if (!s) s = write_index(&l, n_sh, t);
     if (!s) {
         char *text = synth_hf_config(&c);
+        const char *key = "\"num_nextn_predict_layers\": 0", *at = text && o->mtp ? strstr(text, key) : NULL;
+        if (at) text[at - text + strlen(key) - 1] = '1'; /* the MTP layer written */
         s = text ? convert_write_file(t, "config.json", text, strlen(text)) : ds_errorf(DS_ERR_NOMEM, "out of memory");
         free(text);
     }

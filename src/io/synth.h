@@ -27,6 +27,7 @@ typedef struct {
     const char *tokenizer_dir; /* copy tokenizer.json / tokenizer_config.json from here, or NULL */
     uint64_t shard_bytes;      /* target shard size; 0 = 4 GiB */
     bool progress;
+    bool mtp;                  /* add DeepSeek-V3's MTP module as layer num_hidden_layers */
 } synth_opts;
 
 /* Writes the checkpoint. Memory: one 64 MiB generation buffer. On failure
