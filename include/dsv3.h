@@ -518,6 +518,10 @@ DS_API double ds_engine_weights_bandwidth(const ds_engine *e, int reps);
  * experts and the output head is counted `head` times. This rank's shard. */
 DS_API double ds_engine_pass_bytes(const ds_engine *e, double experts, int head);
 DS_API double ds_engine_pass_params(const ds_engine *e, double experts, int head);
+/* Weight bytes one pass of the MTP module reads when its MoE layer touches
+ * `experts` routed experts: eh_proj, the block and the head (0 without the
+ * module; API 4). */
+DS_API double ds_engine_mtp_bytes(const ds_engine *e, double experts);
 /* The weights' format: "fp8", "bf16" or "f32". */
 DS_API const char *ds_engine_weight_dtype(const ds_engine *e);
 /* Bytes of the KV cache of one sequence of n_ctx positions (this rank's heads). */

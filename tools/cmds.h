@@ -11,6 +11,7 @@ int cmd_logits(int argc, char **argv);
 int cmd_generate(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_bench_spec(int argc, char **argv); /* bench --spec (bench_spec.c) */
 int cmd_perplexity(int argc, char **argv);
 
 #endif

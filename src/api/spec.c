@@ -347,3 +347,26 @@ done:
     free(R.vw);
     return s;
 }
+
+static double weight_bytes(const ds_weight *w)
+{
+    if (!w->data) return 0;
+    double n = (double)w->rows * w->cols, esz = w->fmt == DS_W_FP8 ? 1 : w->fmt == DS_W_BF16 ? 2 : 4;
+    double s = w->fmt == DS_W_FP8 ? (double)((w->rows + 127) / 128) * ((w->cols + 127) / 128) * 4 : 0;
+    return n * esz + s;
+}
+
+double ds_engine_mtp_bytes(const ds_engine *e, double experts)
+{
+    const ds_model *m = e->m;
+    if (!m->mtp) return 0;
+    const ds_layer *l = &m->layers[m->cfg.n_layers];
+    double b = weight_bytes(&l->wq) + weight_bytes(&l->wq_a) + weight_bytes(&l->wq_b) + weight_bytes(&l->wkv_a) +
+               weight_bytes(&l->wkv_b) + weight_bytes(&l->wo);
+    if (l->moe)
+        b += weight_bytes(&l->gate) + weight_bytes(&l->sw1) + weight_bytes(&l->sw2) + weight_bytes(&l->sw3) +
+             experts * (weight_bytes(&l->ew1[0]) + weight_bytes(&l->ew2[0]) + weight_bytes(&l->ew3[0]));
+    else
+        b += weight_bytes(&l->w1) + weight_bytes(&l->w2) + weight_bytes(&l->w3);
+    return b + weight_bytes(&m->mtp->eh_proj) + weight_bytes(&m->mtp->head);
+}
