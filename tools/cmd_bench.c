@@ -34,7 +34,8 @@
 
 #define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [--seqs 1,8] [-t 1,2,4] [-r REPS] " \
               "[-o md|csv|json|jsonl] [--profile] " \
-              "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]"
+              "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]\n" \
+              "       dsv3 bench --spec mtp [--draft LIST] ... (speculative decoding beside plain: dsv3 bench --spec mtp --help)"
 #define MAX_THREADS 1024
 #define MAX_SEQS 256
 
@@ -432,6 +433,8 @@ static int parse_list(const char *s, int **out, const char *flag)
 
 int cmd_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--spec")) return cmd_bench_spec(argc, argv);
     const char *ckpt = NULL, *config = NULL, *ps = "512", *ns = "128", *ds = "0", *ss = "1", *attn = "absorb";
     const char *gemm = "bf16";
     const char *device = "auto";
