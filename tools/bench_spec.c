@@ -207,6 +207,11 @@ int cmd_bench_spec(int argc, char **argv)
     ep.config_path = config;
     ep.device = device;
     ep.mtp = true;
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", ckpt);
+    FILE *tf = fopen(tok_path, "rb");
+    ep.no_tokenizer = !tf; /* a synthetic checkpoint: random prompt ids */
+    if (tf) fclose(tf);
     ep.matmul = !strcmp(gemm, "fp8") ? DS_MATMUL_FP8 : DS_MATMUL_BF16;
     ds_engine *e = NULL;
     int32_t *prompt = NULL;

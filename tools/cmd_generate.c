@@ -48,6 +48,10 @@ void gen_report_speed(const ds_engine *e)
     fprintf(stderr, "prefill: %ld tokens in %.2f s (%.1f tokens/s); decode: %ld tokens in %.2f s (%.1f tokens/s)\n",
             g.prefill_tokens, g.prefill_seconds, g.prefill_seconds > 0 ? g.prefill_tokens / g.prefill_seconds : 0.0,
             g.decode_tokens, g.decode_seconds, g.decode_seconds > 0 ? g.decode_tokens / g.decode_seconds : 0.0);
+    if (g.spec_steps)
+        fprintf(stderr, "speculative: %ld steps, %.1f%% of %ld drafts accepted, %.2f tokens/step\n", g.spec_steps,
+                100.0 * g.spec_accepted / (g.spec_drafted ? g.spec_drafted : 1), g.spec_drafted,
+                (double)(g.spec_steps + g.spec_accepted) / g.spec_steps);
     if (g.prefill_shortened)
         fprintf(stderr, "prefill: out of memory %d time%s, passes shortened to %d tokens (--prefill-chunk sets them)\n",
                 g.prefill_shortened, g.prefill_shortened > 1 ? "s" : "", g.prefill_chunk);
@@ -208,6 +212,8 @@ ds_status gen_turn(gen_ctx *c, chat *h, ds_token_sampler *smp, ds_cancel_fn canc
         int len = (int)n;
         ds_generate_params gp = ds_generate_default_params();
         gp.max_new_tokens = c->max_new;
+        gp.spec_draft = c->spec ? c->draft : 0;
+        gp.spec_draft = c->spec ? c->draft : 0;
         gp.on_token = print_token;
         gp.on_token_user = &st;
         gp.cancel = cancel;
@@ -326,6 +332,7 @@ static int batch(gen_ctx *c, char **prompts, const int *lines, int n)
         }
         ds_generate_params gp = ds_generate_default_params();
         gp.max_new_tokens = c->max_new;
+        gp.spec_draft = c->spec ? c->draft : 0;
         if (!s) {
             s = ds_generate(c->e, nb, NULL, (const int32_t *const *)ids, lens, smp, &gp, out);
             if (s) ds_error_prefix(s, "prompts %d-%d", b0 + 1, b0 + nb);
@@ -438,7 +445,7 @@ static ds_status gen_load(gen_ctx *c, const ds_engine_params *p)
 int cmd_generate(int argc, char **argv)
 {
     gen_ctx c = {.attn = "absorb", .gemm = "bf16", .device = "auto", .max_new = 200, .temperature = 0.2, .top_p = 1.0,
-                 .rep_penalty = 1.0, .seed = 965};
+                 .rep_penalty = 1.0, .seed = 965, .draft = 1};
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &c.ckpt, true, "DIR   checkpoint (converted, or Hugging Face layout)"},
         {"--config", ARG_STR, &c.config, false, "FILE  model config (default: DIR/config.json)"},
@@ -446,6 +453,9 @@ int cmd_generate(int argc, char **argv)
         {"--interactive", ARG_BOOL, &c.interactive, false, "      chat at a >>> prompt (/help lists its commands)"},
         {"--input-file", ARG_STR, &c.input_file, false, "FILE  one prompt per line (- reads standard input)"},
         {"--max-new-tokens", ARG_INT, &c.max_new, false, "N     tokens per reply (200; -1: until the end of sequence or context)"},
+        {"--spec", ARG_STR, &c.spec, false, "mtp   speculative decoding with the checkpoint's MTP module (default off: "
+                                            "slower than plain on the models measured, docs/performance.md)"},
+        {"--draft", ARG_INT, &c.draft, false, "N     tokens the MTP module drafts a step, 1 to 7 (1: measured fastest)"},
         {"--threads", ARG_INT, &c.threads, false, "N     CPU threads (OpenMP's default)"},
         {"--hide-thinking", ARG_BOOL, &c.hide_thinking, false, "      leave out R1/V3.1 thinking (<think>...</think>)"},
         {"--temperature", ARG_FLOAT, &c.temperature, false, "T     0 is greedy (0.2)"},
@@ -471,6 +481,11 @@ int cmd_generate(int argc, char **argv)
         return 2;
     }
     if ((rc = check_sampling(&c))) return rc;
+    if (c.spec && !strcmp(c.spec, "off")) c.spec = NULL;
+    if ((c.spec && strcmp(c.spec, "mtp")) || c.draft < 1 || c.draft > DS_SPEC_MAX_DRAFT) {
+        fprintf(stderr, "dsv3 generate: --spec is mtp or off, --draft 1 to %d\n", DS_SPEC_MAX_DRAFT);
+        return 2;
+    }
     if ((strcmp(c.attn, "absorb") && strcmp(c.attn, "naive")) || (strcmp(c.gemm, "bf16") && strcmp(c.gemm, "fp8"))) {
         fprintf(stderr, "dsv3 generate: --attn-impl is absorb|naive and --gemm-impl is bf16|fp8\n");
         return 2;
@@ -484,6 +499,7 @@ int cmd_generate(int argc, char **argv)
     p.matmul = strcmp(c.gemm, "fp8") ? DS_MATMUL_BF16 : DS_MATMUL_FP8;
     p.prefill_chunk = c.prefill_chunk;
     p.n_threads = c.threads;
+    p.mtp = c.spec != NULL;
     char **prompts = NULL;
     int *lines = NULL, n = 0;
     ds_model_info_buf info;

@@ -14,6 +14,8 @@ typedef struct {
     const char *ckpt, *config, *input_file, *prompt, *tokenizer_dir, *system_prompt, *attn, *gemm, *device;
     bool interactive, print_ids, parse_special, ref_kernels, hide_thinking;
     int max_new, top_k, ctx, prefill_chunk, threads;
+    const char *spec; /* "mtp": speculative decoding with the MTP module, draft tokens a step */
+    int draft;
     double temperature, top_p, rep_penalty;
     uint64_t seed;
     bool tty;         /* rank 0's stdout is a terminal: thinking is dimmed */
