@@ -89,6 +89,7 @@ int main(void)
     ds_engine_params p = ds_engine_default_params();
     p.device = "cpu";
     p.no_tokenizer = true;
+    p.n_threads = 1; /* passes of a few tokens: a second thread only waits */
     p.n_seq = 2;
     p.n_ctx = 128;
     ds_engine *e = NULL;
