@@ -1059,7 +1059,8 @@ static ds_status sb_done(sbuf *b, node *n, str *out)
     return DS_OK;
 }
 
-static void repr(sbuf *b, value v, bool quote);
+typedef struct repr_path repr_path;
+static void repr(sbuf *b, value v, bool quote, const repr_path *up);
 
 static void json_str(sbuf *b, str s, bool ascii)
 {
@@ -1161,10 +1162,36 @@ static void to_json(sbuf *b, value v, int indent, int level, bool ascii)
     }
 }
 
+/* The containers being printed, innermost first: a container met again inside
+ * itself prints as Python prints it ("[...]", "{...}", a namespace's dict as
+ * "{...}" inside "<Namespace ...>") instead of recursing forever. */
+struct repr_path {
+    const void *container;
+    const repr_path *up;
+    int depth;
+};
+
+/* Nesting printed in full; deeper levels print as "..." (Python would raise a
+ * RecursionError near 1000 levels; the native stack must stay bounded). */
+enum { REPR_MAX_DEPTH = 64 };
+
+static bool repr_seen(const repr_path *p, const void *container)
+{
+    for (; p; p = p->up)
+        if (p->container == container) return true;
+    return false;
+}
+
 /* str(v) as Python prints it; quote: repr() inside containers. */
-static void repr(sbuf *b, value v, bool quote)
+static void repr(sbuf *b, value v, bool quote, const repr_path *up)
 {
     char tmp[64];
+    const void *container = v.k == V_LIST ? (const void *)v.l : v.k == V_DICT || v.k == V_NS ? (const void *)v.d : NULL;
+    if (container && (repr_seen(up, container) || (up && up->depth >= REPR_MAX_DEPTH))) {
+        sb_adds(b, v.k == V_LIST ? "[...]" : v.k == V_NS ? "<Namespace {...}>" : "{...}", 0);
+        return;
+    }
+    repr_path here = {container, up, up ? up->depth + 1 : 1};
     switch (v.k) {
     case V_UNDEF: break;
     case V_NONE: sb_adds(b, "None", 1); break;
@@ -1192,7 +1219,7 @@ static void repr(sbuf *b, value v, bool quote)
         sb_adds(b, "[", 0);
         for (size_t i = 0; i < v.l->n; i++) {
             if (i) sb_adds(b, ", ", 0);
-            repr(b, v.l->v[i], true);
+            repr(b, v.l->v[i], true, &here);
         }
         sb_adds(b, "]", 0);
         break;
@@ -1200,9 +1227,9 @@ static void repr(sbuf *b, value v, bool quote)
         sb_adds(b, v.k == V_NS ? "<Namespace {" : "{", 0);
         for (size_t i = 0; i < v.d->n; i++) {
             if (i) sb_adds(b, ", ", 0);
-            repr(b, vstr(v.d->key[i]), true);
+            repr(b, vstr(v.d->key[i]), true, &here);
             sb_adds(b, ": ", 0);
-            repr(b, v.d->val[i], true);
+            repr(b, v.d->val[i], true, &here);
         }
         sb_adds(b, v.k == V_NS ? "}>" : "}", 0);
         break;
@@ -1218,7 +1245,7 @@ static ds_status to_str(ctx *c, node *n, value v, str *out)
     }
     sbuf b;
     sb_init(&b, c);
-    repr(&b, v, false);
+    repr(&b, v, false, NULL);
     return sb_done(&b, n, out);
 }
 
@@ -1500,7 +1527,7 @@ static ds_status binop(ctx *c, node *n, value a, value b, value *out)
             return rt_err(n, "string repetition longer than the limit of %zu bytes", c->lim.max_output);
         sbuf sb;
         sb_init(&sb, c);
-        for (long long i = 0; i < k; i++) sb_add(&sb, x);
+        for (long long i = 0; x.n && i < k; i++) sb_add(&sb, x); /* '' * k is '' at once */
         out->k = V_STR;
         return sb_done(&sb, n, &out->s);
     }
@@ -2380,7 +2407,8 @@ static ds_status exec(ctx *c, node *n)
             if (!(s = exec(c, n->b))) {
                 sbuf sb;
                 sb_init(&sb, c);
-                sb_add(&sb, (str){c->out + mark, c->outn - mark, c->outm + mark, 1});
+                if (c->outn > mark) /* (nothing written yet: c->out may be NULL) */
+                    sb_add(&sb, (str){c->out + mark, c->outn - mark, c->outm + mark, 1});
                 v.k = V_STR;
                 s = sb_done(&sb, n, &v.s);
                 c->outn = mark;

@@ -195,9 +195,32 @@ static void check_template_ints(void)
     }
 }
 
+/* Values that contain themselves print as Python prints them, and work that
+ * produces nothing ('' * k) costs nothing: both were fuzzer findings (a stack
+ * overflow and a hang; tests/fuzz/crashers/jinja). */
+static void check_template_cycles(void)
+{
+    static const struct { const char *tmpl, *want; } cases[] = {
+        {"{% set ns = namespace(a=1) %}{% set ns.b = ns %}{{ ns }}", "<Namespace {'a': 1, 'b': <Namespace {...}>}>"},
+        {"{% set ns = namespace() %}{% set ns.l = [ns, 2] %}{{ ns }}", "<Namespace {'l': [<Namespace {...}>, 2]}>"},
+        {"{% set l = [1] %}{{ [l, [l]] }}", "[[1], [[1]]]"},
+        {"[{{ '' * 111111111111110 }}]", "[]"},
+        {"{% set x %}{% endset %}[{{ x }}]", "[]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        ds_status s = jinja_render(cases[i].tmpl, NULL, NULL, NULL, &out, NULL, &len);
+        CHECK_MSG(s == DS_OK && out && !strcmp(out, cases[i].want), "%s: got %s (%s)", cases[i].tmpl,
+                  out ? out : "error", s ? ds_last_error() : "");
+        free(out);
+    }
+}
+
 int main(void)
 {
     check_template_ints();
+    check_template_cycles();
     tok_tokenizer *t = NULL;
     CHECK_OK(tok_load(&t, tok_test_dir()));
     if (!t) return t_done("test_tok_robust");
