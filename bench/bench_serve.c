@@ -15,7 +15,8 @@
  *           head, sent as a non-streamed request of max_tokens 1: from connect
  *           to the whole reply. In process: template and tokenizer, then the
  *           same prompt tokens the server computed (those it did not take
- *           from its prefix cache, as its usage reports) and the pick.
+ *           from its prefix cache, as its usage reports; the cached ones are
+ *           copied from a slot, as the server copies them) and the pick.
  *   floor   GET /health on the same server: connect, one HTTP exchange, close
  *           (what no server can avoid on loopback, model or not).
  * Medians of 7 for the latencies; every round printed, then the medians of
@@ -274,19 +275,30 @@ static double ttft_server(const char *text, long *hit, long *prompt)
     return t;
 }
 
-/* The same in process: the first `hit` tokens put in slot 0 untimed (what the
- * server took from its cache), then timed: the template and tokenizer, the
- * rest of the prompt, the pick. -1 on failure. */
-static double ttft_local(ds_engine *e, const ds_chat_params *cp, const char *text, long hit)
+/* The same in process. The first `hit` tokens are what the server took from
+ * its prefix cache: they are copied, untimed, from slot pre, where they were
+ * computed once (as the server copies them from a slot, without a forward
+ * pass just before the timed one, which would warm the caches for it). Then
+ * timed: the template and tokenizer, the rest of the prompt, the pick.
+ * -1 on failure. */
+static double ttft_local(ds_engine *e, int pre, const ds_chat_params *cp, const char *text, long hit)
 {
     const ds_tokenizer *tk = ds_engine_tokenizer(e);
     ds_chat_message m = {.role = "user", .content = text};
     int32_t *ids;
     size_t n;
     if (ds_chat_apply(tk, &m, 1, cp, NULL, &ids, &n)) return -1;
-    ds_seq_truncate(e, 0, 0);
-    ds_batch hb = {.n_tokens = (int)hit, .token = ids};
-    bool bad = (size_t)hit >= n || (hit && ds_decode(e, &hb));
+    bool bad = (size_t)hit >= n;
+    if (!bad && hit && (ds_seq_len(e, pre) < hit || ds_seq_common_prefix(e, pre, ids, (int)hit) < hit)) {
+        int seq = pre;
+        ds_batch hb = {.n_tokens = (int)hit, .token = ids, .seq = NULL};
+        int *seqs = malloc(sizeof(int) * (size_t)hit);
+        for (long i = 0; seqs && i < hit; i++) seqs[i] = seq;
+        hb.seq = seqs;
+        bad = !seqs || ds_seq_truncate(e, pre, 0) || ds_decode(e, &hb);
+        free(seqs);
+    }
+    bad = bad || ds_seq_fork(e, 0, pre, (int)hit);
     ds_free(ids);
     if (bad) return -1;
     double t0 = now();
@@ -309,7 +321,7 @@ int main(int argc, char **argv)
     int pid = atoi(argv[3]);
     int B = argc > 4 ? atoi(argv[4]) : 8, N = argc > 5 ? atoi(argv[5]) : 256, R = argc > 6 ? atoi(argv[6]) : 5;
     ds_engine_params p = ds_engine_default_params();
-    p.n_seq = B;
+    p.n_seq = B + 1; /* slot B: the prefix the TTFT prompts share with the server's cache */
     p.n_ctx = 512;
     p.n_threads = argc > 7 ? atoi(argv[7]) : 0;
     p.device = argc > 8 ? argv[8] : "auto";
@@ -381,9 +393,9 @@ int main(int argc, char **argv)
             snprintf(text, sizeof text, "%d tells of a city by the sea.", 1000 + uniq++);
             bool local_first = k % 2 && hit >= 0;
             long guess = hit, pt = 0;
-            if (local_first && (tc[k] = ttft_local(e, &cp, text, hit)) < 0) return fail();
+            if (local_first && (tc[k] = ttft_local(e, B, &cp, text, hit)) < 0) return fail();
             if ((ts[k] = ttft_server(text, &hit, &pt)) < 0) return 1;
-            if ((!local_first || hit != guess) && (tc[k] = ttft_local(e, &cp, text, hit)) < 0) return fail();
+            if ((!local_first || hit != guess) && (tc[k] = ttft_local(e, B, &cp, text, hit)) < 0) return fail();
             cached = (int)hit;
             computed = (int)(pt - hit);
             t0 = now();
