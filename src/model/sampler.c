@@ -78,7 +78,9 @@ int sampler_argmax(const float *x, int n)
     return 0; /* not reached: m is one of x */
 }
 
-static const float *g_sort_key;
+/* qsort has no context argument: the key is per thread, so that samplers of
+ * different threads (several engines, or a caller's own threads) never mix. */
+static _Thread_local const float *g_sort_key;
 
 static int by_prob_desc(const void *a, const void *b)
 {
