@@ -40,7 +40,7 @@ int cmd_serve(int argc, char **argv)
                       : o.parallel < 1                           ? "--parallel must be >= 1"
                       : o.ctx < 0                                ? "--ctx-size must be >= 1"
                       : cache_mb < 0                             ? "--cache-mem must be >= 0"
-                      : o.queue < 1                              ? "--queue must be >= 1"
+                      : o.queue < 1 || o.queue > 1000000         ? "--queue must be in [1, 1000000]"
                       : o.timeout_s < 0                          ? "--timeout must be >= 0"
                       : o.prefill_chunk < 1                      ? "--prefill-chunk must be >= 1"
                       : max_body_kb < 1 || max_prompt_kb < 1     ? "--max-body-kb and --max-prompt-kb must be >= 1"

@@ -42,6 +42,8 @@ c=$(printf 'What is the capital of France?\n' | "$bin" generate -m "$m" --input-
 "$bin" generate -m "$m" -p hi -c 999999 >/dev/null 2>"$tmp/e"; [ $? = 1 ] && grep -q 'ctx-size' "$tmp/e" && ok || bad "-c 999999: $(cat "$tmp/e")"
 "$bin" generate -m "$m" -p hi -t -3 >/dev/null 2>"$tmp/e"; [ $? = 2 ] && grep -q 'threads' "$tmp/e" && ok || bad "-t -3 accepted"
 "$bin" generate -m "$m" -p hi --temp -1 >/dev/null 2>"$tmp/e"; [ $? = 2 ] && grep -q 'temperature' "$tmp/e" && ok || bad "--temp -1 accepted"
+"$bin" serve -m "$m" --queue 2147483647 >/dev/null 2>"$tmp/e"; [ $? = 2 ] && grep -q -- '--queue must be in' "$tmp/e" && ok \
+  || bad "serve --queue 2^31-1 accepted: $(cat "$tmp/e")"
 "$bin" generate -m "$m" -p hi -i >/dev/null 2>"$tmp/e" </dev/null; [ $? = 2 ] && ok || bad "-p with -i accepted"
 # logits with -t and no --config
 "$bin" logits -m "$m" -t 1 --tokens 1,2,3 --out "$tmp/l.st" 2>"$tmp/e" && [ -s "$tmp/l.st" ] && ok || bad "logits -m -t: $(cat "$tmp/e")"
