@@ -108,32 +108,47 @@ static ds_status deliver(ds_model *m, float *d, int n, const fwd_out *o)
     return s;
 }
 
+/* The graph slot (of slots: kv->dec, kv->dech or kv->mtp) for a pass of n
+ * tokens whose positions are at most pos_max, and its class in *cls; NULL when
+ * the pass runs eagerly: no graph support, n > DS_GRAPH_NMAX, several ranks,
+ * tune.no_graphs, a recording that failed, or the first pass of its n (the
+ * warm-up: weights, tables and buffers settle; the second is recorded). */
+static ds_graph_slot *graph_slot(ds_model *m, ds_graph_slot (*slots)[DS_GRAPH_NMAX + 1], int n, int pos_max, int *cls)
+{
+    const ds_ops *ops = m->ops;
+    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs ||
+        m->opt.check_numerics)
+        return NULL;
+    /* class 0 (short contexts) only where a backend op can use the bound */
+    *cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
+    ds_graph_slot *d = &slots[*cls][n];
+    return d->failed || (!d->graph && d->runs++ < 1) ? NULL : d;
+}
+
 /* A decode step of n <= DS_GRAPH_NMAX tokens, all wanted, on one rank, through
- * the backend's recorded graph for n: the first step of each n runs eagerly
- * (warm-up: weights, tables and buffers settle), the second is recorded, and
- * every later one uploads its token arrays to the recording's fixed buffer and
- * replays it. Returns false when the step must run eagerly instead (no graph
- * support, the recording failed, tune.no_graphs). */
+ * the backend's recorded graph for n (graph_slot): every step after the
+ * recording uploads its token arrays to the recording's fixed buffer and
+ * replays it. hidden (NULL: none): receives the states of transformer_forward's
+ * b->hidden, from the recording's own buffer. Returns false when the step must
+ * run eagerly instead. */
 static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int pos_max, const fwd_out *o,
-                          ds_status *s)
+                          float *hidden, ds_status *s)
 {
     const ds_ops *ops = m->ops;
     ds_backend *be = &m->be;
-    if (!ops->graph_begin || n > DS_GRAPH_NMAX || m->world_size != 1 || m->opt.tune.no_graphs ||
-        m->opt.check_numerics)
-        return false;
-    /* class 0 (short contexts) only where a backend op can use the bound */
-    int cls = ops->mla_attend && pos_max < DS_GRAPH_SHORT ? 0 : 1;
-    ds_graph_slot *d = &kv->dec[cls][n];
-    if (d->failed || (!d->graph && d->runs++ < 1)) return false;
+    int cls, dim = m->cfg.dim;
+    ds_graph_slot *d = graph_slot(m, hidden ? kv->dech : kv->dec, n, pos_max, &cls);
+    if (!d) return false;
     if (!d->ids) d->ids = be->alloc(be, sizeof(int32_t) * 5 * (size_t)n);
     if (!d->logits) d->logits = be->alloc_scratch(be, sizeof(float) * (size_t)n * m->vocab_local);
-    if (!d->ids || !d->logits) return false;
+    if (hidden && !d->hout) d->hout = be->alloc_scratch(be, sizeof(float) * (size_t)n * dim);
+    if (!d->ids || !d->logits || (hidden && !d->hout)) return false;
     be->upload(be, d->ids, ids, sizeof(int32_t) * 5 * (size_t)n);
     if (!d->graph) {
         ops->graph_begin();
         /* positions vary between replays, within the class's bound */
         fwd_batch b = batch_of(d->ids, n, n, NULL, cls ? 0 : DS_GRAPH_SHORT);
+        b.hidden = d->hout;
         *s = transformer_forward(m, kv, &b, d->logits);
         d->graph = ops->graph_end();
         if (!d->graph) { /* nothing ran (an op had to wait): this n runs eagerly from now on */
@@ -144,6 +159,7 @@ static bool forward_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids
         if (*s) return true;
     }
     ops->graph_run(d->graph);
+    if (hidden) be->copy_rows(be, hidden, dim, NULL, d->hout, dim, NULL, n, dim);
     *s = deliver(m, d->logits, n, o);
     return true;
 }
@@ -172,7 +188,7 @@ static ds_status forward_run(ds_model *m, ds_kvcache *kv, int n, const int32_t *
         ids[3 * n + i] = seq[i] * kv->ctx + pos[i];
         if (want[i]) ids[4 * n + j++] = i;
     }
-    if (n_out == n && !hidden && forward_graph(m, kv, n, ids, pos_max, o, &s)) goto done;
+    if (n_out == n && forward_graph(m, kv, n, ids, pos_max, o, hidden, &s)) goto done;
     size_t nl = (size_t)n_out * m->vocab_local;
     if (!(ids_d = be->alloc(be, sizeof(int32_t) * 5 * (size_t)n)) ||
         (n_out && !(lg = be->alloc_scratch(be, sizeof(float) * nl))) ||
@@ -229,6 +245,48 @@ ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, cons
     return model_mtp_rows(m, kv, n, tok, seq, pos, hidden, hrow, NULL, logits, NULL);
 }
 
+/* model_mtp_rows' pass of n <= DS_GRAPH_NMAX rows (ids: its per-row arrays,
+ * n_out rows wanted) through the backend's recorded MTP pass for n, as
+ * forward_graph: the rows' input states are gathered into the recording's
+ * buffer first, the recording computes every row's logits and state, and the
+ * wanted rows and the states are copied out of its buffers. */
+static bool mtp_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int n_out, int pos_max,
+                      const float *hidden, float *logits, float *hout, ds_status *s)
+{
+    const ds_ops *ops = m->ops;
+    ds_backend *be = &m->be;
+    int cls, dim = m->cfg.dim;
+    size_t V = (size_t)m->vocab_local;
+    ds_graph_slot *d = graph_slot(m, kv->mtp, n, pos_max, &cls);
+    if (!d) return false;
+    if (!d->ids) d->ids = be->alloc(be, sizeof(int32_t) * 6 * (size_t)n);
+    if (!d->logits) d->logits = be->alloc_scratch(be, sizeof(float) * (size_t)n * V);
+    if (!d->hin) d->hin = be->alloc_scratch(be, sizeof(float) * (size_t)n * dim);
+    if (!d->hout) d->hout = be->alloc_scratch(be, sizeof(float) * (size_t)n * dim);
+    if (!d->ids || !d->logits || !d->hin || !d->hout) return false;
+    be->upload(be, d->ids, ids, sizeof(int32_t) * 6 * (size_t)n);
+    be->copy_rows(be, d->hin, dim, NULL, hidden, dim, d->ids + 5 * n, n, dim); /* the rows' h[i] */
+    if (!d->graph) {
+        ops->graph_begin();
+        fwd_batch b = batch_of(d->ids, n, n, NULL, cls ? 0 : DS_GRAPH_SHORT);
+        *s = mtp_forward(m, kv, &b, d->hin, d->logits, d->hout);
+        d->graph = ops->graph_end();
+        if (!d->graph) {
+            d->failed = true;
+            *s = DS_OK;
+            return false;
+        }
+        if (*s) return true;
+    }
+    ops->graph_run(d->graph);
+    if (hout) be->copy_rows(be, hout, dim, NULL, d->hout, dim, NULL, n, dim);
+    if (n_out == n) be->download(be, logits, d->logits, sizeof(float) * n * V);
+    for (int j = 0; n_out < n && j < n_out; j++) /* ids[4n..]: the wanted rows */
+        be->download(be, logits + j * V, d->logits + (size_t)ids[4 * n + j] * V, sizeof(float) * V);
+    if (!n_out) be->sync(be);
+    return true;
+}
+
 ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                          const float *hidden, const int *hrow, const bool *want, float *logits, float *hout)
 {
@@ -253,6 +311,7 @@ ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok,
         if (!want || want[i]) ids[4 * n + n_out++] = i;
         ids[5 * n + i] = hrow[i];
     }
+    if (mtp_graph(m, kv, n, ids, n_out, pos_max, hidden, logits, hout, &s)) goto done;
     size_t dim = (size_t)m->cfg.dim, nl = (size_t)(n_out ? n_out : 1) * m->vocab_local;
     if (!(ids_d = be->alloc(be, sizeof(int32_t) * 6 * (size_t)n)) ||
         !(hd = be->alloc_scratch(be, sizeof(float) * n * dim)) || !(lg = be->alloc_scratch(be, sizeof(float) * nl))) {

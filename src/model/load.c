@@ -647,13 +647,17 @@ oom:
 void kvcache_free(ds_kvcache *kv)
 {
     if (!kv) return;
-    for (int c = 0; c < 2; c++)
-        for (int n = 0; n <= DS_GRAPH_NMAX; n++) {
-            ds_graph_slot *d = &kv->dec[c][n];
-            if (d->graph) kv->ops->graph_free(d->graph);
-            kv->ops->free(d->ids);
-            kv->ops->free(d->logits);
-        }
+    ds_graph_slot(*slots[3])[DS_GRAPH_NMAX + 1] = {kv->dec, kv->dech, kv->mtp};
+    for (int k = 0; k < 3; k++)
+        for (int c = 0; c < 2; c++)
+            for (int n = 0; n <= DS_GRAPH_NMAX; n++) {
+                ds_graph_slot *d = &slots[k][c][n];
+                if (d->graph) kv->ops->graph_free(d->graph);
+                kv->ops->free(d->ids);
+                kv->ops->free(d->logits);
+                kv->ops->free(d->hin);
+                kv->ops->free(d->hout);
+            }
     float **bufs[4] = {kv->kv, kv->pe, kv->k, kv->v};
     for (int j = 0; j < 4; j++) {
         for (int i = 0; bufs[j] && i < kv->n_layers; i++) kv->ops->free(bufs[j][i]);

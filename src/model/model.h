@@ -96,12 +96,13 @@ typedef struct {
  * short-context form of attention (ds_attn_args.pos_bound). */
 #define DS_GRAPH_SHORT 1024
 
-/* A recorded decode step, and its token arrays and logits at the fixed
+/* A recorded pass, and its token arrays, logits and hidden states at the fixed
  * addresses the recording uses. */
 typedef struct {
     void *graph;
     int32_t *ids;
     float *logits;
+    float *hin, *hout; /* (n, dim) the MTP pass's input states; the states a pass hands back (NULL: none) */
     int runs;    /* eager steps of this n so far (the first is the warm-up) */
     bool failed; /* recording failed: eager from now on */
 } ds_graph_slot;
@@ -113,10 +114,11 @@ typedef struct {
     float **k, **v;          /* naive, per layer: (n_seq, ctx, H, qk), (n_seq, ctx, H, vdim) */
     int n_layers;
     const ds_ops *ops;
-    /* Decode steps of n <= DS_GRAPH_NMAX tokens recorded as backend graphs
-     * (ops->graph_*; exec.c), indexed by class (0: positions below DS_GRAPH_SHORT,
-     * 1: any) and n. */
-    ds_graph_slot dec[2][DS_GRAPH_NMAX + 1];
+    /* Passes of n <= DS_GRAPH_NMAX tokens recorded as backend graphs (ops->graph_*;
+     * exec.c), indexed by class (0: positions below DS_GRAPH_SHORT, 1: any) and n:
+     * decode steps; decode steps that hand back the hidden states (the MTP
+     * module's input: speculative decoding's checks); the MTP module's passes. */
+    ds_graph_slot dec[2][DS_GRAPH_NMAX + 1], dech[2][DS_GRAPH_NMAX + 1], mtp[2][DS_GRAPH_NMAX + 1];
 } ds_kvcache;
 
 /* Loads the weights for this rank from dir: model{rank}-mp{ws}.safetensors as
