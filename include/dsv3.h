@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 4
+#define DSV3_API_VERSION 5
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -481,6 +481,9 @@ typedef struct {
     /* main passes that checked drafts, and of those, how many accepted k drafts
      * (spec_accept_len[k], k <= DS_SPEC_MAX_DRAFT) (API 4) */
     long spec_steps, spec_accept_len[DS_SPEC_MAX_DRAFT + 1];
+    /* seconds of the speculative decode loop in the MTP module's passes (the
+     * drafts, picks included) and in the main passes that check them (API 5) */
+    double spec_draft_seconds, spec_check_seconds;
 } ds_engine_stats;
 DS_API void ds_engine_get_stats(const ds_engine *e, ds_engine_stats *out);
 

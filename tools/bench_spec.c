@@ -17,7 +17,14 @@
  * KV cache; a speculative step reads the experts all its checked tokens touch,
  * the MTP module once per draft (its first pass for the rows of the tokens
  * accepted last step too) and the KV cache of the main model and the module.
- * The bar for the speed-up is 0.85 x tokens/step x bytes_plain / bytes_spec. */
+ * The bar for the speed-up is 0.85 x tokens/step x bytes_plain / bytes_spec.
+ *
+ * Where a model is not bound by its bytes (one that fits in the caches, or a
+ * GPU step bound by its launches) a pass of k tokens costs more or less than
+ * its bytes say. So the decode loop's time is split (ds_engine_stats) into the
+ * MTP passes, the checking main passes and the rest (picks, rollback, copies),
+ * each beside the weight bytes it reads (counted with uniform routing) and the
+ * rate that makes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +103,8 @@ typedef struct {
     int draft;
     double wall[MAX_REPS], cpu[MAX_REPS];
     long steps, drafted, accepted, tokens;
+    long dec_tokens;
+    double dec_s, draft_s, check_s; /* the decode loops' seconds; in MTP passes; in checking main passes */
     double bytes_tok;     /* measured weight bytes per token (0: not measured) */
 } variant;
 
@@ -129,6 +138,10 @@ static ds_status run(ds_engine *e, const int32_t *prompt, int len, int n, varian
         v->drafted += b.spec_drafted - a.spec_drafted;
         v->accepted += b.spec_accepted - a.spec_accepted;
         v->tokens += n;
+        v->dec_tokens += b.decode_tokens - a.decode_tokens;
+        v->dec_s += b.decode_seconds - a.decode_seconds;
+        v->draft_s += b.spec_draft_seconds - a.spec_draft_seconds;
+        v->check_s += b.spec_check_seconds - a.spec_check_seconds;
     }
     return DS_OK;
 }
@@ -283,6 +296,21 @@ int cmd_bench_spec(int argc, char **argv)
         else
             printf(" %8s %11.2f %12.1f %7s  (%.1f GB/s, %.0f%% of the limit)\n", "-", 1.0, step / 1e6, "-",
                    step * w / 1e9, 100 * step * w / 1e9 / lim.bandwidth_gbps);
+    }
+    printf("where the time goes (the decode loops' wall time; weight MB counted with uniform routing, and GB/s):\n");
+    for (int i = 0; i < nv; i++) {
+        variant *x = &v[i];
+        if (!x->draft) {
+            double t = x->dec_s / (x->dec_tokens ? x->dec_tokens : 1), b = ds_engine_pass_bytes(e, K, 1);
+            printf("%-8s %6.0f us a token (%.1f MB: %.1f GB/s)\n", "plain", 1e6 * t, b / 1e6, b / t / 1e9);
+            continue;
+        }
+        double st = x->steps ? (double)x->steps : 1, a = x->accepted / st;
+        double td = x->draft_s / st, tc = x->check_s / st, bc = ds_engine_pass_bytes(e, touched(mi, x->draft + 1), 1);
+        double bd = ds_engine_mtp_bytes(e, touched(mi, 1 + a)) + (x->draft - 1) * ds_engine_mtp_bytes(e, K);
+        printf("draft %-2d %6.0f us a step = MTP %.0f (%.1f MB: %.1f GB/s) + check %.0f (%.1f MB: %.1f GB/s) + rest %.0f\n",
+               x->draft, 1e6 * x->dec_s / st, 1e6 * td, bd / 1e6, bd / td / 1e9, 1e6 * tc, bc / 1e6, bc / tc / 1e9,
+               1e6 * (x->dec_s / st - td - tc));
     }
     printf("speedup: tokens/s over plain's (wall, and user CPU time); bar: 0.85 x tokens/step x bytes of a plain "
            "step / bytes of a speculative step\n");

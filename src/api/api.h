@@ -51,6 +51,7 @@ struct ds_engine {
     /* speculative drafts made and accepted, main passes that checked drafts, and
      * those passes by drafts accepted (spec.c) */
     long spec_drafted, spec_accepted, spec_steps, spec_accept_len[DS_SPEC_MAX_DRAFT + 1];
+    double spec_draft_s, spec_check_s; /* seconds in the drafting MTP passes and the checking main passes */
 };
 
 /* Whether ops runs in host memory: the CPU backend's tables are named "cpu-...". */

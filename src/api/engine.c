@@ -177,7 +177,8 @@ void ds_engine_get_stats(const ds_engine *e, ds_engine_stats *out)
 {
     const ds_gen *g = e->g;
     *out = (ds_engine_stats){g->prefill_tokens, g->decode_tokens, g->prefill_s, g->decode_s, g->prefill_shortened,
-                             g->prefill_chunk, e->spec_drafted, e->spec_accepted, e->spec_steps, {0}};
+                             g->prefill_chunk, e->spec_drafted, e->spec_accepted, e->spec_steps, {0},
+                             e->spec_draft_s, e->spec_check_s};
     memcpy(out->spec_accept_len, e->spec_accept_len, sizeof out->spec_accept_len);
 }
 

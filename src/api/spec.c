@@ -262,7 +262,10 @@ static ds_status spec_step(spec_run *R)
         if (!nd) q->drafts = false; /* the end of the context or of the tokens: for good */
         q->nd = q->live ? nd : 0;
     }
+    double t0 = now_s();
     ds_status s = spec_draft(R);
+    double t1 = now_s();
+    e->spec_draft_s += t1 - t0;
     if (s || (o->cancel && o->cancel(o->cancel_ud))) return s;
     int m = 0;
     for (int k = 0; k < R->n; k++) {
@@ -276,7 +279,9 @@ static ds_status spec_step(spec_run *R)
         }
     }
     ds_batch b = {m, R->vt, R->vs, R->vw};
-    if ((s = ds_decode(e, &b))) return s;
+    s = ds_decode(e, &b);
+    e->spec_check_s += now_s() - t1;
+    if (s) return s;
     for (int k = 0; k < R->n; k++) {
         spec_seq *q = &R->sq[k];
         if (q->live) spec_accept(R, k);

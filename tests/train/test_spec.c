@@ -42,6 +42,11 @@ static void compare(ds_engine *e, const char *label, int n, const int32_t *const
     long drafted = b.spec_drafted - a.spec_drafted, accepted = b.spec_accepted - a.spec_accepted;
     long steps = b.spec_steps - a.spec_steps;
     for (int k = 0; k <= DS_SPEC_MAX_DRAFT; k++) accept_len[k] += b.spec_accept_len[k] - a.spec_accept_len[k];
+    /* the decode loop's time holds its MTP passes' and its checking passes' */
+    double dd = b.spec_draft_seconds - a.spec_draft_seconds, dc = b.spec_check_seconds - a.spec_check_seconds;
+    CHECK_MSG(dc > 0 && dd >= 0 && (dd > 0) == (drafted > 0) && dd + dc <= b.decode_seconds - a.decode_seconds,
+              "%s: %.6f s in MTP passes and %.6f s checking of a decode loop of %.6f s", label, dd, dc,
+              b.decode_seconds - a.decode_seconds);
     int first = -1; /* the first index where the completions differ */
     for (int i = 0; i < n; i++) {
         int same = plain[i].n_tokens == spec[i].n_tokens && plain[i].finish == spec[i].finish, j = 0;
