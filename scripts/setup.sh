@@ -48,7 +48,10 @@ test)
     (cd tests/serve/node && npm ci --silent --no-audit --no-fund >/dev/null)
   fi
   ctest --test-dir build --output-on-failure -j"$jobs"
-  cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+  # Optimised (-O2, asserts kept): the sanitizers check the code as it ships,
+  # and the suite runs about 4x faster than at -O0.
+  cmake -S . -B build-asan -DDSV3_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g" >/dev/null
   cmake --build build-asan -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" -LE slow
   # Tensor parallelism over MPI: 2 and 4 ranks on this machine, oversubscribed.

@@ -28,21 +28,10 @@ if(TARGET dsv3serve)
     add_test(NAME serve_fuzz_request COMMAND fuzz_request --mutations 20000)
     set_tests_properties(serve_fuzz_request PROPERTIES LABELS serve TIMEOUT 120)
   endif()
-  # End to end. Under the sanitizers the load test (concurrency, clients that
-  # leave, malformed bodies) and the openai client run in the suite's ASan pass
-  # (70-160 s each on a loaded 2-core machine); the curl test (~400 s there:
-  # several servers, a queue of long requests) and Chromium's page are
-  # labelled slow, to be run by hand:
-  #   DSV3_BIN=build-asan/dsv3 tests/serve/serve_curl.sh
+  # End to end; under the sanitizers too (the whole serve set takes under a
+  # minute there at -O2).
   foreach(t curl openai load page)
     dsv3_script_test(serve_${t} ${SERVE_TESTS}/serve_${t}.sh)
-    set(labels serve)
-    if(DSV3_SANITIZE AND t MATCHES "curl|page")
-      set(labels "serve;slow")
-    endif()
-    set_tests_properties(serve_${t} PROPERTIES LABELS "${labels}" TIMEOUT 300 SKIP_RETURN_CODE 77)
+    set_tests_properties(serve_${t} PROPERTIES LABELS serve TIMEOUT 300 SKIP_RETURN_CODE 77)
   endforeach()
-  if(DSV3_SANITIZE) # half the requests: 4 disconnecting, 2 malformed still
-    set_property(TEST serve_load APPEND PROPERTY ENVIRONMENT SERVE_LOAD_REQUESTS=40)
-  endif()
 endif()
