@@ -5,29 +5,36 @@
 #include <string.h>
 
 #include "args.h"
+#include "base/file.h"
 #include "cmds.h"
 #include "dsv3.h"
 
 static const char usage[] =
     "--tokenizer DIR (--text S | --chat FILE [--add-generation-prompt]) [--pieces]";
 
-static char *slurp(const char *path, size_t *len)
+/* The whole of path ("-": standard input), NUL-terminated, or NULL with the
+ * reason in ds_last_error(). A named file must be a regular file (a FIFO
+ * would block, a directory reads as nothing): pipes come through "-". */
+static char *slurp(const char *path, const char *what, size_t *len)
 {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
+    char *b = NULL;
+    if (strcmp(path, "-")) return file_read(path, FILE_MAX_TEXT, what, &b, len) ? NULL : b;
     size_t n = 0, cap = 4096;
-    char *b = malloc(cap);
+    b = malloc(cap);
     while (b) {
-        n += fread(b + n, 1, cap - n - 1, f);
+        n += fread(b + n, 1, cap - n - 1, stdin);
         if (n < cap - 1) break;
-        char *nb = realloc(b, cap *= 2);
+        char *nb = cap < FILE_MAX_TEXT ? realloc(b, cap *= 2) : NULL;
         if (!nb) free(b);
         b = nb;
     }
-    int err = ferror(f);
-    if (f != stdin) fclose(f);
-    if (!b || err) {
+    if (!b) {
+        ds_errorf(DS_ERR_NOMEM, "standard input: out of memory, or over 1 GiB");
+        return NULL;
+    }
+    if (ferror(stdin)) {
         free(b);
+        ds_errorf(DS_ERR_IO, "standard input: read error");
         return NULL;
     }
     b[n] = '\0';
@@ -69,14 +76,14 @@ int cmd_tokenize(int argc, char **argv)
         s = ds_tokenize(t, text, strlen(text), plain ? 0 : DS_TOKENIZE_PARSE_SPECIAL, &ids, &n);
     } else {
         size_t len;
-        char *msgs = slurp(chat, &len);
+        char *msgs = slurp(chat, "chat file", &len);
         if (!msgs) {
-            fprintf(stderr, "dsv3 tokenize: --chat %s: cannot read the file\n", chat);
+            fprintf(stderr, "dsv3 tokenize: --chat: %s\n", ds_last_error());
             ds_tokenizer_free(t);
             return 1;
         }
-        if (tmpl_path && !(tmpl = slurp(tmpl_path, &len))) {
-            fprintf(stderr, "dsv3 tokenize: --template %s: cannot read the file\n", tmpl_path);
+        if (tmpl_path && !(tmpl = slurp(tmpl_path, "template", &len))) {
+            fprintf(stderr, "dsv3 tokenize: --template: %s\n", ds_last_error());
             free(msgs);
             ds_tokenizer_free(t);
             return 1;

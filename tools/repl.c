@@ -24,6 +24,7 @@
 #endif
 
 #include "args.h"
+#include "base/file.h"
 #include "generate.h"
 
 static volatile sig_atomic_t g_sigint;
@@ -252,42 +253,19 @@ static ds_status load_chat(chat *h, const char *text, const char *path)
     return DS_OK;
 }
 
-static char *read_whole(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (len + 4096 + 1 > cap) {
-            char *b = realloc(buf, cap = 2 * cap + 4096 + 1);
-            if (!b) break;
-            buf = b;
-        }
-        size_t r = fread(buf + len, 1, cap - len - 1, f);
-        len += r;
-        if (r == 0) break;
-    }
-    bool bad = ferror(f) || !buf;
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return NULL;
-    }
-    buf[len] = 0;
-    return buf;
-}
-
-/* /load: rank 0 reads the file and broadcasts its text ("" when unreadable). */
+/* /load: rank 0 reads the file (a regular file: a FIFO would block the
+ * REPL) and broadcasts its text ("" when unreadable; rank 0 names why). */
 static ds_status command_load(gen_ctx *c, chat *h, const char *path)
 {
-    char *text = NULL;
-    if (ds_dist_rank(c->dist) == 0) {
-        text = read_whole(path);
-        if (!text) text = strdup("");
+    char *text = NULL, why[512];
+    size_t len;
+    snprintf(why, sizeof why, "%s: cannot read it, or it is empty", path);
+    if (ds_dist_rank(c->dist) == 0 && file_read(path, FILE_MAX_TEXT, "chat file", &text, &len)) {
+        snprintf(why, sizeof why, "%s", ds_last_error());
+        text = strdup("");
     }
     ds_status s = ds_dist_broadcast_line(c->dist, &text);
-    if (!s && (!text || !text[0])) s = ds_errorf(DS_ERR_IO, "%s: cannot read", path);
+    if (!s && (!text || !text[0])) s = ds_errorf(DS_ERR_IO, "%s", why);
     if (!s) s = load_chat(h, text, path);
     free(text);
     if (!s && ds_dist_rank(c->dist) == 0) fprintf(stderr, "[loaded %zu messages from %s]\n", h->n, path);

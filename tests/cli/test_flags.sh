@@ -56,6 +56,13 @@ printf 'good\ncaf\xe9\n' | "$bin" generate -m "$m" --input-file - -n 2 >/dev/nul
 out=$("$bin" generate -m "$m" -p "$(printf 'caf\xc3\xa9 \xe2\x82\xac')" -n 2 --temp 0 2>"$tmp/e"); [ $? = 0 ] && ok \
   || bad "valid UTF-8 refused: $(cat "$tmp/e")"
 
+# a FIFO where a regular file is read (tokenize --chat, the REPL's /load): a message naming it, never a hang
+mkfifo "$tmp/fifo"
+timeout 20 "$bin" tokenize --tokenizer "$m" --chat "$tmp/fifo" >/dev/null 2>"$tmp/e"; rc=$?
+[ $rc = 1 ] && grep -q 'chat file is a FIFO' "$tmp/e" && ok || bad "tokenize --chat FIFO: rc $rc $(cat "$tmp/e")"
+printf '/load %s\n/exit\n' "$tmp/fifo" | timeout 30 "$bin" generate -m "$m" -i -n 4 --temp 0 >/dev/null 2>"$tmp/e"; rc=$?
+[ $rc = 0 ] && grep -q 'chat file is a FIFO' "$tmp/e" && ok || bad "/load FIFO: rc $rc $(cat "$tmp/e")"
+
 # the REPL through a pipe: /save writes JSON that JSON.parse reads, /load restores it, //x sends /x
 printf 'Hello\n/save %s\n/clear\n/load %s\n/bogus\n//x\n/exit\n' "$tmp/chat.json" "$tmp/chat.json" \
   | "$bin" generate -m "$m" -i -n 4 --temp 0 >"$tmp/o" 2>"$tmp/e"; rc=$?
