@@ -18,7 +18,8 @@
  * the device, as generation does), and the logits of a recorded step are compared with
  * the eager ones.
  * Prefill FLOPs count two per active weight and token (attention's own not
- * counted). BENCH_GEMM=fp8 runs the model with the reference's gemm_impl fp8;
+ * counted). BENCH_AB (below) adds rows per tuning; BENCH_AB_ONLY=1 prints those
+ * rows alone. BENCH_GEMM=fp8 runs the model with the reference's gemm_impl fp8;
  * with FP8 weights the prefills are timed in both gemm modes. Not a test:
  * prints figures. */
 #include <math.h>
@@ -257,12 +258,13 @@ static bool tuning_parse(cuda_tuning *t, const char *spec)
  * in this one process (a spec: "default", or field=value,... of cuda_tuning, the other
  * fields at their defaults), each on a new KV cache (so new graphs), with its graph vs
  * eager logits check. */
-static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof)
+static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int reps, float *logits, double roof,
+                       double roof8)
 {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", list);
-    printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %8s %9s %9s\n", reps,
-           "variant", "b1", "b1 eager", "b8", "d4096", "b8 d4096", "pf512", "b1 roof", "g-e diff");
+    printf("A/B (BENCH_AB): ms per step, median of %d (pf512: of 3)\n%-40s %8s %8s %8s %8s %8s %8s %9s %9s %9s\n",
+           reps, "variant", "b1", "b1 eager", "b8", "d4096", "b8 d4096", "pf512", "b1 roof", "b8 roof", "g-e diff");
     for (char *save = NULL, *spec = strtok_r(buf, ";", &save); spec; spec = strtok_r(NULL, ";", &save)) {
         cuda_tuning t = cuda_tuning_default();
         if (strcmp(spec, "default") && !tuning_parse(&t, spec)) {
@@ -285,8 +287,8 @@ static int ab_variants(ds_model *m, const char *list, int depth, int ctx, int re
         double gerr = graph_vs_eager(m, logits, logits + m->cfg.vocab_size);
         if (cuda_backend_status() || t1 < 0 || t1e < 0 || t8 < 0 || t4k < 0 || t84k < 0 || tpf < 0 || gerr < 0)
             return -1;
-        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3, t8 * 1e3,
-               t4k * 1e3, t84k * 1e3, tpf * 1e3, 100 * roof / t1, gerr);
+        printf("%-40s %8.3f %8.3f %8.3f %8.3f %8.3f %8.2f %8.1f%% %8.1f%% %9.2e\n", spec, t1 * 1e3, t1e * 1e3,
+               t8 * 1e3, t4k * 1e3, t84k * 1e3, tpf * 1e3, 100 * roof / t1, 100 * roof8 / t8, gerr);
     }
     cuda_tuning t = cuda_tuning_default();
     cuda_backend_set_tuning(&t);
@@ -399,6 +401,18 @@ int main(int argc, char **argv)
         printf("profile steps done\n");
         return 0;
     }
+    if (getenv("BENCH_AB_ONLY") && getenv("BENCH_AB")) { /* the A/B table alone */
+        double e1 = touched_experts(m, kv, 1, logits), e8 = touched_experts(m, kv, 8, logits);
+        if (e1 < 0 || e8 < 0) goto fail;
+        double roof1 = token_bytes(m, e1) / (bw * 1e9), roof8 = token_bytes(m, e8) / (bw * 1e9);
+        printf("rooflines: batch 1 %.3f ms (%.1f experts a layer), batch 8 %.3f ms (%.1f)\n", roof1 * 1e3, e1,
+               roof8 * 1e3, e8);
+        if (ab_variants(m, getenv("BENCH_AB"), depth, ctx, reps, logits, roof1, roof8)) goto fail;
+        kvcache_free(kv);
+        model_free(m);
+        cuda_forget_weights();
+        return 0;
+    }
     double t1 = decode(m, kv, 1, 0, reps, logits);
     g_host_logits = true;
     double t1h = decode(m, kv, 1, 0, reps, logits);
@@ -467,7 +481,8 @@ int main(int argc, char **argv)
            "\"decode1_host_logits_ms\": %.4f}\n",
            bw, tc, tc8, b1, t1 * 1e3, t1e * 1e3, t8 * 1e3, t4k * 1e3, t84k * 1e3, tp[0][0] * 1e3,
            tp[0][1] * 1e3, t1h * 1e3);
-    if (getenv("BENCH_AB") && ab_variants(m, getenv("BENCH_AB"), depth, ctx, reps, logits, roof)) goto fail;
+    if (getenv("BENCH_AB") && ab_variants(m, getenv("BENCH_AB"), depth, ctx, reps, logits, roof, b8 / (bw * 1e9)))
+        goto fail;
     kvcache_free(kv);
     model_free(m);
     cuda_forget_weights();
