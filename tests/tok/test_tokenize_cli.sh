@@ -35,7 +35,7 @@ expect parse-all "0 128803 90 128804" "$ref"
 expect_err no-dir "cannot open" "$bin" tokenize --tokenizer "$tmp/nope" --text x
 expect_err unknown-flag "unknown flag" "$bin" tokenize --tokenizer "$dir" --text x --bogus
 expect_err both "exactly one" "$bin" tokenize --tokenizer "$dir" --text x --chat "$tmp/chat.json"
-expect_err missing-chat "cannot read" "$bin" tokenize --tokenizer "$dir" --chat "$tmp/none.json"
+expect_err missing-chat "none.json: cannot open chat file" "$bin" tokenize --tokenizer "$dir" --chat "$tmp/none.json"
 printf '[{"role": "user", "content": ' > "$tmp/bad.json"
 expect_err bad-json "invalid JSON" "$bin" tokenize --tokenizer "$dir" --chat "$tmp/bad.json"
 printf '{"role": "user"}' > "$tmp/obj.json"
