@@ -69,6 +69,10 @@ ds_status api_place_batch(const ds_engine *e, const ds_batch *b, int *sq, int *p
 /* After a successful pass: the batch's tokens become part of their slots. */
 void api_commit_batch(ds_engine *e, const ds_batch *b, const int *sq, const int *pos);
 
+/* ds_decode with every token wanted, but only each token's argmax into next
+ * (n_tokens; picked on the device where the backend can) and no logits kept. */
+ds_status api_decode_argmax(ds_engine *e, const ds_batch *b, int32_t *next);
+
 /* ds_generate's speculative decoding (spec.c): n prompts in slots rows[0..n),
  * each computed from position 0, then steps that draft n_draft tokens with the
  * MTP module and verify them in one main pass; sm[i] picks sequence i's tokens

@@ -354,7 +354,8 @@ static ds_status mtp_room(ds_engine *e, int n)
     return DS_OK;
 }
 
-ds_status ds_decode(ds_engine *e, const ds_batch *b)
+/* ds_decode, or with next set api_decode_argmax. */
+static ds_status decode_run(ds_engine *e, const ds_batch *b, int32_t *next)
 {
     int n = b ? b->n_tokens : 0;
     e->n_logits = 0;
@@ -362,8 +363,8 @@ ds_status ds_decode(ds_engine *e, const ds_batch *b)
     bool *want = malloc((size_t)(n > 0 ? n : 1));
     ds_status s = sq && pos && want ? api_place_batch(e, b, sq, pos) : ds_errorf(DS_ERR_NOMEM, "out of memory");
     int rows = 0;
-    for (int i = 0; !s && i < n; i++) rows += want[i] = b->logits ? b->logits[i] : i == n - 1;
-    if (!s && rows > e->cap_logits) {
+    for (int i = 0; !s && i < n; i++) rows += want[i] = next || (b->logits ? b->logits[i] : i == n - 1);
+    if (!s && !next && rows > e->cap_logits) {
         float *l = realloc(e->logits, sizeof(float) * (size_t)rows * e->cfg.vocab_size);
         if (!l) s = ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of logits", rows);
         else {
@@ -373,10 +374,12 @@ ds_status ds_decode(ds_engine *e, const ds_batch *b)
     }
     e->n_last = 0;
     if (!s && e->m->mtp) s = mtp_room(e, n);
-    if (!s) s = model_forward_hidden(e->m, e->g->kv, n, b->token, sq, pos, want, e->logits, e->m->mtp ? e->hidden : NULL);
+    float *hidden = e->m->mtp ? e->hidden : NULL;
+    if (!s && next) s = model_forward_pick_hidden(e->m, e->g->kv, n, b->token, sq, pos, NULL, next, hidden);
+    else if (!s) s = model_forward_hidden(e->m, e->g->kv, n, b->token, sq, pos, want, e->logits, hidden);
     if (!s) {
         api_commit_batch(e, b, sq, pos);
-        e->n_logits = rows;
+        e->n_logits = next ? 0 : rows;
         if (e->m->mtp) {
             memcpy(e->last_seq, sq, sizeof(int) * (size_t)n);
             memcpy(e->last_pos, pos, sizeof(int) * (size_t)n);
@@ -389,6 +392,10 @@ ds_status ds_decode(ds_engine *e, const ds_batch *b)
     free(want);
     return s;
 }
+
+ds_status ds_decode(ds_engine *e, const ds_batch *b) { return decode_run(e, b, NULL); }
+
+ds_status api_decode_argmax(ds_engine *e, const ds_batch *b, int32_t *next) { return decode_run(e, b, next); }
 
 const float *ds_logits(const ds_engine *e, int i)
 {

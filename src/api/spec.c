@@ -57,6 +57,7 @@ typedef struct {
     int n, N, V;
     const int *rows;
     const gen_opts *o;
+    bool argmax;          /* every sequence greedy without penalties: the passes hand back argmaxes alone */
     spec_seq *sq;
     int32_t **out;
     int *n_out;
@@ -70,6 +71,7 @@ typedef struct {
     int32_t *vt;          /* (n (N + 1)) the main pass's tokens, sequences, wanted rows */
     int *vs;
     bool *vw;
+    int32_t *vnext, *mnext; /* (n (N + 1)) argmax: the main pass's picks; the MTP pass's */
 } spec_run;
 
 /* The prompt but its last token into slot r from position 0, in passes of the
@@ -120,10 +122,15 @@ static int32_t draw(const float *probs, int V, double u)
     return last;
 }
 
-/* Draft j (1-based) of sequence k from its MTP logits row. */
-static void draft(spec_run *R, int k, int j, float *row)
+/* Draft j (1-based) of sequence k from its MTP logits row (argmax: its w-th
+ * pick of the pass). */
+static void draft(spec_run *R, int k, int j, float *row, int w)
 {
     spec_seq *q = &R->sq[k];
+    if (R->argmax) {
+        q->d[j - 1] = R->mnext[w];
+        return;
+    }
     int nh = history(R, k, R->e->g->n_cached[R->rows[k]], j - 1);
     if (!q->sample) {
         q->d[j - 1] = sampler_pick(q->sm, row, R->hist, nh);
@@ -167,9 +174,12 @@ static ds_status spec_draft(spec_run *R)
         if (!m) break;
         if (o->cancel && o->cancel(o->cancel_ud)) return DS_OK; /* the caller sees it too */
         s = model_mtp_rows(e->m, e->g->kv, m, R->mt, R->ms, R->mp, j == 1 ? e->hidden : R->hstate, R->mi, R->mw,
-                           R->lg, R->hstate);
+                           R->lg, R->hstate, R->argmax ? R->mnext : NULL);
         for (int k = 0, w = 0; !s && k < R->n; k++)
-            if (R->sq[k].live && R->sq[k].nd >= j) draft(R, k, j, R->lg + (size_t)w++ * R->V);
+            if (R->sq[k].live && R->sq[k].nd >= j) {
+                draft(R, k, j, R->lg + (size_t)w * R->V, w);
+                w++;
+            }
     }
     return s;
 }
@@ -207,6 +217,11 @@ static void spec_accept(spec_run *R, int k)
     int V = R->V, r = R->rows[k], c = e->g->n_cached[r] - q->nd - 1, a = 0;
     int32_t next = -1;
     for (; a < q->nd; a++) {
+        if (R->argmax) {
+            if (R->vnext[q->off + a] == q->d[a]) continue;
+            next = R->vnext[q->off + a];
+            break;
+        }
         float *row = e->logits + (size_t)(q->off + a) * V;
         int nh = history(R, k, c, a);
         if (!q->sample) {
@@ -226,7 +241,9 @@ static void spec_accept(spec_run *R, int k)
         next = draw(R->p, V, rng_uniform(&q->sm->rng));
         break;
     }
-    if (next < 0) /* every draft accepted: the main model's pick after the last */
+    if (next < 0 && R->argmax) /* every draft accepted: the main model's pick after the last */
+        next = R->vnext[q->off + a];
+    else if (next < 0)
         next = sampler_pick(q->sm, e->logits + (size_t)(q->off + a) * V, R->hist, history(R, k, c, a));
     if (q->nd) {
         e->spec_steps++;
@@ -279,7 +296,7 @@ static ds_status spec_step(spec_run *R)
         }
     }
     ds_batch b = {m, R->vt, R->vs, R->vw};
-    s = ds_decode(e, &b);
+    s = R->argmax ? api_decode_argmax(e, &b, R->vnext) : ds_decode(e, &b);
     e->spec_check_s += now_s() - t1;
     if (s) return s;
     for (int k = 0; k < R->n; k++) {
@@ -297,14 +314,15 @@ ds_status api_generate_spec(ds_engine *e, int n, const int *rows, const int32_t 
 {
     ds_gen *g = e->g;
     int V = e->cfg.vocab_size, N = n_draft, M = n * (N + 1);
-    spec_run R = {e, n, N, V, rows, o, calloc((size_t)n, sizeof(spec_seq)), out, n_out, why,
+    spec_run R = {e, n, N, V, rows, o, true, calloc((size_t)n, sizeof(spec_seq)), out, n_out, why,
                   malloc(sizeof(int32_t) * (size_t)(g->ctx + N + 1)), malloc(sizeof(float) * (size_t)V),
                   malloc(sizeof(float) * (size_t)n * V), e->ops->alloc(sizeof(float) * (size_t)M * e->cfg.dim),
                   malloc(sizeof(int) * (size_t)M), malloc(sizeof(int) * (size_t)M), malloc(sizeof(int) * (size_t)M),
                   malloc(sizeof(int32_t) * (size_t)M), malloc((size_t)M), malloc(sizeof(int32_t) * (size_t)M),
-                  malloc(sizeof(int) * (size_t)M), malloc((size_t)M)};
+                  malloc(sizeof(int) * (size_t)M), malloc((size_t)M), malloc(sizeof(int32_t) * (size_t)M),
+                  malloc(sizeof(int32_t) * (size_t)M)};
     ds_status s = R.sq && R.hist && R.p && R.lg && R.hstate && R.mi && R.ms && R.mp && R.mt && R.mw && R.vt && R.vs &&
-                          R.vw
+                          R.vw && R.vnext && R.mnext
                       ? DS_OK
                       : ds_errorf(DS_ERR_NOMEM, "out of memory for speculative decoding of %d sequences", n);
     for (int k = 0; !s && k < n; k++) {
@@ -313,6 +331,8 @@ ds_status api_generate_spec(ds_engine *e, int n, const int *rows, const int32_t 
                        .t = prompts[k][lens[k] - 1]};
         n_out[k] = 0;
         why[k] = GEN_CANCELLED;
+        /* a greedy pick without penalties is the argmax, which the backend may pick on the device */
+        R.argmax &= !q->sample && sm[k]->p.repetition_penalty == 1.0f && sm[k]->presence == 0 && sm[k]->frequency == 0;
         if (!(out[k] = malloc(sizeof(int32_t) * (size_t)(o->max_new > 0 ? o->max_new : 1))) ||
             (q->sample && !(q->q = malloc(sizeof(float) * (size_t)(N ? N : 1) * V))))
             s = ds_errorf(DS_ERR_NOMEM, "out of memory");
@@ -350,6 +370,8 @@ done:
     free(R.vt);
     free(R.vs);
     free(R.vw);
+    free(R.vnext);
+    free(R.mnext);
     return s;
 }
 

@@ -108,6 +108,23 @@ static ds_status deliver(ds_model *m, float *d, int n, const fwd_out *o)
     return s;
 }
 
+/* Each of the n rows of logits in alloc'd memory d: its argmax into next[i],
+ * on the device where the backend picks (ops->pick_rows), else on the host. */
+static ds_status argmax_rows(ds_model *m, float *d, int n, int32_t *next)
+{
+    int V = m->vocab_local;
+    if (m->ops->pick_rows && m->world_size == 1) {
+        m->ops->pick_rows(next, d, n, V, NULL);
+        return DS_OK;
+    }
+    float *h = malloc(sizeof(float) * (size_t)n * V);
+    if (!h) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of logits", n);
+    m->be.download(&m->be, h, d, sizeof(float) * (size_t)n * V);
+    for (int i = 0; i < n; i++) next[i] = sampler_argmax(h + (size_t)i * V, V);
+    free(h);
+    return DS_OK;
+}
+
 /* The graph slot (of slots: kv->dec, kv->dech or kv->mtp) for a pass of n
  * tokens whose positions are at most pos_max, and its class in *cls; NULL when
  * the pass runs eagerly: no graph support, n > DS_GRAPH_NMAX, several ranks,
@@ -242,7 +259,7 @@ ds_status model_forward_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t
 ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                     const float *hidden, const int *hrow, float *logits)
 {
-    return model_mtp_rows(m, kv, n, tok, seq, pos, hidden, hrow, NULL, logits, NULL);
+    return model_mtp_rows(m, kv, n, tok, seq, pos, hidden, hrow, NULL, logits, NULL, NULL);
 }
 
 /* model_mtp_rows' pass of n <= DS_GRAPH_NMAX rows (ids: its per-row arrays,
@@ -251,7 +268,7 @@ ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, cons
  * buffer first, the recording computes every row's logits and state, and the
  * wanted rows and the states are copied out of its buffers. */
 static bool mtp_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, int n_out, int pos_max,
-                      const float *hidden, float *logits, float *hout, ds_status *s)
+                      const float *hidden, float *logits, float *hout, int32_t *next, ds_status *s)
 {
     const ds_ops *ops = m->ops;
     ds_backend *be = &m->be;
@@ -280,6 +297,12 @@ static bool mtp_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, in
     }
     ops->graph_run(d->graph);
     if (hout) be->copy_rows(be, hout, dim, NULL, d->hout, dim, NULL, n, dim);
+    if (next && n_out) { /* every row's pick, then the wanted ones' */
+        int32_t all[DS_GRAPH_NMAX];
+        *s = argmax_rows(m, d->logits, n, all);
+        for (int j = 0; j < n_out; j++) next[j] = all[ids[4 * n + j]];
+        return true;
+    }
     if (n_out == n) be->download(be, logits, d->logits, sizeof(float) * n * V);
     for (int j = 0; n_out < n && j < n_out; j++) /* ids[4n..]: the wanted rows */
         be->download(be, logits + j * V, d->logits + (size_t)ids[4 * n + j] * V, sizeof(float) * V);
@@ -288,7 +311,8 @@ static bool mtp_graph(ds_model *m, ds_kvcache *kv, int n, const int32_t *ids, in
 }
 
 ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout)
+                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout,
+                         int32_t *next)
 {
     ds_backend *be = &m->be;
     if (!m->mtp) return ds_errorf(DS_ERR_ARG, "the MTP module is not loaded (load the model with mtp on)");
@@ -311,7 +335,7 @@ ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok,
         if (!want || want[i]) ids[4 * n + n_out++] = i;
         ids[5 * n + i] = hrow[i];
     }
-    if (mtp_graph(m, kv, n, ids, n_out, pos_max, hidden, logits, hout, &s)) goto done;
+    if (mtp_graph(m, kv, n, ids, n_out, pos_max, hidden, logits, hout, next, &s)) goto done;
     size_t dim = (size_t)m->cfg.dim, nl = (size_t)(n_out ? n_out : 1) * m->vocab_local;
     if (!(ids_d = be->alloc(be, sizeof(int32_t) * 6 * (size_t)n)) ||
         !(hd = be->alloc_scratch(be, sizeof(float) * n * dim)) || !(lg = be->alloc_scratch(be, sizeof(float) * nl))) {
@@ -325,7 +349,8 @@ ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok,
     for (int i = 1; i < n && one_run; i++) one_run = seq[i] == seq[0] && pos[i] == pos[0] + i;
     fwd_batch b = batch_of(ids_d, n, n_out, one_run ? contig : NULL, pos_max + 1);
     if ((s = mtp_forward(m, kv, &b, hd, lg, hout))) goto done;
-    if (n_out) be->download(be, logits, lg, sizeof(float) * nl);
+    if (n_out && next) s = argmax_rows(m, lg, n_out, next);
+    else if (n_out) be->download(be, logits, lg, sizeof(float) * nl);
     else be->sync(be);
 done:;
     ds_status os = be->status(be);
@@ -340,6 +365,12 @@ done:;
 ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
                              const ds_pick *pick, int32_t *next)
 {
+    return model_forward_pick_hidden(m, kv, n, tok, seq, pos, pick, next, NULL);
+}
+
+ds_status model_forward_pick_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                                    const int *pos, const ds_pick *pick, int32_t *next, float *hidden)
+{
     if (n <= 0) return ds_errorf(DS_ERR_ARG, "forward pass needs at least one token");
     bool *want = malloc((size_t)n), host = !m->ops->pick_rows || m->world_size > 1;
     float *logits = NULL;
@@ -348,7 +379,7 @@ ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *
     if (host) logits = malloc(sizeof(float) * (size_t)n * m->cfg.vocab_size);
     fwd_out o = {logits, pick, next};
     ds_status s = !want || (host && !logits) ? ds_errorf(DS_ERR_NOMEM, "out of memory for %d tokens' logits", n)
-                                             : forward_run(m, kv, n, tok, seq, pos, want, &o, NULL);
+                                             : forward_run(m, kv, n, tok, seq, pos, want, &o, hidden);
     free(want);
     free(logits);
     return s;

@@ -154,9 +154,12 @@ ds_status model_mtp(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, cons
 /* model_mtp with the logits of the rows marked in want alone (NULL: all), one
  * row each in order, and with every row's shared_head.norm(h') into hout ((n,
  * dim) of ops->alloc memory; NULL: none): a chained draft's hidden state, as
- * hidden for the next pass (hidden may be hout itself). */
+ * hidden for the next pass (hidden may be hout itself). next (NULL: none):
+ * instead of the logits, each wanted row's argmax, picked on the device where
+ * the backend can (logits unused). */
 ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq, const int *pos,
-                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout);
+                         const float *hidden, const int *hrow, const bool *want, float *logits, float *hout,
+                         int32_t *next);
 
 /* As model_forward with every token wanted, but only each token's next token
  * into next: what sampler_pick_u makes of its logits with pick[i]'s settings
@@ -164,5 +167,8 @@ ds_status model_mtp_rows(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok,
  * (ops->pick_rows, one rank), so that the logits need not be downloaded. */
 ds_status model_forward_pick(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
                              const int *pos, const ds_pick *pick, int32_t *next);
+/* model_forward_pick that also writes the hidden states as model_forward_hidden. */
+ds_status model_forward_pick_hidden(ds_model *m, ds_kvcache *kv, int n, const int32_t *tok, const int *seq,
+                                    const int *pos, const ds_pick *pick, int32_t *next, float *hidden);
 
 #endif
