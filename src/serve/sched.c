@@ -475,10 +475,15 @@ static json_t *logprob_of(sched *c, job *j, int32_t t, const float *row)
     return reply_logprob_entry(c->s->tok, t, row, c->n_vocab, j->req.top_logprobs);
 }
 
-/* Samples choice ci's next token from row (kept intact) with its slot's history. */
+/* Samples choice ci's next token from row (kept intact) with its slot's
+ * history. Greedy without penalties the sampler would take the argmax of the
+ * row as it is (drawing nothing): taken here without copying the row. */
 static int32_t sample_row(sched *c, job *j, int ci, const float *row)
 {
     choice *ch = &j->ch[ci];
+    const ds_sampler_params *p = ds_sampler_params_of(ch->smp);
+    if (!(p->temperature > 0) && p->repetition_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0)
+        return ds_argmax(row, c->n_vocab);
     memcpy(c->scratch, row, sizeof(float) * (size_t)c->n_vocab);
     return ds_sampler_sample(ch->smp, c->scratch, ds_seq_tokens(c->e, ch->slot), ds_seq_len(c->e, ch->slot));
 }
