@@ -290,11 +290,9 @@ static double ttft_local(ds_engine *e, int pre, const ds_chat_params *cp, const 
     if (ds_chat_apply(tk, &m, 1, cp, NULL, &ids, &n)) return -1;
     bool bad = (size_t)hit >= n;
     if (!bad && hit && (ds_seq_len(e, pre) < hit || ds_seq_common_prefix(e, pre, ids, (int)hit) < hit)) {
-        int seq = pre;
-        ds_batch hb = {.n_tokens = (int)hit, .token = ids, .seq = NULL};
         int *seqs = malloc(sizeof(int) * (size_t)hit);
-        for (long i = 0; seqs && i < hit; i++) seqs[i] = seq;
-        hb.seq = seqs;
+        for (long i = 0; seqs && i < hit; i++) seqs[i] = pre;
+        ds_batch hb = {.n_tokens = (int)hit, .token = ids, .seq = seqs};
         bad = !seqs || ds_seq_truncate(e, pre, 0) || ds_decode(e, &hb);
         free(seqs);
     }
