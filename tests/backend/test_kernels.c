@@ -184,6 +184,46 @@ static void check_fp8_scale_range(const char *label, matmul_fn f)
     free_weight(&w);
 }
 
+/* BF16 weights whose rows start at every 2-byte place in a 64-byte line (a
+ * safetensors file's tensors need only be 8-byte aligned; the AVX-512 decode
+ * kernel shifts whole lines into place where a row starts 4 bytes in or more):
+ * the same bits as the line-aligned copy, and within tol of the reference.
+ * Rows of 2048 (whole rows) and 4500 (column pieces), 1 to 5 tokens. */
+static void check_bf16_line_offsets(const char *label, matmul_fn f, double tol)
+{
+    static const int shapes[][2] = {{70, 2048}, {9, 4500}, {33, 96}};
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (int n = 1; n <= 5; n += 2) {
+            int rows = shapes[si][0], cols = shapes[si][1];
+            size_t bytes = (size_t)rows * cols * sizeof(uint16_t);
+            tweight w = make_weight(DS_W_BF16, rows, cols);
+            uint8_t *buf = NULL;
+            if (posix_memalign((void **)&buf, 64, bytes + 64)) abort();
+            float *x = rand_vec((size_t)n * cols);
+            float *ref = out_buf((size_t)n * rows), *got = out_buf((size_t)n * rows),
+                  *al = out_buf((size_t)n * rows);
+            cpu_ref_ops.matmul(ref, x, n, &w.w, 0, rows, DS_GEMM_BF16, false);
+            ds_weight v = w.w;
+            for (int at = 0; at < 64; at += 2) {
+                memcpy(buf + at, w.data, bytes);
+                v.data = buf + at;
+                f(at ? got : al, x, n, &v, 0, rows);
+                if (!at) continue;
+                double e = matmul_err(got, ref, x, n, &v, 0, rows);
+                CHECK_MSG(e <= tol && !memcmp(got, al, sizeof(float) * (size_t)n * rows),
+                          "%s bf16 %dx%d rows %d bytes into a line, n %d: error %.3g, %s the aligned copy", label,
+                          rows, cols, at, n, e, memcmp(got, al, sizeof(float) * (size_t)n * rows) ? "not" : "as");
+                CHECK(sentinels_ok(got, (size_t)n * rows));
+            }
+            free(buf);
+            free(x);
+            free(ref);
+            free(got);
+            free(al);
+            free_weight(&w);
+        }
+}
+
 static void gemm_split(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
 {
     cpu_gemm_precision = CPU_GEMM_SPLIT;
@@ -724,6 +764,7 @@ int main(void)
     /* FP8 decode and the split GEMM: activations as bf16 high + low parts,
      * x - hi - lo <= 2^-18 |x|, plus float32 sums: 1e-5 */
     check_matmul("avx512 decode", avx512_matmul_decode, 1e-6, 1e-5);
+    check_bf16_line_offsets("avx512 decode", avx512_matmul_decode, 1e-6);
     check_matmul("avx512 gemm split", gemm_split, 1e-5, 1e-5);
     check_hilo8();
     /* bf16 activations: each x_k rounded by at most 2^-9 relative */
