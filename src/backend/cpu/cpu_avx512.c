@@ -21,6 +21,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,7 @@
 #include "cpu_simd.h"
 #include "quant.h"
 
-#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,fma,f16c")))
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni,avx512vbmi,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
@@ -973,29 +974,12 @@ AVX512 INLINE void transpose16(__m512i r[16])
     }
 }
 
-/* The largest magnitude code over columns [k, k+128) of a row (past K: 0):
- * FP8 the e4m3 code without its sign, BF16 the bits without the sign (both
- * order as the magnitudes they encode). */
-AVX512 static uint16_t block_max(ds_wfmt f, const void *row, int k, int K)
+/* The largest magnitude over columns [k, k+128) of a BF16 row (past K: 0),
+ * as its bits without the sign (which order as the magnitudes). */
+AVX512 static uint16_t bf16_block_max(const uint16_t *row, int k, int K)
 {
     int nk = MIN(DS_BLOCK, K - k);
-    if (f == DS_W_FP8) {
-        const uint8_t *c = (const uint8_t *)row + k;
-        const __m512i mag = _mm512_set1_epi8(0x7f);
-        __m512i m = _mm512_and_si512(_mm512_maskz_loadu_epi8(nk >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << nk) - 1, c), mag);
-        if (nk > 64)
-            m = _mm512_max_epu8(
-                m, _mm512_and_si512(_mm512_maskz_loadu_epi8(nk >= 128 ? ~(__mmask64)0 : ((__mmask64)1 << (nk - 64)) - 1, c + 64),
-                                    mag));
-        __m256i h = _mm256_max_epu8(_mm512_castsi512_si256(m), _mm512_extracti64x4_epi64(m, 1));
-        __m128i q = _mm_max_epu8(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-        q = _mm_max_epu8(q, _mm_srli_si128(q, 8));
-        q = _mm_max_epu8(q, _mm_srli_si128(q, 4));
-        q = _mm_max_epu8(q, _mm_srli_si128(q, 2));
-        q = _mm_max_epu8(q, _mm_srli_si128(q, 1));
-        return (uint16_t)(_mm_cvtsi128_si32(q) & 0xff);
-    }
-    const uint16_t *c = (const uint16_t *)row + k;
+    const uint16_t *c = row + k;
     __m512i m = _mm512_setzero_si512();
     for (int j = 0; j < nk; j += 32)
         m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_maskz_loadu_epi16(mask32(nk - j), c + j), _mm512_set1_epi16(0x7fff)));
@@ -1007,13 +991,77 @@ AVX512 static uint16_t block_max(ds_wfmt f, const void *row, int k, int K)
     return (uint16_t)(_mm_cvtsi128_si32(q) & 0xffff);
 }
 
+/* FP8 panels are packed by table look-up (vpermi2b picks a byte of a
+ * 128-byte table by a code's low 7 bits): fp8_bf16[0][c] and [1][c] are the
+ * low and high bytes of the bf16 of magnitude code c's value times 2^-8 (as
+ * fp8x16_to_f32 widens it; the sign is the code's bit 7, bf16's bit 15), and
+ * for HILO8 fp8_q8[m][c] is gemm_pack's int8 of magnitude c (+ 128) in a
+ * block whose largest magnitude code is m. Both come from the arithmetic of
+ * the BF16 weights' packing (widen, scale by 127 / max, round), so the panels
+ * are those that arithmetic gives. Per 64 weights of a row that is 9
+ * operations where the widening through fp16 and float32 took 27.
+ *   Measured (Zen 5, one thread, a 64 x 2048 FP8 panel held in L2, HILO8):
+ * 15.0 us a panel widened through float32, 13.0 by table, 10.6 with the
+ * block maxima of 16 rows reduced together (fp8_block_max16) and the rows'
+ * addresses and prefetches worked out once a step; 48 tokens' tiles against
+ * the panel are 295 k dot-product instructions, ~45 us at 2 a cycle. */
+static uint8_t fp8_bf16[2][128] __attribute__((aligned(64)));
+static uint8_t fp8_q8[128][128] __attribute__((aligned(64)));
+static pthread_once_t fp8_tables_once = PTHREAD_ONCE_INIT;
+
+AVX512 static void fp8_tables_init(void)
+{
+    for (int c0 = 0; c0 < 128; c0 += 16) {
+        __m512 f = fp8x16_to_f32(_mm_add_epi8(_mm_set1_epi8((char)c0), _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+        __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
+        _mm_storeu_si128((__m128i *)&fp8_bf16[0][c0], _mm256_cvtepi16_epi8(_mm256_and_si256(h, _mm256_set1_epi16(0xff))));
+        _mm_storeu_si128((__m128i *)&fp8_bf16[1][c0], _mm256_cvtepi16_epi8(_mm256_srli_epi16(h, 8)));
+    }
+    for (int m = 0; m < 128; m++) {
+        __m512 mw = fp8x16_to_f32(_mm_set1_epi8((char)m));
+        __mmask16 ok = _mm512_cmp_ps_mask(mw, _mm512_setzero_ps(), _CMP_GT_OQ); /* as gemm_pack's scales */
+        __m512 s = _mm512_maskz_div_ps(ok, _mm512_set1_ps(127.0f), mw);
+        for (int c0 = 0; c0 < 128; c0 += 16) {
+            __m512 f = fp8x16_to_f32(_mm_add_epi8(_mm_set1_epi8((char)c0), _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)));
+            __m128i q = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(f, s))); /* saturated as vpackss* */
+            _mm_storeu_si128((__m128i *)&fp8_q8[m][c0], _mm_xor_si128(q, _mm_set1_epi8((char)0x80)));
+        }
+    }
+}
+
+/* 64 FP8 codes c (columns 0..63 of a row) as 32 bf16 pairs each of
+ * columns 0..31 (*p0) and 32..63 (*p1), in column order; with q8 (the
+ * fp8_q8 row of the block's largest magnitude) also their int8 copy (+ 128),
+ * a byte per column in column order (else *u = 0). */
+AVX512 INLINE void fp8x64_lut(__m512i c, __m512i *p0, __m512i *p1, const uint8_t *q8, __m512i *u)
+{
+    /* in each 128-bit lane l: columns 8l..8l+7, then 32+8l..32+8l+7, so that
+     * the byte interleaves (within lanes) give columns 0..31 and 32..63 */
+    const __m512i ord = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 31, 30, 29, 28, 27, 26, 25, 24,
+                                        55, 54, 53, 52, 51, 50, 49, 48, 23, 22, 21, 20, 19, 18, 17, 16,
+                                        47, 46, 45, 44, 43, 42, 41, 40, 15, 14, 13, 12, 11, 10, 9, 8,
+                                        39, 38, 37, 36, 35, 34, 33, 32, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i co = _mm512_permutexvar_epi8(ord, c);
+    __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(&fp8_bf16[0][0]), co, _mm512_load_si512(&fp8_bf16[0][64]));
+    __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(&fp8_bf16[1][0]), co, _mm512_load_si512(&fp8_bf16[1][64]));
+    hi = _mm512_ternarylogic_epi32(hi, co, _mm512_set1_epi8((char)0x80), 0xF8); /* hi | (co & 0x80) */
+    *p0 = _mm512_unpacklo_epi8(lo, hi);
+    *p1 = _mm512_unpackhi_epi8(lo, hi);
+    if (!q8) {
+        *u = _mm512_setzero_si512();
+        return;
+    }
+    __m512i v = _mm512_permutex2var_epi8(_mm512_load_si512(q8), c, _mm512_load_si512(q8 + 64));
+    *u = _mm512_mask_sub_epi8(v, _mm512_movepi8_mask(c), _mm512_setzero_si512(), v); /* 128 - q = -(128 + q) mod 256 */
+}
+
 /* gemm_pack reads 16 rows at a time in short strided streams; ahead of row
  * 16 v + i at column k it prefetches every 64-byte line 256 columns on (BF16:
  * two lines, where one per 64 columns left every other line cold), and past
  * the chunk's end the same row of the next vector, then of the next chunk's
  * first, then of the thread's next panel, so no vector starts cold.
  *   Measured (Zen 4, 2 threads, BF16 8-layer pp512, perf): with one line per
- * 64 columns and nothing past the chunk, block_max's first load had 12.5% of
+ * 64 columns and nothing past the chunk, bf16_block_max's first load had 12.5% of
  * gemm_panel's samples; 3.7% with every line and the next vector and chunk,
  * 1.9% with the next panel too, and pp512 143.9 against 137.0 tok/s on
  * average (alternated binaries, 4 pairs, the machine noisy). 512 and 768
@@ -1024,8 +1072,16 @@ typedef struct { /* a panel's rows: [r, r + nr) of w */
     int r, nr;
 } gemm_rows;
 
-AVX512 INLINE void pack_prefetch(const gemm_rows *pn, const gemm_rows *next, int k0, int kc, int v, int i, int k)
+typedef struct { /* where one step of gemm_pack prefetches: row i < n at p + i * ld, lines a row */
+    const char *p;
+    size_t ld;
+    int n, lines;
+} pack_pf;
+
+/* The prefetches of gemm_pack's step (vector v, column k), once for its 16 rows. */
+AVX512 INLINE pack_pf pack_prefetch_at(const gemm_rows *pn, const gemm_rows *next, int k0, int kc, int v, int k)
 {
+    pack_pf f = {NULL, 0, 0, 0};
     int ka = k + 256;
     if (ka >= kc) {
         ka -= kc;
@@ -1036,12 +1092,43 @@ AVX512 INLINE void pack_prefetch(const gemm_rows *pn, const gemm_rows *next, int
         } else if (next) {
             pn = next;
             k0 = v = 0;
-        } else return;
-        if (16 * v + i >= pn->nr || k0 + ka >= pn->w->cols) return;
+        } else return f;
+        if (k0 + ka >= pn->w->cols) return f;
     }
     int esz = pn->w->fmt == DS_W_FP8 ? 1 : 2;
-    const char *p = w_row(pn->w, pn->r + 16 * v + i) + (size_t)(k0 + ka) * esz;
-    for (int c = 0; c < esz; c++) _mm_prefetch(p + 64 * c, _MM_HINT_T0);
+    f.p = (const char *)w_row(pn->w, pn->r + 16 * v) + (size_t)(k0 + ka) * esz;
+    f.ld = (size_t)pn->w->cols * esz;
+    f.n = MIN(16, pn->nr - 16 * v);
+    f.lines = esz;
+    return f;
+}
+
+static __mmask64 mask64(int n) { return n >= 64 ? ~(__mmask64)0 : n <= 0 ? 0 : ((__mmask64)1 << n) - 1; }
+
+/* The largest magnitude code (the e4m3 code without its sign, which orders
+ * as the magnitudes) over columns [k, k+128) (past K: 0) of the FP8 rows
+ * row + i ld, i < n <= 16, in lane i (0 past n): the rows' byte maxima
+ * transposed so that one reduction serves all 16. */
+AVX512 INLINE __m512i fp8_block_max16(const char *row, size_t ld, int n, int k, int K)
+{
+    int nk = MIN(DS_BLOCK, K - k);
+    __mmask64 m0 = mask64(nk), m1 = mask64(nk - 64);
+    const __m512i mag = _mm512_set1_epi8(0x7f);
+    __m512i a[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) {
+        const char *c = row + i * ld + k;
+        a[i] = i < n ? _mm512_max_epu8(_mm512_and_si512(_mm512_maskz_loadu_epi8(m0, c), mag),
+                                       _mm512_and_si512(_mm512_maskz_loadu_epi8(m1, c + 64), mag))
+                     : _mm512_setzero_si512();
+    }
+    transpose16(a); /* a[j] lane i: bytes 4j .. 4j+3 of row i's maxima */
+    __m512i m = a[0];
+    #pragma GCC unroll 16
+    for (int j = 1; j < 16; j++) m = _mm512_max_epu8(m, a[j]);
+    m = _mm512_max_epu8(m, _mm512_srli_epi32(m, 16));
+    m = _mm512_max_epu8(m, _mm512_srli_epi32(m, 8));
+    return _mm512_and_si512(m, _mm512_set1_epi32(0xff));
 }
 
 /* Rows [r, r+nr), nr <= 64, columns [k0, k0+kc) packed as wp[p][v][16]: the
@@ -1049,8 +1136,9 @@ AVX512 INLINE void pack_prefetch(const gemm_rows *pn, const gemm_rows *next, int
  * With wq (HILO8) also the int8 panel (see gemm_tile8): wq[q][v][16] the quad
  * q (columns k0+4q .. +3, one 32-bit lane a row) of the same rows, stored +128
  * (unsigned), and per block b and row i sw[b][i], the int8 scale in widened
- * units (the FP8 block scale is applied with the pairs'). The int8 values
- * come from the same widened registers as the pairs. */
+ * units (the FP8 block scale is applied with the pairs'). FP8 rows are
+ * widened by table (fp8x64_lut), BF16 rows' int8 values come from the same
+ * widened registers as the pairs. */
 AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL], const ds_weight *w, int r, int nr,
                              int k0, int kc, const gemm_rows *next)
 {
@@ -1058,11 +1146,17 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
     bool fp8 = w->fmt == DS_W_FP8;
     gemm_rows pn = {w, r, nr};
     float inv[GEMM_PANEL];
-    for (int v = 0; v < 4 && 16 * v < nr; v++)
+    uint16_t mc[16]; /* this block's largest magnitude code (BF16: bits) per row of the vector */
+    size_t ld = (size_t)K * (fp8 ? 1 : 2);
+    if (fp8) pthread_once(&fp8_tables_once, fp8_tables_init);
+    for (int v = 0; v < 4 && 16 * v < nr; v++) {
+        const char *rows = (const char *)w_row(w, r + 16 * v);
         for (int k = 0; k < kc; k += 64) {
             if (wq && k % DS_BLOCK == 0) { /* this block's int8 scales, 16 rows at once */
-                uint16_t mc[16];
-                for (int i = 0; i < 16; i++) mc[i] = 16 * v + i < nr ? block_max(w->fmt, w_row(w, r + 16 * v + i), k0 + k, K) : 0;
+                if (fp8)
+                    _mm256_storeu_si256((__m256i *)mc, _mm512_cvtepi32_epi16(fp8_block_max16(rows, ld, nr - 16 * v, k0 + k, K)));
+                else
+                    for (int i = 0; i < 16; i++) mc[i] = 16 * v + i < nr ? bf16_block_max((const uint16_t *)(rows + i * ld), k0 + k, K) : 0;
                 __m256i c = _mm256_loadu_si256((const __m256i *)mc);
                 __m512 mw = fp8 ? fp8x16_to_f32(_mm256_cvtepi16_epi8(c)) : bf16x16_to_f32(c);
                 __mmask16 ok = _mm512_cmp_ps_mask(mw, _mm512_setzero_ps(), _CMP_GT_OQ); /* not 0, not NaN */
@@ -1070,26 +1164,27 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
                 _mm512_storeu_ps(sw[k / DS_BLOCK] + 16 * v, _mm512_maskz_mul_ps(ok, mw, _mm512_set1_ps(1.0f / 127.0f)));
             }
             __m512i m[2][16], q8[16];
+            pack_pf pf = pack_prefetch_at(&pn, next, k0, kc, v, k);
             #pragma GCC unroll 16
             for (int i = 0; i < 16; i++) {
                 if (16 * v + i >= nr) {
                     m[0][i] = m[1][i] = q8[i] = _mm512_setzero_si512();
                     continue;
                 }
-                const char *row = w_row(w, r + 16 * v + i);
-                pack_prefetch(&pn, next, k0, kc, v, i, k);
+                const char *row = rows + i * ld;
+                for (int c = 0; i < pf.n && c < pf.lines; c++) _mm_prefetch(pf.p + i * pf.ld + 64 * c, _MM_HINT_T0);
+                int kk = k0 + k, nk = K - kk;
+                if (fp8) {
+                    __m512i c = _mm512_maskz_loadu_epi8(mask64(nk), row + kk);
+                    fp8x64_lut(c, &m[0][i], &m[1][i], wq ? fp8_q8[mc[i]] : NULL, &q8[i]);
+                    continue;
+                }
                 __m512 f[4];
                 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
-                    int kk = k0 + k + 32 * h, nk = K - kk;
-                    if (fp8) {
-                        fp8x32_to_f32(_mm256_maskz_loadu_epi8(mask32(nk), (const uint8_t *)row + kk), &f[2 * h], &f[2 * h + 1]);
-                        m[h][i] = (__m512i)_mm512_cvtne2ps_pbh(f[2 * h + 1], f[2 * h]); /* exact */
-                    } else {
-                        m[h][i] = _mm512_maskz_loadu_epi16(mask32(nk), (const uint16_t *)row + kk);
-                        f[2 * h] = bf16x16_to_f32(_mm512_castsi512_si256(m[h][i]));
-                        f[2 * h + 1] = bf16x16_to_f32(_mm512_extracti64x4_epi64(m[h][i], 1));
-                    }
+                    m[h][i] = _mm512_maskz_loadu_epi16(mask32(nk - 32 * h), (const uint16_t *)row + kk + 32 * h);
+                    f[2 * h] = bf16x16_to_f32(_mm512_castsi512_si256(m[h][i]));
+                    f[2 * h + 1] = bf16x16_to_f32(_mm512_extracti64x4_epi64(m[h][i], 1));
                 }
                 if (wq) { /* 128-bit lane l, dword j: columns 16 j + 4 l .. + 3 (packs work per lane) */
                     __m512 s = _mm512_set1_ps(inv[16 * v + i]);
@@ -1110,10 +1205,11 @@ AVX512 static void gemm_pack(uint32_t *wp, uint32_t *wq, float (*sw)[GEMM_PANEL]
             if (wq) {
                 transpose16(q8);
                 #pragma GCC unroll 16
-                for (int q = 0; q < 16; q++) /* q8[4 l + j]: the quad 4 j + l */
-                    _mm512_store_si512(wq + ((size_t)(k / 4 + 4 * (q % 4) + q / 4) * 4 + v) * 16, q8[q]);
+                for (int q = 0; q < 16; q++) /* BF16: q8[4 l + j] is the quad 4 j + l */
+                    _mm512_store_si512(wq + ((size_t)(k / 4 + (fp8 ? q : 4 * (q % 4) + q / 4)) * 4 + v) * 16, q8[q]);
             }
         }
+    }
     for (int v = (nr + 15) / 16; v < 4; v++) { /* vectors wholly past nr */
         for (int p = 0; p < (kc + 63) / 64 * 32; p++) _mm512_store_si512(wp + ((size_t)p * 4 + v) * 16, _mm512_setzero_si512());
         for (int q = 0; wq && q < (kc + 63) / 64 * 16; q++)

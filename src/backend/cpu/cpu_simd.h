@@ -15,7 +15,7 @@
 #include "cpu_backend.h"
 
 /* Which instruction sets this CPU offers (cached after the first call). */
-bool cpu_has_avx512(void);  /* F, BW, VL, DQ, BF16 (vdpbf16ps) and VNNI (vpdpbusd) */
+bool cpu_has_avx512(void);  /* F, BW, VL, DQ, BF16 (vdpbf16ps), VNNI (vpdpbusd) and VBMI (vpermi2b) */
 bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
 
 /* Precision of the batched (prefill) GEMM's activations on the AVX-512 path:
