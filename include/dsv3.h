@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 5
+#define DSV3_API_VERSION 6
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -371,6 +371,16 @@ DS_API bool ds_engine_has_mtp(const ds_engine *e);
  * slots. On success row i's logits are ds_mtp_logits(e, i), valid until the
  * next ds_decode_mtp. */
 DS_API ds_status ds_decode_mtp(ds_engine *e, const ds_mtp_batch *b);
+
+/* A chained MTP pass (API 6): row i continues row from[i] of the last
+ * ds_decode_mtp or ds_decode_mtp_chain call one position further in that
+ * row's sequence, with the module's own output state at that row as its hidden
+ * state, and next_token[i] the token one position after it: a draft made from
+ * a draft (row r at position p predicted t[p+2]; its chained row, given that
+ * token, predicts t[p+3]). The MTP block's KV-cache row at that position is
+ * written (the sequence's slot may end before it: a drafted position). The
+ * rows' logits replace the last call's. */
+DS_API ds_status ds_decode_mtp_chain(ds_engine *e, int n_rows, const int *from, const int32_t *next_token);
 DS_API const float *ds_mtp_logits(const ds_engine *e, int i);
 DS_API int ds_n_mtp_logits(const ds_engine *e);
 

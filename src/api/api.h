@@ -48,6 +48,12 @@ struct ds_engine {
     int32_t *last_tok;
     float *mtp_logits;
     int n_mtp, cap_mtp;
+    /* the last MTP pass's rows: each one's output state shared_head.norm(h')
+     * ((cap_state, dim) in ops->alloc memory), sequence and position, which a
+     * chained pass continues (ds_decode_mtp_chain) */
+    float *mtp_state;
+    int *mtp_seq, *mtp_pos;
+    int cap_state;
     /* speculative drafts made and accepted, main passes that checked drafts, and
      * those passes by drafts accepted (spec.c) */
     long spec_drafted, spec_accepted, spec_steps, spec_accept_len[DS_SPEC_MAX_DRAFT + 1];

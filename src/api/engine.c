@@ -410,6 +410,47 @@ int32_t ds_argmax(const float *x, int n) { return n >= 1 ? sampler_argmax(x, n) 
 
 bool ds_engine_has_mtp(const ds_engine *e) { return e->m->mtp != NULL; }
 
+/* Room for n MTP rows: their logits, output states, sequences and positions. */
+static ds_status mtp_rows_room(ds_engine *e, int n)
+{
+    if (n > e->cap_mtp) {
+        float *l = realloc(e->mtp_logits, sizeof(float) * (size_t)n * e->cfg.vocab_size);
+        if (!l) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of MTP logits", n);
+        e->mtp_logits = l;
+        e->cap_mtp = n;
+    }
+    if (n <= e->cap_state) return DS_OK;
+    /* only ds_decode_mtp grows it (a chained pass has at most the last pass's
+     * rows), so the old states need not be kept */
+    e->ops->free(e->mtp_state);
+    e->mtp_state = NULL;
+    e->cap_state = 0;
+    float *st = e->ops->alloc(sizeof(float) * (size_t)n * e->cfg.dim);
+    int *a = realloc(e->mtp_seq, sizeof(int) * (size_t)n), *b = a ? realloc(e->mtp_pos, sizeof(int) * (size_t)n) : NULL;
+    if (a) e->mtp_seq = a;
+    if (b) e->mtp_pos = b;
+    if (!st || !b) {
+        e->ops->free(st);
+        return ds_errorf(DS_ERR_NOMEM, "out of memory for the states of %d MTP rows", n);
+    }
+    e->mtp_state = st;
+    e->cap_state = n;
+    return DS_OK;
+}
+
+/* One MTP pass of n rows (hidden: their hidden states by row hrow[i]); keeps
+ * every row's logits, output state, sequence and position. */
+static ds_status mtp_pass(ds_engine *e, int n, const int32_t *tok, const int *sq, const int *pos, const float *hidden,
+                          const int *hrow)
+{
+    ds_status s = model_mtp_rows(e->m, e->g->kv, n, tok, sq, pos, hidden, hrow, NULL, e->mtp_logits, e->mtp_state, NULL);
+    if (s) return s;
+    memcpy(e->mtp_seq, sq, sizeof(int) * (size_t)n);
+    memcpy(e->mtp_pos, pos, sizeof(int) * (size_t)n);
+    e->n_mtp = n;
+    return DS_OK;
+}
+
 ds_status ds_decode_mtp(ds_engine *e, const ds_mtp_batch *b)
 {
     e->n_mtp = 0;
@@ -433,20 +474,48 @@ ds_status ds_decode_mtp(ds_engine *e, const ds_mtp_batch *b)
         for (int j = 0; j < i; j++)
             if (b->index[j] == k) return ds_errorf(DS_ERR_ARG, "ds_decode_mtp: index %d is given twice", k);
     }
-    if (n > e->cap_mtp) {
-        float *l = realloc(e->mtp_logits, sizeof(float) * (size_t)n * e->cfg.vocab_size);
-        if (!l) return ds_errorf(DS_ERR_NOMEM, "out of memory for %d rows of MTP logits", n);
-        e->mtp_logits = l;
-        e->cap_mtp = n;
-    }
     int *sq = malloc(sizeof(int) * (size_t)n), *pos = malloc(sizeof(int) * (size_t)n);
-    ds_status s = sq && pos ? DS_OK : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    ds_status s = sq && pos ? mtp_rows_room(e, n) : ds_errorf(DS_ERR_NOMEM, "out of memory");
     for (int i = 0; !s && i < n; i++) {
         sq[i] = e->last_seq[b->index[i]];
         pos[i] = e->last_pos[b->index[i]];
     }
-    if (!s) s = model_mtp(e->m, e->g->kv, n, b->next_token, sq, pos, e->hidden, b->index, e->mtp_logits);
-    if (!s) e->n_mtp = n;
+    if (!s) s = mtp_pass(e, n, b->next_token, sq, pos, e->hidden, b->index);
+    free(sq);
+    free(pos);
+    return s;
+}
+
+ds_status ds_decode_mtp_chain(ds_engine *e, int n, const int *from, const int32_t *next_token)
+{
+    int last = e->n_mtp;
+    e->n_mtp = 0;
+    if (!e->m->mtp)
+        return ds_errorf(DS_ERR_ARG, "ds_decode_mtp_chain: the engine was loaded without the MTP module (mtp)");
+    if (n < 1 || !from || !next_token)
+        return ds_errorf(DS_ERR_ARG, "ds_decode_mtp_chain: a pass needs at least one row, its sources and next tokens");
+    for (int i = 0; i < n; i++) {
+        int k = from[i];
+        if (k < 0 || k >= last)
+            return ds_errorf(DS_ERR_RANGE, "ds_decode_mtp_chain: row %d: source %d is outside the last MTP pass's %d rows",
+                             i, k, last);
+        if (e->mtp_pos[k] + 1 >= e->g->ctx)
+            return ds_errorf(DS_ERR_RANGE, "ds_decode_mtp_chain: row %d: position %d is past the context (%d)", i,
+                             e->mtp_pos[k] + 1, e->g->ctx);
+        if (next_token[i] < 0 || next_token[i] >= e->cfg.vocab_size)
+            return ds_errorf(DS_ERR_RANGE, "ds_decode_mtp_chain: row %d: token id %d is outside the vocabulary [0, %d)", i,
+                             next_token[i], e->cfg.vocab_size);
+        for (int j = 0; j < i; j++)
+            if (from[j] == k) return ds_errorf(DS_ERR_ARG, "ds_decode_mtp_chain: source %d is given twice", k);
+    }
+    int *sq = malloc(sizeof(int) * (size_t)n), *pos = malloc(sizeof(int) * (size_t)n);
+    ds_status s = sq && pos ? mtp_rows_room(e, n) : ds_errorf(DS_ERR_NOMEM, "out of memory");
+    for (int i = 0; !s && i < n; i++) {
+        sq[i] = e->mtp_seq[from[i]];
+        pos[i] = e->mtp_pos[from[i]] + 1;
+    }
+    /* the pass reads every source state before it writes the new ones */
+    if (!s) s = mtp_pass(e, n, next_token, sq, pos, e->mtp_state, from);
     free(sq);
     free(pos);
     return s;

@@ -499,6 +499,14 @@ static mhd_result metrics(conn_ctx *cc)
              "# TYPE dsv3_scheduler_steps_total counter\ndsv3_scheduler_steps_total %ld\n",
              m.sched_engine_s, m.sched_other_s, m.sched_steps);
     sb_adds(&b, line);
+    snprintf(line, sizeof line,
+             "# HELP dsv3_spec_draft_tokens_total Tokens the MTP module drafted (--spec), and of them those the "
+             "model accepted.\n"
+             "# TYPE dsv3_spec_draft_tokens_total counter\n"
+             "dsv3_spec_draft_tokens_total{outcome=\"drafted\"} %ld\n"
+             "dsv3_spec_draft_tokens_total{outcome=\"accepted\"} %ld\n",
+             m.spec_drafted, m.spec_accepted);
+    sb_adds(&b, line);
     hist(&b, "dsv3_time_to_first_token_seconds", "Time from a request's arrival to its first token.", m.ttft_bucket,
          m.ttft_sum, m.ttft_count);
     hist(&b, "dsv3_decode_step_seconds", "Time of one batched decode step (per-token latency).", m.step_bucket,
@@ -736,9 +744,13 @@ int srv_run(const srv_options *opt)
         extra = slot ? (int)(opt->cache_mem / slot < 4096 ? opt->cache_mem / slot : 4096) : 0;
     }
     p.n_seq = opt->parallel + extra;
+    p.mtp = opt->spec_draft > 0;
     int rc = 0;
     if (ds_engine_load(opt->ckpt, &p, &s->e)) {
         fprintf(stderr, "dsv3 serve: %s\n", ds_last_error());
+        rc = 1;
+    } else if (opt->spec_draft > 0 && !ds_engine_has_mtp(s->e)) {
+        fprintf(stderr, "dsv3 serve: --spec mtp: %s has no MTP module\n", opt->ckpt);
         rc = 1;
     } else if (!(s->tok = ds_engine_tokenizer(s->e))) {
         fprintf(stderr, "dsv3 serve: %s has no tokenizer\n", opt->ckpt);

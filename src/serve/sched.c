@@ -45,13 +45,24 @@ typedef struct {
     int *row_choice;
     ds_token_sampler **pick_smp;
     int32_t *next;
+    int *row_idx;    /* per wanted row: its index in the batch */
     float *scratch;
+    /* speculative decoding (--spec N): the MTP passes' rows (the last main
+     * pass's batch index, or the last MTP pass's row, and the next token), the
+     * choice each row drafts for (NULL: a row written for later drafts), and
+     * the prefill rows of a pass whose next tokens the prompt gives */
+    int N;
+    int *m_idx, *m_from, *pf_idx;
+    int32_t *m_tok, *pf_tok;
+    choice **m_ch, **m_chain;
+    int n_pf;
     double engine_s; /* time in the engine, this loop */
     sbuf text, content, reasoning; /* a token's pieces */
     /* metrics gathered over a step, added to s->m under s->mu at its end */
     struct {
         long ttft_bucket[12], ttft_count;
         double ttft_sum;
+        long spec_drafted, spec_accepted;
     } m;
 } sched;
 
@@ -320,6 +331,8 @@ static ds_status init_choices(sched *c, job *j)
         choice *ch = &j->ch[i];
         ch->slot = -1;
         ch->pending = -1;
+        ch->hl = -1;
+        ch->spec = c->N > 0 && j->req.n == 1 && !(j->req.temperature > 0);
         ds_sampler_params p = ds_sampler_default_params();
         p.temperature = (float)j->req.temperature;
         p.top_p = (float)j->req.top_p;
@@ -475,17 +488,128 @@ static json_t *logprob_of(sched *c, job *j, int32_t t, const float *row)
     return reply_logprob_entry(c->s->tok, t, row, c->n_vocab, j->req.top_logprobs);
 }
 
-/* Samples choice ci's next token from row (kept intact) with its slot's
- * history. Greedy without penalties the sampler would take the argmax of the
- * row as it is (drawing nothing): taken here without copying the row. */
-static int32_t sample_row(sched *c, job *j, int ci, const float *row)
+/* Samples choice ci's next token from row (kept intact) with the first n_hist
+ * tokens of its slot as history. Greedy without penalties the sampler would
+ * take the argmax of the row as it is (drawing nothing): taken here without
+ * copying the row. */
+static int32_t sample_at(sched *c, job *j, int ci, const float *row, int n_hist)
 {
     choice *ch = &j->ch[ci];
     const ds_sampler_params *p = ds_sampler_params_of(ch->smp);
     if (!(p->temperature > 0) && p->repetition_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0)
         return ds_argmax(row, c->n_vocab);
     memcpy(c->scratch, row, sizeof(float) * (size_t)c->n_vocab);
-    return ds_sampler_sample(ch->smp, c->scratch, ds_seq_tokens(c->e, ch->slot), ds_seq_len(c->e, ch->slot));
+    return ds_sampler_sample(ch->smp, c->scratch, ds_seq_tokens(c->e, ch->slot), n_hist);
+}
+
+static int32_t sample_row(sched *c, job *j, int ci, const float *row)
+{
+    return sample_at(c, j, ci, row, ds_seq_len(c->e, j->ch[ci].slot));
+}
+
+/* ---- speculative decoding (--spec N)
+ * A drafting choice's slot holds positions 0..c-1 and its next token t
+ * (pending) is chosen; the last main pass holds position c-1 at batch index hl,
+ * and before it the accepted drafts whose MTP rows are still to be written
+ * (pend). A step: one MTP pass over those rows and (hl, t), whose last row
+ * drafts d1 (the argmax); passes 2..N chain on the module's own output (dj from
+ * d[j-1]); the main pass feeds [t, d1..dN] at c..c+N; the drafts are kept while
+ * each is the main model's pick after the ones before (sample_at, with the
+ * choice's penalties), then the main model's next pick; the slot is cut back
+ * past the accepted ones. Every kept token is the main model's greedy pick
+ * after the same prefix, so the output is plain decoding's; a draft only
+ * decides how many tokens a step yields. The MTP rows of prompt positions are
+ * written after each pass that computes them, so that a prefix taken from the
+ * cache has them. Sampled and n > 1 requests decode a token a step. */
+
+/* The MTP passes of a step: every drafting choice's drafts (ch->nd, ch->d).
+ * On an error the step drafts nothing (the output does not depend on drafts). */
+static void spec_draft(sched *c)
+{
+    ds_engine *e = c->e;
+    int N = c->N, m = 0, n_ctx = ds_engine_n_ctx(e);
+    for (int k = 0; k < c->n_active; k++) {
+        job *j = c->active[k];
+        if (j->state != JOB_DECODE) continue;
+        for (int i = 0; i < j->req.n; i++) {
+            choice *ch = &j->ch[i];
+            ch->nd = 0;
+            if (ch->finish || !ch->spec || ch->hl < 0) continue;
+            /* room: the slot's end stays short of the context's last position,
+             * and every kept token within max_tokens */
+            int nd = N, room = n_ctx - 3 - ds_seq_len(e, ch->slot), left = j->max_new - ch->n_gen - 1;
+            nd = nd < room ? nd : room;
+            nd = nd < left ? nd : left;
+            for (int p = 0; p < ch->n_pend; p++, m++) {
+                c->m_idx[m] = ch->pend_idx[p];
+                c->m_tok[m] = ch->pend_tok[p];
+                c->m_ch[m] = NULL;
+            }
+            c->m_idx[m] = ch->hl;
+            c->m_tok[m] = ch->pending;
+            c->m_ch[m++] = nd > 0 ? ch : NULL;
+            ch->n_pend = 0;
+            ch->hl = -1;
+            ch->nd = nd > 0 ? nd : 0;
+        }
+    }
+    if (!m) return;
+    ds_mtp_batch b = {m, c->m_idx, c->m_tok};
+    ds_status st = ds_decode_mtp(e, &b);
+    int q = 0; /* drafting rows of the last MTP pass: m_from[i] for m_chain[i] */
+    for (int r = 0; !st && r < m; r++)
+        if (c->m_ch[r]) {
+            c->m_ch[r]->d[0] = ds_argmax(ds_mtp_logits(e, r), c->n_vocab);
+            c->m_from[q] = r;
+            c->m_chain[q++] = c->m_ch[r];
+        }
+    for (int d = 2; !st && d <= N; d++) {
+        int n = 0;
+        for (int i = 0; i < q; i++)
+            if (c->m_chain[i]->nd >= d) {
+                c->m_from[n] = c->m_from[i];
+                c->m_tok[n] = c->m_chain[i]->d[d - 2];
+                c->m_chain[n++] = c->m_chain[i];
+            }
+        if (!n) break;
+        if ((st = ds_decode_mtp_chain(e, n, c->m_from, c->m_tok))) break;
+        for (int i = 0; i < n; i++) {
+            c->m_chain[i]->d[d - 1] = ds_argmax(ds_mtp_logits(e, i), c->n_vocab);
+            c->m_from[i] = i;
+        }
+        q = n;
+    }
+    if (st) {
+        fprintf(stderr, "dsv3 serve: drafting skipped this step: %s\n", ds_last_error());
+        for (int k = 0; k < c->n_active; k++)
+            for (int i = 0; c->active[k]->state == JOB_DECODE && i < c->active[k]->req.n; i++) c->active[k]->ch[i].nd = 0;
+    }
+}
+
+/* Choice ci after the main pass fed [t, d1..dnd] from wanted row r0 on: the
+ * drafts the main model agrees with, then its own next token; the slot is cut
+ * back past them and the tokens are emitted in order. */
+static void spec_accept(sched *c, job *j, int ci, int r0)
+{
+    choice *ch = &j->ch[ci];
+    int len = ds_seq_len(c->e, ch->slot), c0 = len - ch->nd - 1, a = 0;
+    int32_t next;
+    for (;; a++) {
+        next = sample_at(c, j, ci, ds_logits(c->e, r0 + a), c0 + 1 + a);
+        if (a == ch->nd || next != ch->d[a]) break;
+    }
+    c->m.spec_drafted += ch->nd;
+    c->m.spec_accepted += a;
+    ds_seq_truncate(c->e, ch->slot, c0 + a + 1);
+    for (int i = 0; i < a; i++) {
+        ch->pend_idx[i] = ch->off + i;
+        ch->pend_tok[i] = ch->d[i];
+    }
+    ch->n_pend = a;
+    ch->hl = ch->off + a;
+    for (int i = 0; i < a && !ch->finish; i++)
+        on_token(c, j, ci, ch->d[i], logprob_of(c, j, ch->d[i], ds_logits(c->e, r0 + i)));
+    if (!ch->finish) on_token(c, j, ci, next, logprob_of(c, j, next, ds_logits(c->e, r0 + a)));
 }
 
 /* One forward pass over every running choice and a prefill chunk; returns
@@ -495,23 +619,28 @@ static bool step(sched *c)
     srv *s = c->s;
     int n = 0, rows = 0, budget = s->o.prefill_chunk;
     bool any_lp = false, any_prefill = false;
+    if (c->N) spec_draft(c);
     for (int k = 0; k < c->n_active; k++) {
         job *j = c->active[k];
         if (j->state != JOB_DECODE) continue;
         for (int i = 0; i < j->req.n; i++) {
             choice *ch = &j->ch[i];
             if (ch->finish) continue;
-            c->tok[n] = ch->pending;
-            c->seq[n] = ch->slot;
-            c->want[n] = true;
-            c->pick_smp[rows] = ch->smp;
-            c->row_job[rows] = j;
-            c->row_choice[rows++] = i;
+            ch->off = n;
+            for (int d = 0; d <= ch->nd; d++, n++, rows++) { /* t, then this step's drafts */
+                c->tok[n] = d ? ch->d[d - 1] : ch->pending;
+                c->seq[n] = ch->slot;
+                c->want[n] = true;
+                c->pick_smp[rows] = ch->smp;
+                c->row_job[rows] = j;
+                c->row_choice[rows] = d ? -2 : i; /* a draft's row: read by spec_accept */
+                c->row_idx[rows] = n;
+            }
             any_lp |= j->req.logprobs;
-            n++;
         }
     }
     int n_decode = n;
+    c->n_pf = 0;
     for (int k = 0; k < c->n_active && budget > 0; k++) {
         job *j = c->active[k];
         if (j->state != JOB_PREFILL) continue;
@@ -522,7 +651,11 @@ static bool step(sched *c)
             c->want[n] = j->n_fed + i == j->n_prompt - 1;
             if (c->want[n]) {
                 c->row_job[rows] = j;
+                c->row_idx[rows] = n;
                 c->row_choice[rows++] = -1;
+            } else if (c->N) { /* its MTP row, once the pass has its hidden state */
+                c->pf_idx[c->n_pf] = n;
+                c->pf_tok[c->n_pf++] = j->prompt[j->n_fed + i + 1];
             }
             n++;
         }
@@ -532,7 +665,13 @@ static bool step(sched *c)
     if (n == 0) return false;
     ds_batch b = {.n_tokens = n, .token = c->tok, .seq = c->seq, .logits = c->want};
     double t0 = srv_now();
-    ds_status st = !any_prefill && !any_lp ? ds_decode_pick(c->e, &b, c->pick_smp, c->next) : ds_decode(c->e, &b);
+    /* speculative decoding reads every row's logits and the hidden states a
+     * pick on the device does not keep */
+    ds_status st = !c->N && !any_prefill && !any_lp ? ds_decode_pick(c->e, &b, c->pick_smp, c->next) : ds_decode(c->e, &b);
+    if (!st && c->n_pf) { /* the prompt rows' MTP rows, before any slot is forked from them */
+        ds_mtp_batch mb = {c->n_pf, c->pf_idx, c->pf_tok};
+        if (ds_decode_mtp(c->e, &mb)) fprintf(stderr, "dsv3 serve: the MTP rows of a prompt: %s\n", ds_last_error());
+    }
     double dt = srv_now() - t0;
     c->engine_s += dt;
     if (st) { /* the slots are as they were: every job in the batch fails */
@@ -555,11 +694,17 @@ static bool step(sched *c)
     for (int r = 0; r < rows; r++) {
         job *j = c->row_job[r];
         int ci = c->row_choice[r];
+        if (ci == -2) continue; /* a draft's row */
         if (ci >= 0) {
-            if (!any_prefill && !any_lp) on_token(c, j, ci, c->next[r], NULL);
-            else {
+            choice *ch = &j->ch[ci];
+            if (ch->nd) {
+                spec_accept(c, j, ci, r);
+            } else if (!c->N && !any_prefill && !any_lp) {
+                on_token(c, j, ci, c->next[r], NULL);
+            } else {
                 const float *row = ds_logits(c->e, r);
                 int32_t t = sample_row(c, j, ci, row);
+                ch->hl = c->row_idx[r];
                 on_token(c, j, ci, t, logprob_of(c, j, t, row));
             }
             continue;
@@ -569,6 +714,7 @@ static bool step(sched *c)
             if ((st = ds_seq_fork(c->e, j->ch[i].slot, j->ch[0].slot, j->n_prompt))) break;
         const float *row = ds_logits(c->e, r);
         j->state = JOB_DECODE;
+        j->ch[0].hl = c->row_idx[r]; /* the others' slots are forks: they draft from their own rows */
         for (int i = 0; !st && i < j->req.n; i++) {
             int32_t t = sample_row(c, j, i, row);
             on_token(c, j, i, t, logprob_of(c, j, t, row));
@@ -589,6 +735,8 @@ static bool step(sched *c)
     for (int i = 0; i < 12; i++) s->m.ttft_bucket[i] += c->m.ttft_bucket[i];
     s->m.ttft_sum += c->m.ttft_sum;
     s->m.ttft_count += c->m.ttft_count;
+    s->m.spec_drafted += c->m.spec_drafted;
+    s->m.spec_accepted += c->m.spec_accepted;
     memset(&c->m, 0, sizeof c->m);
     pthread_mutex_unlock(&s->mu);
     /* resumed after the unlock, the connections do not queue on the mutex the
@@ -630,7 +778,8 @@ bool sched_main(srv *s)
 {
     bool ok = true;
     sched c = {.s = s, .e = s->e, .n_slots = ds_engine_n_seq(s->e), .n_vocab = ds_engine_n_vocab(s->e)};
-    int cap = c.n_slots + s->o.prefill_chunk + 1;
+    c.N = s->o.spec_draft;
+    int cap = c.n_slots * (c.N + 1) + s->o.prefill_chunk + 1;
     c.slots = calloc((size_t)c.n_slots, sizeof *c.slots);
     c.active = calloc((size_t)c.n_slots, sizeof *c.active);
     c.wake = calloc((size_t)c.n_slots, sizeof *c.wake);
@@ -641,9 +790,18 @@ bool sched_main(srv *s)
     c.row_choice = calloc((size_t)cap, sizeof *c.row_choice);
     c.pick_smp = calloc((size_t)cap, sizeof *c.pick_smp);
     c.next = calloc((size_t)cap, sizeof *c.next);
+    c.row_idx = calloc((size_t)cap, sizeof *c.row_idx);
+    c.m_idx = calloc((size_t)cap, sizeof *c.m_idx);
+    c.m_from = calloc((size_t)cap, sizeof *c.m_from);
+    c.pf_idx = calloc((size_t)cap, sizeof *c.pf_idx);
+    c.m_tok = calloc((size_t)cap, sizeof *c.m_tok);
+    c.pf_tok = calloc((size_t)cap, sizeof *c.pf_tok);
+    c.m_ch = calloc((size_t)cap, sizeof *c.m_ch);
+    c.m_chain = calloc((size_t)cap, sizeof *c.m_chain);
     c.scratch = calloc((size_t)c.n_vocab, sizeof *c.scratch);
     if (!c.slots || !c.active || !c.wake || !c.tok || !c.seq || !c.want || !c.row_job || !c.row_choice || !c.pick_smp ||
-        !c.next || !c.scratch) {
+        !c.next || !c.scratch || !c.row_idx || !c.m_idx || !c.m_from || !c.pf_idx || !c.m_tok || !c.pf_tok || !c.m_ch ||
+        !c.m_chain) {
         fprintf(stderr, "dsv3 serve: out of memory for the scheduler\n");
         ok = false;
     }
@@ -676,6 +834,14 @@ bool sched_main(srv *s)
     free(c.row_choice);
     free(c.pick_smp);
     free(c.next);
+    free(c.row_idx);
+    free(c.m_idx);
+    free(c.m_from);
+    free(c.pf_idx);
+    free(c.m_tok);
+    free(c.pf_tok);
+    free(c.m_ch);
+    free(c.m_chain);
     free(c.scratch);
     sb_free(&c.text);
     sb_free(&c.content);

@@ -150,6 +150,7 @@ bool prompt_opens_think(const char *text, size_t n);
 typedef struct {
     const char *ckpt, *config, *host, *api_key_file, *device, *model_name;
     int port, parallel, ctx, threads, queue, timeout_s, prefill_chunk;
+    int spec_draft;   /* speculative decoding with the MTP module: tokens drafted a step (0: off) */
     size_t max_body;
     size_t cache_mem; /* bytes of KV-cache slots kept for the prefix cache beyond --parallel */
     srv_limits limits;

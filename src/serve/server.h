@@ -33,6 +33,15 @@ typedef struct {
     json_t *tool_calls;      /* parsed at the end (not streamed) */
     int calls_sent;          /* tool calls streamed so far */
     bool role_sent;
+    /* speculative decoding (--spec): whether this choice drafts (greedy, n 1);
+     * the row of the last main pass that holds its last fed position (-1: none
+     * of its own yet), and the rows before it whose drafts were accepted, the
+     * MTP module's rows to write before the next drafts; this step's drafts and
+     * where its rows start in the main pass */
+    bool spec;
+    int hl, n_pend, nd, off;
+    int pend_idx[DS_SPEC_MAX_DRAFT];
+    int32_t pend_tok[DS_SPEC_MAX_DRAFT], d[DS_SPEC_MAX_DRAFT];
 } choice;
 
 typedef enum { JOB_QUEUED, JOB_PREFILL, JOB_DECODE, JOB_DONE } job_state;
@@ -79,6 +88,7 @@ typedef struct {
     double sched_engine_s, sched_other_s; /* the scheduler's busy time: in the engine, its own */
     long sched_steps;
     long ttft_count, step_count;
+    long spec_drafted, spec_accepted; /* speculative drafts made and accepted (--spec) */
 } srv_metrics;
 
 struct srv {

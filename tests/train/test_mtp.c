@@ -160,6 +160,44 @@ static double compare(const char *label, const float *got, const st_tensor *rt, 
     return cos_sum / rows;
 }
 
+/* ds_decode_mtp_chain: a pass continues the last MTP pass's rows one position
+ * on; sources out of range, given twice, a token outside the vocabulary or a
+ * position past the context are refused, and a refused call leaves nothing to
+ * chain from. */
+static void chain_errors(ds_engine *e)
+{
+    int32_t t[4] = {1, 5, 9, 13};
+    int idx[3] = {0, 1, 2}, V = ds_engine_n_vocab(e);
+    ds_batch b = {4, t, NULL, NULL};
+    CHECK_OK(ds_seq_truncate(e, 0, 0));
+    CHECK_OK(ds_decode(e, &b));
+    ds_mtp_batch mb = {3, idx, t + 1};
+    CHECK_OK(ds_decode_mtp(e, &mb));
+    int from[2] = {2, 0};
+    int32_t next[2] = {17, 21};
+    CHECK_OK(ds_decode_mtp_chain(e, 2, from, next));
+    CHECK(ds_n_mtp_logits(e) == 2 && ds_mtp_logits(e, 1) && !ds_mtp_logits(e, 2));
+    int bad_from[2] = {0, 2}; /* the last pass had 2 rows */
+    CHECK(ds_decode_mtp_chain(e, 2, bad_from, next) == DS_ERR_RANGE && strstr(ds_last_error(), "source 2"));
+    CHECK(ds_n_mtp_logits(e) == 0);
+    CHECK_OK(ds_decode_mtp(e, &mb));
+    int twice[2] = {1, 1};
+    CHECK(ds_decode_mtp_chain(e, 2, twice, next) == DS_ERR_ARG && strstr(ds_last_error(), "twice"));
+    CHECK_OK(ds_decode_mtp(e, &mb));
+    int32_t far[1] = {V};
+    CHECK(ds_decode_mtp_chain(e, 1, from, far) == DS_ERR_RANGE && strstr(ds_last_error(), "vocabulary"));
+    CHECK(ds_decode_mtp_chain(e, 0, from, next) == DS_ERR_ARG);
+    /* chained up to the context's end: the next position is refused */
+    CHECK_OK(ds_decode_mtp(e, &mb));
+    int zero = 0, n_ctx = ds_engine_n_ctx(e);
+    ds_status s = DS_OK;
+    int done = 0;
+    while (done <= n_ctx && !(s = ds_decode_mtp_chain(e, 1, &zero, next))) done++;
+    CHECK(s == DS_ERR_RANGE && strstr(ds_last_error(), "past the context"));
+    CHECK_MSG(done == n_ctx - 1, "%d chained rows", done); /* from position 0: rows 1 .. n_ctx - 1 */
+    CHECK_OK(ds_seq_truncate(e, 0, 0));
+}
+
 int main(void)
 {
     const char *dir = DSV3_TRAINED_DIR;
@@ -239,6 +277,7 @@ int main(void)
             free(got);
             free(got2);
         }
+        if (modes[mi].how == PREFILL && !fp8 && !strcmp(modes[mi].label, "absorb")) chain_errors(e);
         ds_engine_free(e);
     }
     st_close(ref);
