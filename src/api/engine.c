@@ -154,6 +154,9 @@ void ds_engine_free(ds_engine *e)
     ds_tokenizer_free(e->tok);
     free(e->logits);
     if (e->ops) e->ops->free(e->hidden);
+    if (e->ops) e->ops->free(e->mtp_state);
+    free(e->mtp_seq);
+    free(e->mtp_pos);
     free(e->last_seq);
     free(e->last_pos);
     free(e->last_tok);
