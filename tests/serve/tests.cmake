@@ -30,7 +30,7 @@ if(TARGET dsv3serve)
   endif()
   # End to end; under the sanitizers too (the whole serve set takes under a
   # minute there at -O2).
-  foreach(t curl openai load page spec)
+  foreach(t curl openai load page spec reasoning)
     dsv3_script_test(serve_${t} ${SERVE_TESTS}/serve_${t}.sh)
     set_tests_properties(serve_${t} PROPERTIES LABELS serve TIMEOUT 300 SKIP_RETURN_CODE 77)
   endforeach()
