@@ -49,7 +49,7 @@ extern "C" {
 
 /* The API's version: raised when a function, type or field is added or
  * changed (callers may test it with #if). */
-#define DSV3_API_VERSION 6
+#define DSV3_API_VERSION 7
 #define DSV3_VERSION "0.1.0"
 
 /* ------------------------------------------------------------------ status */
@@ -250,6 +250,9 @@ typedef struct {
      * first layer that is not finite (slow: for finding where NaNs start; API 3). */
     bool check_numerics;
     ds_dist *dist;             /* the process group (NULL: alone); each rank loads its shard */
+    /* CPU: the AVX-512 prefill GEMM even where AMX tiles could run it (the kernels
+     * are then named "cpu-avx512", not "cpu-avx512-amx"; API 7) */
+    bool no_amx;
 } ds_engine_params;
 
 DS_API ds_engine_params ds_engine_default_params(void);
@@ -510,6 +513,7 @@ typedef struct {
                               GPU: device copy bandwidth, bytes read plus written */
     double fma_gflops;     /* CPU: f32 FMA peak over all threads (0 on a GPU) */
     double bf16_gflops;    /* CPU: bf16 dot-product peak (0 without AVX512_BF16); GPU: bf16 tensor cores */
+    double amx_gflops;     /* CPU: AMX bf16 tile peak (0 where AMX does not run; API 7) */
 } ds_limits;
 
 /* Measures the limits of device ("cpu", "cuda", "auto"; ref_kernels picks the

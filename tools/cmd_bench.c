@@ -12,7 +12,9 @@
  * the head, block scales included); GB/s = bytes_per_token * tok/s, printed
  * beside the read bandwidth measured in the same run. Prefill is bounded by
  * arithmetic: GFLOP/s = 2 * active weights per token * tok/s, beside the
- * measured f32 FMA and bf16 dot-product peaks. With --device cuda the limits
+ * measured f32 FMA and bf16 dot-product peaks, and the AMX tile peak where
+ * the prefill GEMM runs on AMX (kernels "cpu-avx512-amx"; --no-amx keeps it on
+ * AVX-512). With --device cuda the limits
  * are the GPU's, measured by the CUDA backend: device copy bandwidth (bytes
  * read plus written) and the bf16 tensor-core rate.
  *
@@ -34,7 +36,7 @@
 
 #define USAGE "--ckpt-path DIR [--config FILE] [-p 64,512] [-n 32,128] [-d 0,1024,4096] [--seqs 1,8] [-t 1,2,4] [-r REPS] " \
               "[-o md|csv|json|jsonl] [--profile] " \
-              "[--device cpu|cuda|auto] [--ref-kernels] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]\n" \
+              "[--device cpu|cuda|auto] [--ref-kernels] [--no-amx] [--attn-impl absorb|naive] [--gemm-impl bf16|fp8]\n" \
               "       dsv3 bench --spec mtp [--draft LIST] ... (speculative decoding beside plain: dsv3 bench --spec mtp --help)"
 #define MAX_THREADS 1024
 #define MAX_SEQS 256
@@ -125,7 +127,7 @@ typedef struct {
     bool json;         /* a machine format (-o csv|json|jsonl) rather than the table */
     out_format fmt;
     int threads;
-    double bw, fma, bf16;
+    double bw, fma, bf16, amx; /* amx: the tile peak, 0 unless the kernels use AMX */
     const char *kernels, *dtype, *bw_what; /* what bw measures */
     json_t *common;    /* the fields every row carries: model, build, machine, date */
     json_t *rows;      /* -o json and csv: printed at the end */
@@ -222,6 +224,7 @@ static int print_row(report *r, const char *test, int np, int ng, int d, spread 
             json_object_set_new(row, "gflops", json_real(gflops)) ||
             json_object_set_new(row, "fma_peak_gflops", json_real(r->fma)) ||
             json_object_set_new(row, "bf16_peak_gflops", json_real(r->bf16)) ||
+            json_object_set_new(row, "amx_peak_gflops", json_real(r->amx)) ||
             json_object_set_new(row, "bw_beside_gbps", json_real(beside_bw)) ||
             json_object_set_new(row, "bw_beside_frac", json_real(beside_frac)) ||
             json_object_set_new(row, "experts_per_layer", json_real(x->experts)) ||
@@ -244,6 +247,7 @@ static int print_row(report *r, const char *test, int np, int ng, int d, spread 
         printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f %s peak", name, d, s.med, s.min,
                s.max, gflops, 100 * gflops / lim, lim, r->bf16 > 0 ? "bf16" : "f32 FMA");
         if (r->fma > 0 && r->bf16 > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's is its tensor cores' */
+        if (r->amx > 0) printf("; %5.1f%% of the %.0f AMX tile peak", 100 * gflops / r->amx, r->amx);
         printf("\n");
     }
     fflush(stdout);
@@ -259,8 +263,10 @@ static void print_limits(const report *r, bool cuda)
     } else {
         printf("machine, %d threads: read bandwidth %.1f GB/s (1 GiB of fresh memory or of the mapped weights, the "
                "better, best of 10); f32 FMA peak %.1f GFLOP/s", r->threads, r->bw, r->fma);
-        if (r->bf16 > 0) printf("; bf16 dot peak %.1f GFLOP/s\n", r->bf16);
-        else printf("; no bf16 dot product (AVX512_BF16) on this CPU\n");
+        if (r->bf16 > 0) printf("; bf16 dot peak %.1f GFLOP/s", r->bf16);
+        else printf("; no bf16 dot product (AVX512_BF16) on this CPU");
+        if (r->amx > 0) printf("; AMX bf16 tile peak %.1f GFLOP/s (the prefill GEMM runs on AMX)", r->amx);
+        printf("\n");
     }
     printf("%-7s %6s %9s  %-18s %s\n", "test", "depth", "tok/s", "[min, max]", "vs limit");
 }
@@ -440,7 +446,7 @@ int cmd_bench(int argc, char **argv)
     const char *device = "auto";
     int reps = 3;
     const char *ts = NULL;
-    bool json = false, ref = false, profile = false;
+    bool json = false, ref = false, profile = false, no_amx = false;
     const char *fmt = "md";
     arg_spec specs[] = {
         {"--ckpt-path", ARG_STR, &ckpt, true, "DIR  checkpoint (converted, or Hugging Face layout)"},
@@ -456,6 +462,7 @@ int cmd_bench(int argc, char **argv)
         {"--profile", ARG_BOOL, &profile, false, "     after each decode row, where a step's time goes (CPU)"},
         {"--device", ARG_STR, &device, false, "cpu|cuda|auto (default auto: CUDA when built in and a GPU is present)"},
         {"--ref-kernels", ARG_BOOL, &ref, false, "     use the scalar reference kernels"},
+        {"--no-amx", ARG_BOOL, &no_amx, false, "     CPU: the AVX-512 prefill GEMM even where AMX could run it"},
         {"--attn-impl", ARG_STR, &attn, false, "absorb|naive (default absorb)"},
         {"--gemm-impl", ARG_STR, &gemm, false, "bf16|fp8 (default bf16)"},
     };
@@ -495,6 +502,7 @@ int cmd_bench(int argc, char **argv)
     ep.no_tokenizer = true;
     ep.device = device;
     ep.ref_kernels = ref;
+    ep.no_amx = no_amx;
     ep.attention = !strcmp(attn, "naive") ? DS_ATTENTION_NAIVE : DS_ATTENTION_ABSORB;
     ep.matmul = !strcmp(gemm, "fp8") ? DS_MATMUL_FP8 : DS_MATMUL_BF16;
     ds_model_info_buf info;
@@ -558,6 +566,8 @@ int cmd_bench(int argc, char **argv)
     for (int s = 0; s < maxs; s++) b.seq[s] = s;
 
     r.kernels = ds_engine_device_name(b.e);
+    bool amx = strstr(r.kernels, "-amx") != NULL; /* the tile peak bounds the prefill GEMM */
+    r.amx = amx ? lim.amx_gflops : 0;
     r.dtype = ds_engine_weight_dtype(b.e);
     double kv_pos = (double)ds_engine_kv_bytes(b.e) / ds_engine_n_ctx(b.e); /* a position's rows, all layers */
     size_t kv_bytes = ds_engine_kv_bytes(b.e) * (size_t)maxs;               /* every sequence's cache */
@@ -585,6 +595,7 @@ int cmd_bench(int argc, char **argv)
             r.bw = fmax(lim.bandwidth_gbps, ds_engine_weights_bandwidth(b.e, 10));
             r.fma = lim.fma_gflops;
             r.bf16 = lim.bf16_gflops;
+            r.amx = amx ? lim.amx_gflops : 0;
         }
         if (!json) print_limits(&r, cuda);
         for (int di = 0; di < nd; di++) {

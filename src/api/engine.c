@@ -109,6 +109,7 @@ ds_status ds_engine_load(const char *dir, const ds_engine_params *pp, ds_engine 
     ds_backend_opts bo = backend_default_opts();
     bo.device = p.device;
     if (p.ref_kernels) bo.cpu.isa = CPU_ISA_SCALAR;
+    bo.cpu.no_amx = p.no_amx;
     if ((s = backend_open(&bo, &e->ops)) || (s = dist_attach_device(e->comm, e->ops)) ||
         (s = api_config_load(&e->cfg, dir, p.config_path)))
         goto fail;

@@ -78,6 +78,7 @@ ds_status ds_measure_limits(const char *device, bool ref_kernels, ds_dist *d, ds
     out->bandwidth_gbps = l.bandwidth_gbps;
     out->fma_gflops = l.fma_gflops;
     out->bf16_gflops = l.bf16_gflops;
+    out->amx_gflops = l.amx_gflops;
     if (d && (s = dist_agree(d, DS_OK))) return s;
     if (out->gpu) {
         backend_measure(ops, &l);

@@ -326,8 +326,8 @@ struct ds_backend {
  * pass in the expanded form (0: 384). */
 void backend_complete(ds_backend *b, const ds_ops *dev, int expand_min);
 
-/* The CPU backend. simd selects the fast kernels where the CPU has them;
- * false gives the scalar reference everywhere. */
+/* The CPU backend. simd selects the fast kernels where the CPU has them
+ * (not AMX: cpu_backend_tuned); false gives the scalar reference everywhere. */
 const ds_ops *cpu_backend(bool simd);
 
 #endif

@@ -25,6 +25,7 @@ static void cpu_measure(backend_limits *out)
     out->bandwidth_gbps = cpu_read_bandwidth((size_t)1 << 30, 10);
     out->fma_gflops = cpu_fma_peak();
     out->bf16_gflops = cpu_bf16_peak();
+    out->amx_gflops = cpu_amx_peak();
 }
 
 #ifdef DSV3_CUDA

@@ -35,6 +35,7 @@ typedef struct {
     double bandwidth_gbps; /* memory bandwidth: CPU reads of a 1 GiB buffer; GPU device-to-device copies */
     double fma_gflops;     /* float32 FMA peak (CPU only) */
     double bf16_gflops;    /* bf16 dot-product peak: the CPU's vdpbf16ps (0 without it), a GPU's tensor cores */
+    double amx_gflops;     /* the CPU's AMX bf16 tile peak (0 where AMX does not run) */
 } backend_limits;
 
 /* Measures the limits of the hardware of ops' backend (seconds of work: the

@@ -5,6 +5,7 @@
  * so the bound does not depend on cancellation. */
 #include <string.h>
 
+#include "backend/cpu/cpu_amx.h"
 #include "backend/cpu/cpu_ref.h"
 #include "backend/cpu/cpu_simd.h"
 #include "backend/cpu/quant.h"
@@ -307,6 +308,13 @@ static void check_hilo8(void)
                 free_weight(&w);
             }
     printf("avx512 gemm hilo8: worst error %.2f of its bound (case %d)\n", worst, worst_i);
+}
+
+static void gemm_amx(float *y, const float *x, int n, const ds_weight *w, int row0, int rows)
+{
+    cpu_gemm_amx = true;
+    avx512_matmul_gemm(y, x, n, w, row0, rows);
+    cpu_gemm_amx = false;
 }
 
 /* Every non-NaN e4m3 code, through the decode kernel: a (256, 1) weight of
@@ -741,6 +749,53 @@ static void check_e4m3_codes_wide(void)
     free(codes);
 }
 
+/* The GEMM on AMX tiles against the reference: the hi + lo products (the
+ * default precision, HILO8, runs as SPLIT there) within SPLIT's tolerance,
+ * BF16 precision within its own; whole matmul_many, per-head and MoE calls;
+ * and the 16B model's shapes (K = 2048, whose 4 KiB rows of pairs the A
+ * tiles' padding is for; partial token groups). Skipped where AMX cannot run. */
+static void check_amx(void)
+{
+    if (!cpu_has_amx()) {
+        printf("amx gemm: SKIPPED, no AMX here (cpuid, /proc/cpuinfo amx_bf16 or Linux's arch_prctl permission)\n");
+        return;
+    }
+    int before = t_failures, checks = t_checks;
+    cpu_gemm_prec keep = cpu_gemm_precision;
+    cpu_gemm_precision = CPU_GEMM_HILO8;
+    check_matmul("amx gemm", gemm_amx, 1e-5, 1e-5);
+    cpu_gemm_precision = CPU_GEMM_SPLIT;
+    check_matmul("amx gemm split", gemm_amx, 1e-5, 1e-5);
+    cpu_gemm_precision = CPU_GEMM_BF16;
+    check_matmul("amx gemm bf16", gemm_amx, 2.0 / 512, 2.0 / 512);
+    cpu_gemm_precision = CPU_GEMM_HILO8;
+    static const int big[][4] = {{192, 2048, 0, 192}, {1408, 2048, 64, 200}, {2048, 1408, 0, 130}};
+    static const int bn[] = {16, 130, 512};
+    for (int fi = 0; fi < 2; fi++)
+        for (int si = 0; si < 3; si++) {
+            int rows = big[si][0], K = big[si][1], row0 = big[si][2], nr = big[si][3], n = bn[si];
+            tweight w = make_weight(fi ? DS_W_BF16 : DS_W_FP8, rows, K);
+            float *x = rand_vec((size_t)n * K), *ref = out_buf((size_t)n * nr), *got = out_buf((size_t)n * nr);
+            cpu_ref_ops.matmul(ref, x, n, &w.w, row0, nr, DS_GEMM_BF16, false);
+            gemm_amx(got, x, n, &w.w, row0, nr);
+            double e = matmul_err(got, ref, x, n, &w.w, row0, nr);
+            CHECK_MSG(e <= 1e-5 && sentinels_ok(got, (size_t)n * nr), "amx gemm %s %dx%d rows [%d,+%d) n %d: error %.3g",
+                      fi ? "bf16" : "fp8", rows, K, row0, nr, n, e);
+            free(x);
+            free(ref);
+            free(got);
+            free_weight(&w);
+        }
+    cpu_gemm_amx = true;
+    check_matmul_many("amx matmul_many", avx512_matmul_many);
+    check_heads("amx", avx512_matmul_heads, avx512_matmul_heads_t);
+    check_moe_gemm("amx moe_experts", avx512_moe_experts, DS_GEMM_BF16);
+    check_moe_gemm("amx moe_experts", avx512_moe_experts, DS_GEMM_FP8);
+    cpu_gemm_amx = false;
+    cpu_gemm_precision = keep;
+    printf("amx gemm: %d checks against the reference, %d failed\n", t_checks - checks, t_failures - before);
+}
+
 int main(void)
 {
     if (cpu_has_avx2()) {
@@ -779,5 +834,6 @@ int main(void)
     check_moe_gemm("avx512 moe_experts", avx512_moe_experts, DS_GEMM_FP8);
     check_fake_quant();
     check_fp8q();
+    check_amx();
     return t_done("backend_kernels");
 }

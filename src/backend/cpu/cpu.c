@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 
 #include "backend/backend.h"
+#include "cpu_amx.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
@@ -176,14 +177,67 @@ static void fill_fast(ds_ops *t, cpu_isa isa)
     if ((g_heads_t = t->matmul_heads_t)) t->matmul_heads_t = heads_t_counted;
 }
 
-static ds_ops g_auto, g_avx2;
-static pthread_once_t g_auto_once = PTHREAD_ONCE_INIT, g_avx2_once = PTHREAD_ONCE_INIT;
+/* The AVX-512 entry points that can reach the batched GEMM, with
+ * cpu_gemm_amx set on the calling thread for the call (the GEMM reads it
+ * there before it starts its threads). */
+static void amx_matmul(float *y, const float *x, int n, const ds_weight *w, int row0, int rows, ds_gemm_impl gemm,
+                       bool ue8m0)
+{
+    bool keep = cpu_gemm_amx;
+    cpu_gemm_amx = true;
+    avx512_matmul(y, x, n, w, row0, rows, gemm, ue8m0);
+    cpu_gemm_amx = keep;
+}
+
+static void amx_matmul_many(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0)
+{
+    bool keep = cpu_gemm_amx;
+    cpu_gemm_amx = true;
+    avx512_matmul_many(jobs, n_jobs, gemm, ue8m0);
+    cpu_gemm_amx = keep;
+}
+
+static void amx_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
+                             int hstride, int rows)
+{
+    bool keep = cpu_gemm_amx;
+    cpu_gemm_amx = true;
+    avx512_matmul_heads(y, ys, x, xs, n, H, w, row0, hstride, rows);
+    cpu_gemm_amx = keep;
+}
+
+static void amx_moe_experts(float *y, const float *x, int n, int K, const int *idx, const float *wt,
+                            const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
+                            const ds_mlp_w *shared, ds_gemm_impl gemm, bool ue8m0)
+{
+    bool keep = cpu_gemm_amx;
+    cpu_gemm_amx = true;
+    avx512_moe_experts(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm, ue8m0);
+    cpu_gemm_amx = keep;
+}
+
+/* g_amx: the AVX-512 table with its GEMM on AMX tiles (filled only where
+ * cpu_has_amx()). */
+static ds_ops g_auto, g_avx2, g_amx;
+static pthread_once_t g_auto_once = PTHREAD_ONCE_INIT, g_avx2_once = PTHREAD_ONCE_INIT,
+                      g_amx_once = PTHREAD_ONCE_INIT;
 static void fill_auto(void) { fill_fast(&g_auto, CPU_ISA_AUTO); }
 static void fill_avx2(void) { fill_fast(&g_avx2, CPU_ISA_AVX2); }
 
+static void fill_amx(void)
+{
+    pthread_once(&g_auto_once, fill_auto);
+    g_amx = g_auto;
+    g_amx.name = "cpu-avx512-amx";
+    g_amx.matmul = amx_matmul;
+    g_amx.matmul_many = amx_matmul_many;
+    g_amx.matmul_heads = amx_matmul_heads;
+    g_amx.moe_experts = amx_moe_experts;
+}
+
 cpu_tuning cpu_tuning_default(void)
 {
-    return (cpu_tuning){.isa = CPU_ISA_AUTO, .gemm_precision = CPU_GEMM_HILO8, .poison_scratch = false};
+    return (cpu_tuning){.isa = CPU_ISA_AUTO, .gemm_precision = CPU_GEMM_HILO8, .poison_scratch = false, .no_amx = false};
 }
 
 const ds_ops *cpu_backend_tuned(const cpu_tuning *t)
@@ -199,6 +253,10 @@ const ds_ops *cpu_backend_tuned(const cpu_tuning *t)
         pthread_once(&g_avx2_once, fill_avx2);
         return &g_avx2;
     default:
+        if (!t->no_amx && cpu_has_amx()) {
+            pthread_once(&g_amx_once, fill_amx);
+            return &g_amx;
+        }
         pthread_once(&g_auto_once, fill_auto);
         return &g_auto;
     }

@@ -17,7 +17,8 @@
  * Prefill (many tokens): compute bound. vdpbf16ps on weights packed once per
  * matmul into k-pair panels (FP8 is exact in bf16), activations broadcast
  * as bf16 pairs, rounded or split hi+lo, or as bf16 hi plus an int8 lo
- * against an int8 copy of the panel (see cpu_gemm_precision). */
+ * against an int8 copy of the panel (see cpu_gemm_precision); where AMX is
+ * used (cpu_gemm_amx), the same panels as the B tiles of tdpbf16ps. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -26,6 +27,7 @@
 #include <string.h>
 
 #include "base/numeric.h"
+#include "cpu_amx.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 #include "quant.h"
@@ -35,6 +37,7 @@
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 cpu_gemm_prec cpu_gemm_precision = CPU_GEMM_HILO8;
+_Thread_local bool cpu_gemm_amx;
 int cpu_gemm_min_tokens = 16;
 
 /* ---- widening loads ---------------------------------------------------- */
@@ -1417,9 +1420,10 @@ AVX512 static void gemm_tiles(int T, bool split, const uint32_t *wp, const uint3
 
 /* The activations of one GEMM: xa the bf16 pairs (split: hi, lo) per token,
  * ldx uint32 apart; HILO8 also the lo bytes xl, ldl apart, and their scales
- * sl and offsets so, lds apart (gemm_acts8). */
+ * sl and offsets so, lds apart (gemm_acts8). On AMX xa holds the hi pairs
+ * alone and xb (NULL in BF16 precision) the lo pairs (amx_acts). */
 typedef struct {
-    const uint32_t *xa;
+    const uint32_t *xa, *xb;
     size_t ldx;
     const int8_t *xl;
     size_t ldl;
@@ -1477,6 +1481,128 @@ AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int
     }
 }
 
+/* ---- prefill GEMM on AMX tiles (cpu_gemm_amx) ---------------------------
+ * The packed panels above are, for each vector v of 16 rows, the B operand of
+ * tdpbf16ps: wp[p][v][16] holds pair p of those rows, so 16 pairs are a B
+ * tile of 16 rows (pairs) of 64 bytes, 256 bytes apart. The activations are
+ * A tiles of 16 tokens x 16 pairs: the bf16 hi pairs in one matrix, the lo
+ * pairs (x - hi, rounded) in another, so every step is one tdpbf16ps for hi
+ * and one for lo into the same float32 C tile: the SPLIT precision's
+ * arithmetic (cpu_gemm_precision's BF16 drops the lo products; HILO8 runs as
+ * SPLIT, which is the more accurate). A block is 16 tokens x the panel's 64
+ * rows: C in tiles 0-3, A hi in 4, lo in 5, B in 6 and 7. The C tiles go
+ * through memory into y, times the FP8 scales after each 128-column block.
+ * Token rows past n are zero (whole A tiles), as are pairs past K. */
+
+#define AMX_M 16 /* tokens per A tile */
+
+/* Row t of the hi pairs xh and (xl not NULL) the lo pairs, ldx uint32 each:
+ * token t's for t < n, zeros for padding rows t >= n; pairs past K zero. */
+AVX512 static void amx_acts(uint32_t *xh, uint32_t *xl, size_t ldx, const float *x, int K, int t, int n)
+{
+    uint32_t *oh = xh + (size_t)t * ldx, *ol = xl ? xl + (size_t)t * ldx : NULL;
+    if (t >= n) {
+        memset(oh, 0, sizeof(uint32_t) * ldx);
+        if (ol) memset(ol, 0, sizeof(uint32_t) * ldx);
+        return;
+    }
+    const float *xi = x + (size_t)t * K;
+    for (int k = 0; k < 2 * (int)ldx; k += 32) {
+        int left = K - k;
+        __m512 a = _mm512_maskz_loadu_ps(left > 0 ? mask16(left) : 0, left > 0 ? xi + k : xi);
+        __m512 b = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, left > 16 ? xi + k + 16 : xi);
+        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+        _mm512_storeu_si512(oh + k / 2, hi);
+        if (!ol) continue;
+        __m512 ra = _mm512_sub_ps(a, bf16x16_to_f32(_mm512_castsi512_si256(hi)));
+        __m512 rb = _mm512_sub_ps(b, bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1)));
+        _mm512_storeu_si512(ol + k / 2, (__m512i)_mm512_cvtne2ps_pbh(rb, ra));
+    }
+}
+
+/* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and token t's pairs,
+ * t < T <= 16: xh, xl the block's first token's hi and lo pairs (pair 0 of
+ * wp), ldx uint32 apart; pairs are taken 16 at a time (wp and the pairs are
+ * zero up to the next 16); s per row (sv, or 1 when NULL), rows masked by rm. */
+AVX512 static void amx_block(int T, const uint32_t *wp, const uint32_t *xh, const uint32_t *xl, size_t ldx, int p0,
+                             int p1, float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+{
+    long sa = (long)(sizeof(uint32_t) * ldx), sb = (long)sizeof(uint32_t) * 64;
+    AMX_TILE_ZERO(0);
+    AMX_TILE_ZERO(1);
+    AMX_TILE_ZERO(2);
+    AMX_TILE_ZERO(3);
+    for (int p = p0; p < p1; p += 16) {
+        const uint32_t *b = wp + (size_t)p * 64;
+        AMX_TILE_LOAD(4, xh + p, sa);
+        AMX_TILE_LOAD(6, b, sb);
+        AMX_TILE_LOAD(7, b + 16, sb);
+        AMX_DPBF16(0, 4, 6);
+        AMX_DPBF16(1, 4, 7);
+        if (xl) {
+            AMX_TILE_LOAD(5, xl + p, sa);
+            AMX_DPBF16(0, 5, 6);
+            AMX_DPBF16(1, 5, 7);
+        }
+        AMX_TILE_LOAD(6, b + 32, sb);
+        AMX_TILE_LOAD(7, b + 48, sb);
+        AMX_DPBF16(2, 4, 6);
+        AMX_DPBF16(3, 4, 7);
+        if (xl) {
+            AMX_DPBF16(2, 5, 6);
+            AMX_DPBF16(3, 5, 7);
+        }
+    }
+    float c[4][AMX_M][16] __attribute__((aligned(64)));
+    AMX_TILE_STORE(0, c[0], 64);
+    AMX_TILE_STORE(1, c[1], 64);
+    AMX_TILE_STORE(2, c[2], 64);
+    AMX_TILE_STORE(3, c[3], 64);
+    for (int v = 0; v < 4; v++) {
+        __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
+        for (int t = 0; t < T; t++) {
+            float *o = y + t * ldy + 16 * v;
+            __m512 a = _mm512_load_ps(c[v][t]);
+            __m512 r = add ? _mm512_fmadd_ps(a, s, _mm512_maskz_loadu_ps(rm[v], o)) : _mm512_mul_ps(a, s);
+            _mm512_mask_storeu_ps(o, rm[v], r);
+        }
+    }
+}
+
+/* gemm_panel on AMX tiles: rows [a, a+nr) relative to row0, all n tokens; wp
+ * the thread's bf16 panel; the thread's tiles are configured. */
+AVX512 static void amx_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr, const gemm_x *gx,
+                             uint32_t *wp, const gemm_rows *next)
+{
+    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    bool fp8 = w->fmt == DS_W_FP8;
+    size_t ldx = gx->ldx;
+    __mmask16 rm[4];
+    for (int v = 0; v < 4; v++) rm[v] = 16 * v < nr ? mask16(nr - 16 * v) : 0;
+    float sc[GEMM_KC / DS_BLOCK][GEMM_PANEL]; /* FP8: scale * 2^8 per block and row */
+    for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
+        int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
+        gemm_pack(wp, NULL, NULL, w, row0 + a, nr, k0, kc, next);
+        if (fp8)
+            for (int b = 0; b * DS_BLOCK < kc; b++)
+                for (int i = 0; i < GEMM_PANEL; i++)
+                    sc[b][i] = i < nr ? w->scale[(size_t)((row0 + a + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f
+                                      : 0.0f;
+        for (int t = 0; t < n; t += AMX_M) {
+            int T = MIN(AMX_M, n - t);
+            float *yt = y + (size_t)t * rows + a;
+            const uint32_t *xh = gx->xa + (size_t)t * ldx + k0 / 2, *xl = gx->xb ? gx->xb + (size_t)t * ldx + k0 / 2 : NULL;
+            if (!fp8) {
+                amx_block(T, wp, xh, xl, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
+                continue;
+            }
+            for (int b = 0; b * DS_BLOCK < kc; b++)
+                amx_block(T, wp, xh, xl, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt, (size_t)rows,
+                          sc[b], rm, k0 > 0 || b > 0);
+        }
+    }
+}
+
 /* The job of panel u (pfirst: each job's first panel). */
 static int panel_job(const int *pfirst, int u)
 {
@@ -1488,11 +1614,15 @@ static int panel_job(const int *pfirst, int u)
 /* GEMM jobs (BF16 or FP8 weights) in one parallel region: the activations of
  * each distinct input packed once (jobs that share x, as w1 and w3 do, share
  * them), then every job's panels in one dynamic loop, so that two threads
- * wait for each other once, not once a job. */
+ * wait for each other once, not once a job. On AMX the activations are rows
+ * of whole A tiles (the tokens rounded up to 16), and a row is 64 bytes
+ * longer than its pairs need, so that the 16 rows of a tile do not fall in
+ * one L1 set when the pairs are a multiple of 4 KiB. */
 AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
 {
     cpu_gemm_prec prec = cpu_gemm_precision;
-    bool split = prec == CPU_GEMM_SPLIT, h8 = prec == CPU_GEMM_HILO8;
+    bool amx = cpu_gemm_amx, amx_lo = amx && prec != CPU_GEMM_BF16;
+    bool split = !amx && prec == CPU_GEMM_SPLIT, h8 = !amx && prec == CPU_GEMM_HILO8;
     gemm_x gxs[GEMM_MAX_JOBS];
     int set[GEMM_MAX_JOBS], first[GEMM_MAX_JOBS + 1], pfirst[GEMM_MAX_JOBS + 1], ns = 0;
     size_t off[GEMM_MAX_JOBS], xbytes = 0;
@@ -1510,10 +1640,16 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
             g.ldl = (size_t)nb * DS_BLOCK;
             g.lds = ((size_t)nb + 15) / 16 * 16;
         }
+        int nx = jb->n; /* rows of activations */
         off[ns] = xbytes;
-        xbytes += (sizeof(uint32_t) * g.ldx + g.ldl + (sizeof(float) + sizeof(int32_t)) * g.lds) * (size_t)jb->n;
+        if (amx) {
+            g.ldx += 16;
+            nx = (jb->n + AMX_M - 1) / AMX_M * AMX_M;
+            xbytes += sizeof(uint32_t) * g.ldx * (size_t)nx * (amx_lo ? 2 : 1);
+        } else
+            xbytes += (sizeof(uint32_t) * g.ldx + g.ldl + (sizeof(float) + sizeof(int32_t)) * g.lds) * (size_t)jb->n;
         gxs[ns] = g;
-        first[ns + 1] = first[ns] + jb->n;
+        first[ns + 1] = first[ns] + nx;
         set[j] = ns++;
     }
     uint8_t *xbuf = cpu_scratch(3, xbytes); /* the calling thread's, shared below */
@@ -1523,8 +1659,8 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
     }
     struct { /* a distinct input's packed activations, writable */
         const float *x;
-        int K;
-        uint32_t *xa;
+        int K, n;
+        uint32_t *xa, *xb;
         float *sl;
         int32_t *so;
         int8_t *xl;
@@ -1535,7 +1671,12 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
         size_t n = (size_t)jobs[j].n;
         in[si].x = jobs[j].x;
         in[si].K = jobs[j].w->cols;
+        in[si].n = jobs[j].n;
         g->xa = in[si].xa = (uint32_t *)(xbuf + off[si]);
+        if (amx) {
+            g->xb = in[si].xb = amx_lo ? in[si].xa + g->ldx * (size_t)(first[si + 1] - first[si]) : NULL;
+            continue;
+        }
         g->sl = in[si].sl = (float *)(in[si].xa + g->ldx * n);
         g->so = in[si].so = (int32_t *)(in[si].sl + g->lds * n);
         g->xl = in[si].xl = (int8_t *)(in[si].so + g->lds * n);
@@ -1544,6 +1685,7 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
     int failed = 0, head = 0;
     #pragma omp parallel
     {
+        bool tiles = false; /* this thread's AMX tiles configured */
         uint32_t *wp = cpu_scratch(1, wbytes);
         if (!wp) {
             cpu_fail_oom("a packed weight panel", wbytes);
@@ -1560,6 +1702,10 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
                 int si = 0;
                 while (u >= first[si + 1]) si++;
                 int t = u - first[si];
+                if (amx) {
+                    amx_acts(in[si].xa, in[si].xb, gxs[si].ldx, in[si].x, in[si].K, t, in[si].n);
+                    continue;
+                }
                 gemm_acts(in[si].xa, gxs[si].ldx, in[si].x, in[si].K, t, split);
                 if (h8) gemm_acts8(in[si].xl, gxs[si].ldl, in[si].sl, in[si].so, gxs[si].lds, in[si].x, in[si].K, t);
             }
@@ -1575,10 +1721,18 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
                 const ds_matmul_job *jb = &jobs[j];
                 int a = (u - pfirst[j]) * GEMM_PANEL, an = (next - pfirst[jn]) * GEMM_PANEL;
                 gemm_rows np = {jobs[jn].w, jobs[jn].row0 + an, MIN(GEMM_PANEL, jobs[jn].rows - an)};
+                if (amx) {
+                    if (!tiles) cpu_amx_tiles_on();
+                    tiles = true;
+                    amx_panel(jb->y, jb->n, jb->w, jb->row0, jb->rows, a, MIN(GEMM_PANEL, jb->rows - a), &gxs[set[j]],
+                              wp, next < pfirst[nj] ? &np : NULL);
+                    continue;
+                }
                 gemm_panel(jb->y, jb->n, jb->w, jb->row0, jb->rows, a, MIN(GEMM_PANEL, jb->rows - a), &gxs[set[j]], wp,
                            prec, next < pfirst[nj] ? &np : NULL);
             }
         }
+        if (tiles) cpu_amx_tiles_off();
     }
 }
 

@@ -27,9 +27,13 @@ typedef struct {
     /* Scratch comes filled with NaN bytes, so that a test shows whether any reader
      * relies on what it did not write (the fast backend hands scratch out unfilled). */
     bool poison_scratch;
+    /* The AVX-512 kernels without AMX even where the CPU has it (where it is
+     * used, the prefill GEMM runs on AMX tiles and the table's name is
+     * "cpu-avx512-amx"). */
+    bool no_amx;
 } cpu_tuning;
 
-/* The defaults: CPU_ISA_AUTO, CPU_GEMM_HILO8, no poisoning. */
+/* The defaults: CPU_ISA_AUTO, CPU_GEMM_HILO8, no poisoning, AMX where the CPU has it. */
 cpu_tuning cpu_tuning_default(void);
 
 /* The CPU ops table for t (NULL: the defaults). The tables are immutable once

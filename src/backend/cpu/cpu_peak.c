@@ -4,7 +4,7 @@
  * (the sum is kept so the loads cannot be dropped); the buffer is written once
  * first so that its pages exist. Peaks: independent chains of FMAs (or
  * vdpbf16ps), more chains than the instruction's latency times its throughput,
- * timed over ~50 ms per thread. */
+ * timed over ~50 ms per thread (AMX: ~8 ms). */
 #include "cpu_peak.h"
 
 #include <immintrin.h>
@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "cpu_amx.h"
 #include "cpu_simd.h"
 
 static double now(void)
@@ -156,6 +157,42 @@ __attribute__((target("avx512f,avx512bf16"))) static double dp_bf16(long iters)
     return s;
 }
 
+/* tdpbf16ps into six C tiles (its latency is a few times its 16-cycle
+ * throughput) from one A and one B tile of small values. */
+#define AMX_CHAINS 6
+
+static double dp_amx(long iters)
+{
+    static const uint16_t one = 0x3f80, tiny = 0x3380; /* bf16 1 and 2^-24 */
+    uint16_t a[16][32] __attribute__((aligned(64))), b[16][32] __attribute__((aligned(64)));
+    float c[16][16] __attribute__((aligned(64)));
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 32; j++) {
+            a[i][j] = one;
+            b[i][j] = tiny;
+        }
+    cpu_amx_tiles_on();
+    AMX_TILE_ZERO(0);
+    AMX_TILE_ZERO(1);
+    AMX_TILE_ZERO(2);
+    AMX_TILE_ZERO(3);
+    AMX_TILE_ZERO(4);
+    AMX_TILE_ZERO(5);
+    AMX_TILE_LOAD(6, a, 64);
+    AMX_TILE_LOAD(7, b, 64);
+    for (long it = 0; it < iters; it++) {
+        AMX_DPBF16(0, 6, 7);
+        AMX_DPBF16(1, 6, 7);
+        AMX_DPBF16(2, 6, 7);
+        AMX_DPBF16(3, 6, 7);
+        AMX_DPBF16(4, 6, 7);
+        AMX_DPBF16(5, 6, 7);
+    }
+    AMX_TILE_STORE(5, c, 64);
+    cpu_amx_tiles_off();
+    return c[0][0];
+}
+
 /* Runs f on every thread; flop per iteration and chain and the chains given;
  * returns GFLOP/s. */
 static double peak(double (*f)(long), double flop_per_op, int chains)
@@ -191,4 +228,9 @@ double cpu_fma_peak(void)
 double cpu_bf16_peak(void)
 {
     return cpu_has_avx512() ? peak(dp_bf16, 64, CHAINS) : 0;
+}
+
+double cpu_amx_peak(void)
+{
+    return cpu_has_amx() ? peak(dp_amx, 16 * 16 * 32 * 2, AMX_CHAINS) : 0;
 }

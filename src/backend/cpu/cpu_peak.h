@@ -22,4 +22,9 @@ double cpu_fma_peak(void);
  * in GFLOP/s; 0 where the CPU lacks it. */
 double cpu_bf16_peak(void);
 
+/* Peak rate of AMX's bf16 tile product (tdpbf16ps: 16 x 16 x 32 products,
+ * 16384 FLOP) over all threads in GFLOP/s; 0 where AMX does not run
+ * (cpu_has_amx). */
+double cpu_amx_peak(void);
+
 #endif

@@ -31,6 +31,11 @@ bool cpu_has_avx2(void);    /* AVX2, FMA and F16C */
  * In every mode the hi products use the exact weights (BF16, or FP8 which is
  * exact in bf16). */
 extern cpu_gemm_prec cpu_gemm_precision;
+/* The batched GEMM on AMX tiles (cpu_amx.h; set only where cpu_has_amx()),
+ * for the calls the setting thread makes: the same packed weights and
+ * float32 sums, activations as hi + lo unless cpu_gemm_precision is
+ * CPU_GEMM_BF16. The AMX table (cpu_backend_tuned) sets it for its calls. */
+extern _Thread_local bool cpu_gemm_amx;
 /* Token counts from which matmul uses the batched GEMM (below: the decode kernel). */
 extern int cpu_gemm_min_tokens;
 
