@@ -7,6 +7,8 @@
  * GFLOP/s counts two per weight a token multiplies, as `dsv3 bench` does.
  * Each figure is the best of the repetitions (a shared machine takes cores
  * away for a while); the peak is measured before every case, the best kept.
+ * Where AMX runs (cpu_has_amx) every case runs twice, on the AVX-512 GEMM and
+ * then on AMX tiles, the latter also beside the AMX tile peak.
  * "% per CPU": the FLOPs per CPU second the process used against one thread's
  * peak, what the kernels reach while they run; with OMP_WAIT_POLICY=passive
  * (bench/gemm.sh sets it) waiting threads sleep and do not count, so a loaded
@@ -21,6 +23,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "backend/cpu/cpu_amx.h"
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/cpu_simd.h"
 
@@ -209,14 +212,22 @@ int main(int argc, char **argv)
     omp_set_num_threads(nt);
     printf("%s kernels, %s weights, %d tokens, %d threads; one thread's FMA peak %.1f GFLOP/s\n",
            b.avx512 ? "avx512" : "avx2", b.fmt == DS_W_FP8 ? "fp8" : "bf16", b.n, nt, peak1);
+    int amx = b.avx512 && cpu_has_amx();
+    double amx_peak = amx ? cpu_amx_peak() : 0;
+    if (amx) printf("AMX bf16 tile peak %.1f GFLOP/s: each case on AVX-512, then on AMX\n", amx_peak);
     printf("%-52s %8s %8s %7s %9s\n", "products", "ms", "GFLOP/s", "% peak", "% per CPU");
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        if (!strchr(which, "eda"[c])) continue;
-        double peak = cpu_fma_peak(), wall, cpu = 0;
-        time_case(&b, cases[c].f, reps, &wall, &cpu);
-        double g = cases[c].flop / wall / 1e9;
-        printf("%-52s %8.2f %8.1f %6.1f%% %8.1f%%   (peak %.1f)\n", cases[c].name, 1e3 * wall, g, 100 * g / peak,
-               100 * cases[c].flop / cpu / 1e9 / peak1, peak);
-    }
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+        for (int a = 0; a <= amx; a++) {
+            if (!strchr(which, "eda"[c])) continue;
+            cpu_gemm_amx = a;
+            double peak = cpu_fma_peak(), wall, cpu = 0;
+            time_case(&b, cases[c].f, reps, &wall, &cpu);
+            double g = cases[c].flop / wall / 1e9;
+            printf("%-46s %5s %8.2f %8.1f %6.1f%% %8.1f%%   (peak %.1f", cases[c].name, a ? "amx" : "", 1e3 * wall, g,
+                   100 * g / peak, 100 * cases[c].flop / cpu / 1e9 / peak1, peak);
+            if (a) printf("; %.1f%% of the AMX peak", 100 * g / amx_peak);
+            printf(")\n");
+        }
+    cpu_gemm_amx = 0;
     return 0;
 }
