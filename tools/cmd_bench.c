@@ -243,11 +243,16 @@ static int print_row(report *r, const char *test, int np, int ng, int d, spread 
         /* a token's bytes: its share of the weights the step read, and its KV rows */
         printf(" (%.1f experts a layer, KV %.1f MB)\n", x->experts, x->kv_tok / 1e6);
     } else {
+        if (r->amx > 0) { /* the prefill GEMM on AMX tiles: bounded by their peak */
+            printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f AMX tile peak (%5.1f bf16 dot, %5.1f "
+                   "f32 FMA)\n", name, d, s.med, s.min, s.max, gflops, 100 * gflops / r->amx, r->amx, r->bf16, r->fma);
+            fflush(stdout);
+            return 0;
+        }
         /* the widest dot product the device has: bf16 (AVX512_BF16, tensor cores), else f32 FMA (AVX2) */
         printf("%-7s %6d %9.2f  [%7.2f, %7.2f] %6.1f GFLOP/s  %5.1f%% of %5.1f %s peak", name, d, s.med, s.min,
                s.max, gflops, 100 * gflops / lim, lim, r->bf16 > 0 ? "bf16" : "f32 FMA");
         if (r->fma > 0 && r->bf16 > 0) printf(" (%5.1f f32 FMA)", r->fma); /* the CPU's; a GPU's is its tensor cores' */
-        if (r->amx > 0) printf("; %5.1f%% of the %.0f AMX tile peak", 100 * gflops / r->amx, r->amx);
         printf("\n");
     }
     fflush(stdout);
