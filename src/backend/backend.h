@@ -38,6 +38,36 @@ typedef struct {
 } ds_mlp_w;
 
 typedef enum { DS_GEMM_BF16, DS_GEMM_FP8 } ds_gemm_impl;
+
+/* mla_prologue's arguments (mla_prologue_attend). */
+typedef struct {
+    float *kv, *pe;
+    const int *row;
+    const float *kvx, *norm_w;
+    float eps;
+    float *qp;
+    const float *q;
+    int n, H, qk, nope, R, rope;
+    const int *pos;
+    const float *cos_tab, *sin_tab;
+} ds_mla_pro;
+
+/* A MoE layer's arguments as moe_gate and moe_experts take them (moe_normed): the gate
+ * and its routing, the experts, and the gate's outputs (idx, wt (n, K), sc (n, E)). */
+typedef struct {
+    const ds_weight *gate;
+    const float *bias;
+    int K, groups, limited_groups;
+    bool sigmoid;
+    float route_scale;
+    const ds_weight *ew1, *ew2, *ew3;
+    int e0, ne;
+    const ds_mlp_w *shared;
+    ds_gemm_impl gemm;
+    bool ue8m0;
+    int *idx;
+    float *wt, *sc;
+} ds_moe_args;
 typedef enum { DS_ATTN_ABSORB, DS_ATTN_NAIVE } ds_attn_impl;
 
 /* One MLA layer's attention problem for a set of tokens (model/forward.c has the math). */
@@ -212,6 +242,10 @@ typedef struct ds_ops {
      * matmul_heads; for long contiguous passes where attention takes head_last, the
      * expanded form of fallback.c). */
     bool (*mla_attend)(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
+    /* mla_prologue (p) then mla_attend (a, wkv_b, p->q, p->qk) as those ops, a's caches and
+     * q_pe being p's; p->qp is scratch the backend may leave unwritten. False (nothing
+     * queued): the two ops run. */
+    bool (*mla_prologue_attend)(const ds_mla_pro *p, const ds_attn_args *a, const ds_weight *wkv_b);
     /* The residual norm folded into the products that read it: matmul_many_normed is
      * matmul_many with every job's x taken as
      *   rmsnorm(h + r) * w (eps), as rmsnorm_rows computes it, not stored (jobs' x unused);
@@ -222,6 +256,12 @@ typedef struct ds_ops {
                                const float *r, const float *w, float eps);
     bool (*matmul_carry)(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0,
                          float *h);
+    /* The ffn norm folded into the MoE that reads it: h += y's old contents (the residual
+     * add), then with x = rmsnorm(h) * norm_w (eps) as rmsnorm_rows computes it, not stored,
+     * moe_gate (a's idx, wt, sc) and moe_experts into y, as those ops. h is (n, dim), dim
+     * = a->ew1[0].cols. False (nothing queued): the generic forms run (rmsnorm_rows, which
+     * adds y to h, then moe_gate and moe_experts). */
+    bool (*moe_normed)(float *y, float *h, const float *norm_w, float eps, int n, const ds_moe_args *a);
 
     /* ---- optional capabilities: they change how a pass is run or where its result
      * lands, not what it computes, so they have no generic op; the execution layer
@@ -308,6 +348,7 @@ struct ds_backend {
                          const float *norm_w, float eps, float *qp, const float *q, int n, int H, int qk, int nope,
                          int R, int rope, const int *pos, const float *cos_tab, const float *sin_tab);
     void (*mla_attend)(ds_backend *b, const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk);
+    void (*mla_prologue_attend)(ds_backend *b, const ds_mla_pro *p, const ds_attn_args *a, const ds_weight *wkv_b);
     /* r may be NULL (nothing to add). Returns whether h += r is still due: true when
      * the backend folded the norm (h untouched; pass h to matmul_carry), false when
      * the sum was made in h (rmsnorm_rows) or r was NULL. jobs' x is not read. */
@@ -316,6 +357,10 @@ struct ds_backend {
     /* h NULL: matmul(y, x, n, w, 0, w->rows) alone; else h += y's old contents first. */
     void (*matmul_carry)(ds_backend *b, float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm,
                          bool ue8m0, float *h);
+    /* x (n, dim): scratch for the generic form's normed input (a backend's fold may leave it
+     * unwritten). */
+    void (*moe_normed)(ds_backend *b, float *y, float *h, float *x, const float *norm_w, float eps, int n,
+                       const ds_moe_args *a);
     /* The first failure recorded since the last call, the generic ops' or the
      * backend's, then cleared; DS_OK if none. */
     ds_status (*status)(ds_backend *b);

@@ -1128,6 +1128,13 @@ static void test_norm_fold(void)
         test_norm_fold_case(one, 1, 1, bf);
         test_norm_fold_case(ragged, 1, 1, bf);
         test_norm_fold_case(odd, 2, 3, false);
+        if (w == DS_W_FP8) { /* the tuning's fp8_norm_fold */
+            TUNE(fp8_norm_fold, true);
+            test_norm_fold_case(qkv, 2, 1, true);
+            test_norm_fold_case(odd, 2, 1, true);
+            test_norm_fold_case(ragged, 1, 1, false);
+            TUNE_RESET(fp8_norm_fold);
+        }
     }
 }
 
@@ -1291,6 +1298,111 @@ static void test_moe_layer(void)
     test_gates();
 }
 
+/* moe_normed (the ffn norm folded into the MoE of one token: gate, moe_up, and moe_down's
+ * residual add) against the CPU reference (rmsnorm_rows, matmul + moe_route, moe_experts)
+ * and the unfused ops on the GPU: the same choices and residual sums, outputs within float
+ * rounding (the fold's norm sums in rmsnorm4_kernel's order, but the compiler may contract
+ * the gate's products differently: measured equal bit for bit with a BF16 gate, 6e-8 apart
+ * with an F32 one); declined (false, nothing queued): more tokens, BF16 experts, dim % 128,
+ * the tuning off. */
+static void test_moe_fold_case(ds_wfmt gfmt, ds_wfmt efmt, int n, int dim, int inter, int E, int K, bool shared,
+                               bool sigmoid, int groups, int limited, bool taken)
+{
+    char label[160];
+    snprintf(label, sizeof label, "moe_normed gate %s experts %s n=%d dim=%d inter=%d E=%d K=%d shared %d",
+             fmt_name(gfmt), fmt_name(efmt), n, dim, inter, E, K, shared);
+    float eps = 1e-6f;
+    size_t nd = (size_t)n * dim;
+    ds_weight gw = make_weight(gfmt, E, dim);
+    ds_weight *w1 = malloc(sizeof(ds_weight) * 3 * (size_t)E), *w2 = w1 + E, *w3 = w2 + E;
+    for (int e = 0; e < E; e++) {
+        w1[e] = make_weight(efmt, inter, dim);
+        w2[e] = make_weight(efmt, dim, inter);
+        w3[e] = make_weight(efmt, inter, dim);
+    }
+    ds_weight s1 = make_weight(efmt, 2 * inter, dim), s2 = make_weight(efmt, dim, 2 * inter),
+              s3 = make_weight(efmt, 2 * inter, dim);
+    ds_mlp_w sh = {&s1, &s2, &s3};
+    float *h = hrand(nd, 2.0f), *r = hrand(nd, 1.0f), *g = hrand((size_t)dim, 1.5f);
+    float *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
+    /* the CPU reference */
+    float *hc = malloc(sizeof(float) * nd), *xc = malloc(sizeof(float) * nd), *yc = malloc(sizeof(float) * nd);
+    float *scc = malloc(sizeof(float) * (size_t)n * E), *wtc = malloc(sizeof(float) * (size_t)n * K);
+    int *idc = malloc(sizeof(int) * (size_t)n * K);
+    memcpy(hc, h, sizeof(float) * nd);
+    C->rmsnorm_rows(xc, dim, NULL, hc, dim, r, g, n, dim, eps);
+    C->matmul(scc, xc, n, &gw, 0, E, DS_GEMM_BF16, false);
+    C->moe_route(idc, wtc, scc, bias, n, E, K, groups, limited, sigmoid, 2.5f);
+    C->moe_experts(yc, xc, n, K, idc, wtc, w1, w2, w3, 0, E, shared ? &sh : NULL, DS_GEMM_BF16, false);
+    /* the GPU: [0] unfused ops, [1] moe_normed */
+    float *gh[2], *gy[2], *gsc[2], *gwt[2], *gx = gbuf(nd), *gg = gcopy(g, (size_t)dim);
+    float *gb = bias ? gcopy(bias, (size_t)E) : NULL;
+    int *gi[2];
+    bool got = false;
+    for (int v = 0; v < 2; v++) {
+        gh[v] = gcopy(h, nd);
+        gy[v] = gcopy(r, nd);
+        gsc[v] = gbuf((size_t)n * E);
+        gwt[v] = gbuf((size_t)n * K);
+        gi[v] = G->alloc(sizeof(int) * (size_t)n * K);
+        ds_moe_args a = {.gate = &gw, .bias = gb, .K = K, .groups = groups, .limited_groups = limited,
+                         .sigmoid = sigmoid, .route_scale = 2.5f, .ew1 = w1, .ew2 = w2, .ew3 = w3, .e0 = 0, .ne = E,
+                         .shared = shared ? &sh : NULL, .gemm = DS_GEMM_BF16, .ue8m0 = false, .idx = gi[v],
+                         .wt = gwt[v], .sc = gsc[v]};
+        if (v == 1) {
+            got = G->moe_normed(gy[v], gh[v], gg, eps, n, &a);
+            G->sync();
+            if (got) break;
+        }
+        G->rmsnorm_rows(gx, dim, NULL, gh[v], dim, gy[v], gg, n, dim, eps);
+        G->moe_gate(gi[v], gwt[v], gsc[v], gx, &gw, gb, n, K, groups, limited, sigmoid, 2.5f);
+        G->moe_experts(gy[v], gx, n, K, gi[v], gwt[v], w1, w2, w3, 0, E, shared ? &sh : NULL, DS_GEMM_BF16, false);
+        G->sync();
+    }
+    CHECK_MSG(got == taken, "%s: taken %d, expected %d", label, got, taken);
+    for (int v = 0; v < 2; v++) {
+        int same = 0;
+        for (int i = 0; i < n * K; i++) same += gi[v][i] == idc[i];
+        CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ from the CPU's", label, n * K - same, n * K);
+        compare(label, gy[v], yc, nd, 1e-5);
+        compare(label, gh[v], hc, nd, 0);
+        check_guard(label, gy[v], nd);
+        check_guard(label, gh[v], nd);
+    }
+    CHECK_MSG(!memcmp(gh[0], gh[1], sizeof(float) * nd) && !memcmp(gi[0], gi[1], sizeof(int) * (size_t)n * K),
+              "%s: the fold's choices or residual sums differ from the unfused ops'", label);
+    compare(label, gy[1], gy[0], nd, 1e-6);
+    compare(label, gwt[1], gwt[0], (size_t)n * K, 1e-6);
+    for (int v = 0; v < 2; v++) {
+        G->free(gh[v]), G->free(gy[v]), G->free(gsc[v]), G->free(gwt[v]), G->free(gi[v]);
+    }
+    G->free(gx), G->free(gg), G->free(gb);
+    for (int e = 0; e < E; e++) {
+        free((void *)w1[e].data), free((void *)w1[e].scale);
+        free((void *)w2[e].data), free((void *)w2[e].scale);
+        free((void *)w3[e].data), free((void *)w3[e].scale);
+    }
+    free(w1);
+    free_weight(&s1), free_weight(&s2), free_weight(&s3), free_weight(&gw);
+    free(h), free(r), free(g), free(bias), free(hc), free(xc), free(yc), free(scc), free(wtc), free(idc);
+}
+
+static void test_moe_fold(void)
+{
+    printf("-- the ffn norm folded into the MoE of one token\n");
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, true);  /* 16B, F32 gate */
+    test_moe_fold_case(DS_W_BF16, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, true); /* BF16 gate */
+    test_moe_fold_case(DS_W_BF16, DS_W_FP8, 1, 4096, 128, 32, 8, true, true, 8, 3, true);   /* 16 chunks a lane */
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 512, 384, 17, 3, false, true, 1, 1, true);   /* no shared experts */
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 2, 2048, 256, 64, 6, true, false, 1, 1, false); /* two tokens */
+    test_moe_fold_case(DS_W_F32, DS_W_BF16, 1, 2048, 256, 64, 6, true, false, 1, 1, false);
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 640, 256, 16, 4, true, false, 1, 1, true);
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 576, 256, 16, 4, true, false, 1, 1, false); /* dim % 128 */
+    TUNE(moe_fold, false);
+    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, false);
+    TUNE_RESET(moe_fold);
+}
+
 /* Decode attention at the cache's ends: the shapes of test_decode_products at 6 mixed
  * positions, few tokens near the start (most splits empty: no po row, never read) and at
  * the end. */
@@ -1439,6 +1551,92 @@ static void test_mla_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rop
     snprintf(label, sizeof label, "mla_attend %s H=%d nope=%d vd=%d R=%d rope=%d n=%d pos0=%d", fmt_name(fmt), H, nope,
              vd, R, rope, n, pos[0]);
     mla_attend_case(label, fmt, H, nope, vd, R, rope, ctx, n, seq, pos, false, 2e-5);
+}
+
+/* mla_prologue_attend (the prologue folded into mla_attend's one-launch kernel) at one
+ * token against the CPU's prologue (rmsnorm_rows, rope_copy twice) and three attention
+ * steps, and against the GPU's two ops, whose cache rows it must equal bit for bit. */
+static void test_pro_attend(ds_wfmt fmt, int H, int nope, int vd, int R, int rope, int ctx, int pos, bool taken)
+{
+    char label[160];
+    snprintf(label, sizeof label, "mla_prologue_attend %s H=%d nope=%d vd=%d R=%d rope=%d pos=%d", fmt_name(fmt), H,
+             nope, vd, R, rope, pos);
+    int qk = nope + rope, half = rope / 2, kva = R + rope, maxpos = ctx;
+    int ids[3] = {1, pos, ctx + pos}; /* seq | pos | row: sequence 1's row of the position */
+    ds_weight w = make_weight(fmt, H * (nope + vd), R);
+    size_t rows = (size_t)2 * ctx, nq = (size_t)H * qk, ntab = (size_t)maxpos * half;
+    float *q = hrand(nq, 1.0f), *kvx = hrand((size_t)kva, 2.0f), *nw = hrand((size_t)R, 1.0f);
+    float *ct = hrand(ntab, 1.0f), *st = hrand(ntab, 1.0f), *kv = hrand(rows * R, 1.0f);
+    float *pe = hrand(rows * rope, 1.0f), *qp = malloc(sizeof(float) * (size_t)H * rope);
+    float *qc = malloc(sizeof(float) * (size_t)H * R), *o = malloc(sizeof(float) * (size_t)H * R);
+    float *ref = malloc(sizeof(float) * (size_t)H * vd);
+    float *gq = gcopy(q, nq), *gkvx = gcopy(kvx, (size_t)kva), *gnw = gcopy(nw, (size_t)R);
+    float *gct = gcopy(ct, ntab), *gst = gcopy(st, ntab);
+    int *gids = G->alloc(sizeof ids);
+    memcpy(gids, ids, sizeof ids);
+    float *gkv[2], *gpe[2], *gqp[2], *gout[2];
+    for (int v = 0; v < 2; v++) {
+        gkv[v] = gcopy(kv, rows * R), gpe[v] = gcopy(pe, rows * rope);
+        gqp[v] = gbuf((size_t)H * rope), gout[v] = gbuf((size_t)H * vd);
+    }
+    /* the CPU */
+    C->rmsnorm_rows(kv, R, ids + 2, kvx, kva, NULL, nw, 1, R, 1e-6f);
+    C->rope_copy(pe, rope, ids + 2, kvx + R, kva, 1, 1, rope, ids + 1, ct, st);
+    C->rope_copy(qp, rope, NULL, q + nope, qk, 1, H, rope, ids + 1, ct, st);
+    ds_attn_args a = {.n_tokens = 1, .seq = ids, .pos = ids + 1, .n_heads = H, .nope = nope, .rope = rope,
+                      .vdim = vd, .kv_rank = R, .softmax_scale = 0.05f, .ctx = ctx, .q_c = qc, .q_pe = qp,
+                      .kv_cache = kv, .pe_cache = pe, .out = o, .pos_bound = pos + 1};
+    C->matmul_heads_t(qc, R, q, qk, 1, H, &w, 0, nope + vd, nope);
+    C->attention(&a, DS_ATTN_ABSORB);
+    C->matmul_heads(ref, vd, o, R, 1, H, &w, nope, nope + vd, vd);
+    /* the GPU: [0] the two ops, [1] the fold */
+    bool got = false;
+    a.q_c = NULL, a.seq = gids, a.pos = gids + 1;
+    for (int v = 1; v >= 0; v--) {
+        ds_mla_pro pro = {.kv = gkv[v], .pe = gpe[v], .row = gids + 2, .kvx = gkvx, .norm_w = gnw, .eps = 1e-6f,
+                          .qp = gqp[v], .q = gq, .n = 1, .H = H, .qk = qk, .nope = nope, .R = R, .rope = rope,
+                          .pos = gids + 1, .cos_tab = gct, .sin_tab = gst};
+        a.q_pe = gqp[v], a.kv_cache = gkv[v], a.pe_cache = gpe[v], a.out = gout[v];
+        if (v == 1) {
+            got = G->mla_prologue_attend(&pro, &a, &w);
+        } else {
+            G->mla_prologue(gkv[v], gpe[v], gids + 2, gkvx, gnw, 1e-6f, gqp[v], gq, 1, H, qk, nope, R, rope, gids + 1,
+                            gct, gst);
+            CHECK_MSG(G->mla_attend(&a, &w, gq, qk), "%s: mla_attend not taken", label);
+        }
+        G->sync();
+    }
+    CHECK_MSG(got == taken, "%s: taken %d, expected %d", label, got, taken);
+    if (got) {
+        compare(label, gout[1], ref, (size_t)H * vd, 2e-5);
+        compare(label, gout[1], gout[0], (size_t)H * vd, 1e-6);
+        check_guard(label, gout[1], (size_t)H * vd);
+        CHECK_MSG(!memcmp(gkv[1], gkv[0], sizeof(float) * rows * R) &&
+                      !memcmp(gpe[1], gpe[0], sizeof(float) * rows * rope),
+                  "%s: the cache rows differ from mla_prologue's", label);
+        compare(label, gkv[1], kv, rows * R, 1e-6);
+        compare(label, gpe[1], pe, rows * rope, 1e-6);
+    }
+    for (int v = 0; v < 2; v++) G->free(gkv[v]), G->free(gpe[v]), G->free(gqp[v]), G->free(gout[v]);
+    G->free(gq), G->free(gkvx), G->free(gnw), G->free(gct), G->free(gst), G->free(gids);
+    free(q), free(kvx), free(nw), free(ct), free(st), free(kv), free(pe), free(qp), free(qc), free(o), free(ref);
+    free_weight(&w);
+}
+
+static void test_pro_attends(void)
+{
+    printf("-- mla_prologue folded into mla_attend\n");
+    int at[] = {0, 1, 7, 8, 77, 1023};
+    for (int f = DS_W_F32; f <= DS_W_FP8; f++)
+        for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+            test_pro_attend((ds_wfmt)f, 16, 128, 128, 512, 64, 1030, at[k], true); /* 16B */
+            test_pro_attend((ds_wfmt)f, 5, 24, 40, 256, 6, 1030, at[k], true);     /* rope under a warp */
+        }
+    test_pro_attend(DS_W_FP8, 8, 32, 32, 128, 32, 1030, 500, true); /* the golden tiny model */
+    test_pro_attend(DS_W_FP8, 16, 128, 128, 512, 64, 2000, 1024, false); /* past attend_max_pos */
+    TUNE(attend_pro, false);
+    test_pro_attend(DS_W_FP8, 16, 128, 128, 512, 64, 1030, 77, false);
+    TUNE_RESET(attend_pro);
 }
 
 /* Products of 2..8 tokens (on the tensor cores, gemv_mma_kernel) against the
@@ -1925,6 +2123,7 @@ int main(void)
     }
     test_moved();
     test_few_tokens();
+    test_pro_attends();
     test_moe(DS_W_BF16, 1, false, 1, DS_GEMM_BF16); /* n <= 8: grouped kernels, routing read on the device */
     test_moe(DS_W_BF16, 8, true, 4, DS_GEMM_BF16);
     test_moe(DS_W_F32, 3, false, 1, DS_GEMM_BF16);
@@ -1951,6 +2150,7 @@ int main(void)
     test_matmul_many();
     test_norm_fold();
     test_moe_layer();
+    test_moe_fold();
     test_attn_hg();
     test_expanded();
     test_attend_long();

@@ -869,6 +869,14 @@ typedef struct {
     float *out;                /* [n][H][vd] */
     int H, qk, nope, rope, vd, R, ctx;
     float scale;
+    /* mla_prologue folded in (one token; kvx NULL: none, qp is read): q_pe rotated from q by
+     * every block; the position's cache rows kv_norm(kvx[0 .. R)) * nw and rope(kvx[R ..))
+     * made in shared memory by the block that walks that position, and written to rows
+     * row[0] of kvw, pew by head 0's. cs, sn: the rope tables. */
+    const float *kvx, *nw, *cs, *sn;
+    const int *row;
+    float *kvw, *pew;
+    float eps;
 } at_p;
 
 struct at_smem {
@@ -877,6 +885,8 @@ struct at_smem {
     float bm[AT_C], bl[AT_C];          /* step 2: each block's max and sum (pushed) */
     float qc[AT_RMAX];                 /* q_c, then o_c */
     float qpe[AT_ROPE];
+    float kvc[AT_RMAX], pec[AT_ROPE];  /* the folded prologue: the position's cache rows */
+    float part[32];                    /* its norm's block sum */
     float wm[AT_WARPS], wl[AT_WARPS];  /* step 2: per-warp max and sum (then merge factors) */
     union {
         uint4 w1[AT_PRE][AT_THREADS];  /* step 1's weight chunks, each thread's own */
@@ -985,13 +995,41 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+    /* the folded prologue (p.kvx): the position's angles (pass inputs, as pos) before the
+     * wait; this block makes the position's cache rows when its warps walk that position */
+    const bool pro = p.kvx != nullptr;
+    const int half = p.rope / 2, ppos = pro ? p.pos[t] : 0;
+    const bool mine = pro && r == ppos % AT_C;
+    float ca = pro && tid < half ? p.cs[(size_t)ppos * half + tid] : 0.0f;
+    float sa = pro && tid < half ? p.sn[(size_t)ppos * half + tid] : 0.0f;
     cu_pdl_wait();
     cu_pdl_launch();
 
     /* ---- 1. partial q_c over this block's nope rows */
     const float *qn = p.q + ((size_t)t * p.H + h) * p.qk;
     /* q_pe (the prologue's) asked for now, so that its round trip overlaps q_nope's */
-    float qpe = tid < p.rope ? p.qp[((size_t)t * p.H + h) * p.rope + tid] : 0.0f;
+    float qpe = !pro && tid < p.rope ? p.qp[((size_t)t * p.H + h) * p.rope + tid] : 0.0f;
+    /* folded: q_pe's pair tid, and this block's share of the position's kvx row (the
+     * prologue's MLA_PRO_PER values a thread of 256, as mla_prologue_kernel holds them) */
+    float qx0 = 0, qx1 = 0, kx0 = 0, kx1 = 0, xv[4] = {0, 0, 0, 0}, nwv[4] = {0, 0, 0, 0};
+    static_assert(AT_THREADS == 256 && 4 * AT_THREADS >= AT_RMAX, "the folded norm sums as mla_prologue_kernel");
+    if (pro && tid < half) {
+        qx0 = qn[p.nope + 2 * tid];
+        qx1 = qn[p.nope + 2 * tid + 1];
+    }
+    if (mine) {
+        const float *xi = p.kvx + (size_t)t * (R + 2 * half);
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = tid + AT_THREADS * u;
+            xv[u] = j < R ? xi[j] : 0.0f;
+            nwv[u] = j < R ? p.nw[j] : 0.0f;
+        }
+        if (tid < half) {
+            kx0 = xi[R + 2 * tid];
+            kx1 = xi[R + 2 * tid + 1];
+        }
+    }
     float acc[E];
     #pragma unroll
     for (int e = 0; e < E; e++) acc[e] = 0;
@@ -1012,10 +1050,38 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
         #pragma unroll
         for (int e = 0; e < E; e++) acc[e] += f * wv[e];
     }
+    if (mine) { /* the position's cache rows: kv_norm and k_pe's rotation, as mla_prologue_kernel */
+        float ss = 0;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) ss += xv[u] * xv[u];
+        float rs = rsqrtf(cu_block_sum(ss, sm.part) / R + p.eps);
+        size_t rw = (size_t)p.row[t];
+        #pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = tid + AT_THREADS * u;
+            if (j >= R) break;
+            float v = xv[u] * rs * nwv[u];
+            sm.kvc[j] = v;
+            if (h == 0) p.kvw[rw * R + j] = v;
+        }
+        if (tid < half) {
+            float a0 = kx0 * ca - kx1 * sa, a1 = kx0 * sa + kx1 * ca;
+            sm.pec[2 * tid] = a0;
+            sm.pec[2 * tid + 1] = a1;
+            if (h == 0) {
+                p.pew[rw * 2 * half + 2 * tid] = a0;
+                p.pew[rw * 2 * half + 2 * tid + 1] = a1;
+            }
+        }
+    }
     __syncthreads(); /* red overlays the step-1 chunks */
     #pragma unroll
     for (int e = 0; e < E; e++) sm.red[g * R + c1 * E + e] = acc[e];
-    if (tid < p.rope) sm.qpe[tid] = qpe;
+    if (!pro && tid < p.rope) sm.qpe[tid] = qpe;
+    if (pro && tid < half) {
+        sm.qpe[2 * tid] = qx0 * ca - qx1 * sa;
+        sm.qpe[2 * tid + 1] = qx0 * sa + qx1 * ca;
+    }
     __syncthreads();
     /* pushed into every block of the cluster (stores do not wait for an answer; the
      * barrier's release makes them visible): after it each block sums from its own
@@ -1046,21 +1112,24 @@ __global__ void __launch_bounds__(AT_THREADS, 2) mla_attend_kernel(at_p p)
     float m = -INFINITY, l = 0, o[PER], cur[PER], nxt[PER], ce0 = 0, ce1 = 0, ne0 = 0, ne1 = 0;
     #pragma unroll
     for (int u = 0; u < PER; u++) o[u] = cur[u] = nxt[u] = 0;
-    const int step = AT_C * AT_WARPS;
+    const int step = AT_C * AT_WARPS, jc = pro ? len - 1 : -1; /* jc: the position made here */
     int j = r + AT_C * warp;
     if (j < len) { /* one row ahead of the one in use */
+        const float *kr = j == jc ? sm.kvc : kv + (size_t)j * R, *pr = j == jc ? sm.pec : pe + (size_t)j * p.rope;
         #pragma unroll
-        for (int u = 0; u < PER; u++) cur[u] = kv[(size_t)j * R + lane + 32 * u];
-        if (e0) ce0 = pe[(size_t)j * p.rope + lane];
-        if (e1) ce1 = pe[(size_t)j * p.rope + lane + 32];
+        for (int u = 0; u < PER; u++) cur[u] = kr[lane + 32 * u];
+        if (e0) ce0 = pr[lane];
+        if (e1) ce1 = pr[lane + 32];
     }
     for (; j < len; j += step) {
         int jn = j + step;
         if (jn < len) {
+            const float *kr = jn == jc ? sm.kvc : kv + (size_t)jn * R;
+            const float *pr = jn == jc ? sm.pec : pe + (size_t)jn * p.rope;
             #pragma unroll
-            for (int u = 0; u < PER; u++) nxt[u] = kv[(size_t)jn * R + lane + 32 * u];
-            if (e0) ne0 = pe[(size_t)jn * p.rope + lane];
-            if (e1) ne1 = pe[(size_t)jn * p.rope + lane + 32];
+            for (int u = 0; u < PER; u++) nxt[u] = kr[lane + 32 * u];
+            if (e0) ne0 = pr[lane];
+            if (e1) ne1 = pr[lane + 32];
         }
         float a = qe0 * ce0 + qe1 * ce1;
         #pragma unroll
@@ -1313,6 +1382,9 @@ static bool attend_long(const ds_attn_args *a, const ds_weight *wkv_b, const flo
     return true;
 }
 
+/* The one-launch kernel on a (pro: with mla_prologue folded in, one token, device memory). */
+static void attend_short(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk, const ds_mla_pro *pro);
+
 bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk)
 {
     int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
@@ -1327,6 +1399,37 @@ bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q
      * taken, 0 never) and for few tokens (attend_max_tokens: the most); else the long form */
     bool deep = cu_tune.attend_max_pos <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_tune.attend_max_pos;
     if (deep || n > cu_tune.attend_max_tokens) return deep && attend_long(a, wkv_b, q, qk);
+    attend_short(a, wkv_b, q, qk, NULL);
+    return true;
+}
+
+/* mla_prologue_attend: taken where mla_attend takes the one-launch kernel at one token
+ * with rope pairs, everything in device memory. The prologue's launch goes: every block
+ * rotates its head's q_pe itself, and the block that walks the step's position makes that
+ * row from kvx (the same floats mla_prologue_kernel makes) instead of reading the cache. */
+bool cu_mla_prologue_attend(const ds_mla_pro *pro, const ds_attn_args *a, const ds_weight *wkv_b)
+{
+    int H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
+    if (!cu_tune.attend_pro || pro->n != 1 || a->n_tokens != 1 || cu_tune.attend_max_tokens < 1 || rp <= 0 ||
+        rp % 2 || rp > AT_ROPE || pro->rope != rp || pro->R != R || pro->H != H || pro->nope != nope ||
+        pro->kv != a->kv_cache || pro->pe != a->pe_cache || pro->qp != a->q_pe || H <= 0 || H > 65535 / AT_C ||
+        !(R == 128 || R == 256 || R == 512) || vd <= 0 || nope <= 0 || pro->qk < nope + rp ||
+        wkv_b->cols != R || wkv_b->rows < H * (nope + vd) ||
+        !(wkv_b->fmt == DS_W_FP8 || wkv_b->fmt == DS_W_BF16 || wkv_b->fmt == DS_W_F32) ||
+        cu_tune.attend_max_pos <= 0 || a->pos_bound <= 0 || a->pos_bound > cu_tune.attend_max_pos ||
+        (a->contiguous && cu_tune.expand_min != 0 && abs(cu_tune.expand_min) <= 1))
+        return false;
+    const void *dev[] = {pro->kv, pro->pe, pro->row, pro->kvx, pro->norm_w, pro->q, pro->pos, pro->cos_tab,
+                         pro->sin_tab, a->seq, a->pos, a->out};
+    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
+        if (!cu_device_readable(dev[i])) return false;
+    attend_short(a, wkv_b, pro->q, pro->qk, pro);
+    return true;
+}
+
+static void attend_short(const ds_attn_args *a, const ds_weight *wkv_b, const float *q, int qk, const ds_mla_pro *pro)
+{
+    int n = a->n_tokens, H = a->n_heads, R = a->kv_rank, nope = a->nope, vd = a->vdim, rp = a->rope;
     int nseq = 1; /* sizes the staging of host caches (tests) */
     if (!cu_device_readable(a->seq))
         for (int t = 0; t < n; t++) nseq = a->seq[t] + 1 > nseq ? a->seq[t] + 1 : nseq;
@@ -1335,7 +1438,7 @@ bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q
     cu_weight dw;
     at_p p = {};
     p.q = (const float *)cu_in(&io, q, sizeof(float) * th * qk);
-    p.qp = (const float *)cu_in(&io, a->q_pe, sizeof(float) * th * rp);
+    p.qp = pro ? NULL : (const float *)cu_in(&io, a->q_pe, sizeof(float) * th * rp);
     p.kv = (const float *)cu_in(&io, a->kv_cache, sizeof(float) * rows * R);
     p.pe = (const float *)cu_in(&io, a->pe_cache, sizeof(float) * rows * rp);
     p.seq = (const int *)cu_in(&io, a->seq, sizeof(int) * (size_t)n);
@@ -1349,7 +1452,17 @@ bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q
     p.R = R;
     p.ctx = a->ctx;
     p.scale = a->softmax_scale;
-    if (p.q && (p.qp || rp == 0) && p.kv && (p.pe || rp == 0) && p.seq && p.pos && p.out && cu_weight_get(wkv_b, &dw)) {
+    if (pro) {
+        p.kvx = pro->kvx;
+        p.nw = pro->norm_w;
+        p.cs = pro->cos_tab;
+        p.sn = pro->sin_tab;
+        p.row = pro->row;
+        p.kvw = pro->kv;
+        p.pew = pro->pe;
+        p.eps = pro->eps;
+    }
+    if (p.q && (p.qp || rp == 0 || pro) && p.kv && (p.pe || rp == 0) && p.seq && p.pos && p.out && cu_weight_get(wkv_b, &dw)) {
         p.w = dw.data;
         p.ws = dw.scale;
         dim3 grid((unsigned)(H * AT_C), (unsigned)n);
@@ -1358,5 +1471,4 @@ bool cu_mla_attend(const ds_attn_args *a, const ds_weight *wkv_b, const float *q
         else launch_attend<DS_W_F32>(grid, p);
     }
     cu_end(&io, "mla_attend");
-    return true;
 }

@@ -22,12 +22,15 @@ extern "C" cuda_tuning cuda_tuning_default(void)
     t.grouped_wgmma = true;
     t.fp8_mma = true;
     t.fp8_wgmma = true;
+    t.fp8_norm_fold = false;
+    t.moe_fold = true;
     t.attn_tc = true;
     t.tc_tiles = 0;
     t.attend_max_pos = 1024;
     t.attend_max_tokens = 1;
     t.attend_long = 1;
     t.attend_cluster = 8;
+    t.attend_pro = true;
     t.expand_min = 16;
     t.flash = 3;
     t.flash_kc = 4;
@@ -120,11 +123,13 @@ extern "C" const ds_ops *cuda_backend(void)
         OP(moe_route, cu_moe_route);
         OP(moe_gate, cu_moe_gate);
         OP(moe_experts, cu_moe_experts);
+        OP(moe_normed, cu_moe_normed);
         OP(upload_weight, cu_upload_weight);
         OP(rmsnorm_rows, cu_rmsnorm_rows);
         OP(rope_copy, cu_rope_copy);
         OP(mla_prologue, cu_mla_prologue);
         OP(mla_attend, cu_mla_attend);
+        OP(mla_prologue_attend, cu_mla_prologue_attend);
         /* one pass up to 8192 tokens: on the H200 (16B, FP8) a 4761-token prompt prefilled
          * at 17.2k tok/s in one pass, 15.0k in passes of 2048, 13.0-13.8k in 1024 */
         g_ops.prefill_tokens = 8192;

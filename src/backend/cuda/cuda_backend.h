@@ -86,6 +86,13 @@ typedef struct cuda_tuning {
                          * that take the shapes the tensor-core kernels refuse */
     bool fp8_wgmma;     /* true (default): those FP8 products on wgmma (gwq_kernel) where the
                          * device runs sm_90a code; false: mma.sync (gq_kernel) */
+    bool fp8_norm_fold; /* false (default): the attention norm is folded into the q / kv_a
+                         * products of one token (matmul_many_normed) with BF16 weights only;
+                         * true: with FP8 weights too */
+    bool moe_fold;      /* true (default): a MoE layer of one token with FP8 experts folds the
+                         * ffn norm into its gate and moe_up and the residual add into moe_down
+                         * (ds_ops.moe_normed), one launch fewer a layer; false: rmsnorm_rows
+                         * first, as every other shape */
     /* ---- decode attention */
     bool attn_tc;          /* true (default): the absorb form on the tensor cores
                             * (attn_tc_kernel) where its shapes fit; false: attn_hg_kernel
@@ -101,6 +108,9 @@ typedef struct cuda_tuning {
                             * the long form: q_c, attn_tc_kernel's splits, one cluster launch
                             * merging them and applying W_v. Default 1 */
     int attend_cluster;    /* blocks per cluster of that merge: 2, 4 or 8 (default) */
+    bool attend_pro;       /* true (default): the one-launch kernel of one token also makes
+                            * mla_prologue's outputs itself (ds_ops.mla_prologue_attend), one
+                            * launch fewer a layer; false: mla_prologue's launch first */
     /* ---- prefill attention */
     int expand_min;  /* mla_attend takes contiguous passes of at least this many tokens (and
                       * 16) in the expanded (MHA) form where it counts fewer multiply-adds;
