@@ -52,22 +52,6 @@ typedef struct {
     const float *cos_tab, *sin_tab;
 } ds_mla_pro;
 
-/* A MoE layer's arguments as moe_gate and moe_experts take them (moe_normed): the gate
- * and its routing, the experts, and the gate's outputs (idx, wt (n, K), sc (n, E)). */
-typedef struct {
-    const ds_weight *gate;
-    const float *bias;
-    int K, groups, limited_groups;
-    bool sigmoid;
-    float route_scale;
-    const ds_weight *ew1, *ew2, *ew3;
-    int e0, ne;
-    const ds_mlp_w *shared;
-    ds_gemm_impl gemm;
-    bool ue8m0;
-    int *idx;
-    float *wt, *sc;
-} ds_moe_args;
 typedef enum { DS_ATTN_ABSORB, DS_ATTN_NAIVE } ds_attn_impl;
 
 /* One MLA layer's attention problem for a set of tokens (model/forward.c has the math). */
@@ -256,12 +240,6 @@ typedef struct ds_ops {
                                const float *r, const float *w, float eps);
     bool (*matmul_carry)(float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm, bool ue8m0,
                          float *h);
-    /* The ffn norm folded into the MoE that reads it: h += y's old contents (the residual
-     * add), then with x = rmsnorm(h) * norm_w (eps) as rmsnorm_rows computes it, not stored,
-     * moe_gate (a's idx, wt, sc) and moe_experts into y, as those ops. h is (n, dim), dim
-     * = a->ew1[0].cols. False (nothing queued): the generic forms run (rmsnorm_rows, which
-     * adds y to h, then moe_gate and moe_experts). */
-    bool (*moe_normed)(float *y, float *h, const float *norm_w, float eps, int n, const ds_moe_args *a);
 
     /* ---- optional capabilities: they change how a pass is run or where its result
      * lands, not what it computes, so they have no generic op; the execution layer
@@ -357,10 +335,6 @@ struct ds_backend {
     /* h NULL: matmul(y, x, n, w, 0, w->rows) alone; else h += y's old contents first. */
     void (*matmul_carry)(ds_backend *b, float *y, const float *x, int n, const ds_weight *w, ds_gemm_impl gemm,
                          bool ue8m0, float *h);
-    /* x (n, dim): scratch for the generic form's normed input (a backend's fold may leave it
-     * unwritten). */
-    void (*moe_normed)(ds_backend *b, float *y, float *h, float *x, const float *norm_w, float eps, int n,
-                       const ds_moe_args *a);
     /* The first failure recorded since the last call, the generic ops' or the
      * backend's, then cleared; DS_OK if none. */
     ds_status (*status)(ds_backend *b);

@@ -451,18 +451,6 @@ static void gen_mla_prologue_attend(ds_backend *b, const ds_mla_pro *p, const ds
     b->mla_attend(b, a, wkv_b, p->q, p->qk);
 }
 
-static void gen_moe_normed(ds_backend *b, float *y, float *h, float *x, const float *norm_w, float eps, int n,
-                           const ds_moe_args *a)
-{
-    if (b->dev->moe_normed && b->dev->moe_normed(y, h, norm_w, eps, n, a)) return;
-    int dim = a->ew1[0].cols;
-    b->rmsnorm_rows(b, x, dim, NULL, h, dim, y, norm_w, n, dim, eps); /* h += y; x = norm(h) */
-    b->moe_gate(b, a->idx, a->wt, a->sc, x, a->gate, a->bias, n, a->K, a->groups, a->limited_groups, a->sigmoid,
-                a->route_scale);
-    b->moe_experts(b, y, x, n, a->K, a->idx, a->wt, a->ew1, a->ew2, a->ew3, a->e0, a->ne, a->shared, a->gemm,
-                   a->ue8m0);
-}
-
 static ds_status gen_status(ds_backend *b)
 {
     ds_status d = b->dev->status ? b->dev->status() : DS_OK, s = b->err;
@@ -501,11 +489,10 @@ void backend_complete(ds_backend *b, const ds_ops *dev, int expand_min)
         .rmsnorm_rows = dev->rmsnorm_rows ? dev_rmsnorm_rows : gen_rmsnorm_rows,
         .rope_copy = dev->rope_copy ? dev_rope_copy : gen_rope_copy,
         .mla_prologue = dev->mla_prologue ? dev_mla_prologue : gen_mla_prologue,
-        /* the five a backend may decline call it first */
+        /* the four a backend may decline call it first */
         .mla_attend = gen_mla_attend,
         .matmul_many_normed = gen_matmul_many_normed,
         .matmul_carry = gen_matmul_carry,
-        .moe_normed = gen_moe_normed,
         .mla_prologue_attend = gen_mla_prologue_attend,
         .status = gen_status,
     };

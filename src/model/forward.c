@@ -176,13 +176,19 @@ static ds_status mlp(ds_model *m, const ds_layer *l, const float *x, int n, floa
     return all_reduce(m, y, (size_t)n * m->cfg.dim);
 }
 
-/* MoE.forward on x = ffn_norm(h + d): d = sum_k wt[k] experts[idx[k]](x) + shared_experts(x),
- * and h += d's old value first, x (n, dim) the generic form's scratch. Gate.forward picks idx
- * and wt: scores = x gate^T (n, n_routed_experts), softmax or sigmoid; the bias (V3) steers
- * which experts are chosen, not their weights; top n_limited_groups of n_expert_groups, then
- * top-k -> idx (n, K) expert ids, wt (n, K) weights * route_scale. A rank runs its own
- * experts and its slice of the shared ones: one all-reduce sums both. */
-static ds_status moe(ds_model *m, const ds_layer *l, stream *st, float *x, int n)
+/* Gate.forward: scores = x gate^T (n, n_routed_experts), softmax or sigmoid; the
+ * bias (V3) steers which experts are chosen, not their weights; top n_limited_groups
+ * of n_expert_groups, then top-k -> idx (n, K) expert ids, wt (n, K) weights * route_scale. */
+static void gate(ds_model *m, const ds_layer *l, const float *x, int n, int *idx, float *wt, float *scores)
+{
+    const ds_config *c = &m->cfg;
+    m->be.moe_gate(&m->be, idx, wt, scores, x, &l->gate, l->gate_bias, n, c->n_activated_experts,
+                   c->n_expert_groups, c->n_limited_groups, c->score_func == DS_SCORE_SIGMOID, (float)c->route_scale);
+}
+
+/* MoE.forward: y = sum_k wt[k] experts[idx[k]](x) + shared_experts(x), x (n, dim) -> y (n, dim).
+ * A rank runs its own experts and its slice of the shared ones: one all-reduce sums both. */
+static ds_status moe(ds_model *m, const ds_layer *l, const float *x, int n, float *y)
 {
     const ds_config *c = &m->cfg;
     int K = c->n_activated_experts;
@@ -191,17 +197,12 @@ static ds_status moe(ds_model *m, const ds_layer *l, stream *st, float *x, int n
                        (size_t[]){(size_t)n * c->n_routed_experts, (size_t)n * K, (size_t)n * K});
     if (s) return s;
     _Static_assert(sizeof(int) == sizeof(float), "idx: (n, K) ints in a buffer of as many floats");
+    gate(m, l, x, n, (int *)idx, wt, scores);
     ds_mlp_w shared = {&l->sw1, &l->sw2, &l->sw3};
-    ds_moe_args a = {
-        .gate = &l->gate, .bias = l->gate_bias, .K = K, .groups = c->n_expert_groups,
-        .limited_groups = c->n_limited_groups, .sigmoid = c->score_func == DS_SCORE_SIGMOID,
-        .route_scale = (float)c->route_scale, .ew1 = l->ew1, .ew2 = l->ew2, .ew3 = l->ew3, .e0 = m->expert0,
-        .ne = m->n_local_experts, .shared = l->sw1.data ? &shared : NULL, .gemm = m->opt.gemm,
-        .ue8m0 = c->scale_ue8m0, .idx = (int *)idx, .wt = wt, .sc = scores,
-    };
-    m->be.moe_normed(&m->be, st->d, st->h, x, l->ffn_norm, EPS, n, &a);
+    m->be.moe_experts(&m->be, y, x, n, K, (int *)idx, wt, l->ew1, l->ew2, l->ew3, m->expert0, m->n_local_experts,
+                      l->sw1.data ? &shared : NULL, m->opt.gemm, c->scale_ue8m0);
     give(m, 3, (float *[]){scores, wt, idx});
-    return all_reduce(m, st->d, (size_t)n * c->dim);
+    return all_reduce(m, y, (size_t)n * c->dim);
 }
 
 /* Block.forward:  x = x + attn(attn_norm(x));  x = x + ffn(ffn_norm(x)),
@@ -210,11 +211,10 @@ static ds_status block(ds_model *m, ds_kvcache *kv, int li, const fwd_batch *b, 
 {
     const ds_layer *l = &m->layers[li];
     int n = b->n, dim = m->cfg.dim;
-    ds_status s = mla(m, kv, li, b, st); /* d = attn(...) */
+    ds_status s = mla(m, kv, li, b, st);                                                  /* d = attn(...) */
     if (s) return s;
-    if (l->moe) return moe(m, l, st, x, n); /* h += d; d = moe(ffn_norm(h)) */
     m->be.rmsnorm_rows(&m->be, x, dim, NULL, st->h, dim, st->d, l->ffn_norm, n, dim, EPS); /* h += d; x = ffn_norm(h) */
-    return mlp(m, l, x, n, st->d);                                                         /* d = ffn(x) */
+    return l->moe ? moe(m, l, x, n, st->d) : mlp(m, l, x, n, st->d);                      /* d = ffn(x) */
 }
 
 /* check_numerics: the first non-finite value of the stream h + d after layer li. */

@@ -109,12 +109,6 @@ static void counting_moe_experts(float *y, const float *x, int n, int K, const i
     g_dev->moe_experts(y, x, n, K, idx, wt, ew1, ew2, ew3, e0, ne, shared, gemm, ue8m0);
 }
 
-/* moe_normed declined while counting, so that the MoE runs through moe_experts above. */
-static bool counting_moe_normed(float *y, float *h, const float *norm_w, float eps, int n, const ds_moe_args *a)
-{
-    return !g_count_on && g_dev->moe_normed && g_dev->moe_normed(y, h, norm_w, eps, n, a);
-}
-
 static int cmp(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -238,7 +232,7 @@ static const struct {
     TUNE_FIELD(attend_max_pos, false), TUNE_FIELD(attend_max_tokens, false), TUNE_FIELD(attend_long, false),
     TUNE_FIELD(attend_cluster, false), TUNE_FIELD(expand_min, false),    TUNE_FIELD(flash, false),
     TUNE_FIELD(flash_kc, false),       TUNE_FIELD(dense_chunk, false),   TUNE_FIELD(scratch_fill, false),
-    TUNE_FIELD(fp8_norm_fold, true),   TUNE_FIELD(moe_fold, true),        TUNE_FIELD(attend_pro, true),
+    TUNE_FIELD(attend_pro, true),
 };
 
 /* t with spec's "field=value,field=value" applied (cuda_tuning's field names); false on a
@@ -346,7 +340,6 @@ int main(int argc, char **argv)
     g_dev = ops;
     g_counting = *ops;
     g_counting.moe_experts = counting_moe_experts;
-    g_counting.moe_normed = counting_moe_normed;
     double bw = cuda_measure_copy_bandwidth(), tc = cuda_measure_bf16_tc_peak();
     double tc8 = cuda_measure_fp8_tc_peak();
     printf("ceilings: device-to-device copy %.0f GB/s (read + write), bf16 GEMM %.0f TFLOP/s, fp8 GEMM %.0f TFLOP/s "

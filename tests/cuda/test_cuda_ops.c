@@ -1128,13 +1128,6 @@ static void test_norm_fold(void)
         test_norm_fold_case(one, 1, 1, bf);
         test_norm_fold_case(ragged, 1, 1, bf);
         test_norm_fold_case(odd, 2, 3, false);
-        if (w == DS_W_FP8) { /* the tuning's fp8_norm_fold */
-            TUNE(fp8_norm_fold, true);
-            test_norm_fold_case(qkv, 2, 1, true);
-            test_norm_fold_case(odd, 2, 1, true);
-            test_norm_fold_case(ragged, 1, 1, false);
-            TUNE_RESET(fp8_norm_fold);
-        }
     }
 }
 
@@ -1296,111 +1289,6 @@ static void test_moe_layer(void)
     test_moe_shape(DS_W_FP8, 70, false, 1, DS_GEMM_BF16, 256, 128);
     g_moe_E = 16, g_moe_K = 4, g_moe_e0 = 3, g_moe_ne = 10;
     test_gates();
-}
-
-/* moe_normed (the ffn norm folded into the MoE of one token: gate, moe_up, and moe_down's
- * residual add) against the CPU reference (rmsnorm_rows, matmul + moe_route, moe_experts)
- * and the unfused ops on the GPU: the same choices and residual sums, outputs within float
- * rounding (the fold's norm sums in rmsnorm4_kernel's order, but the compiler may contract
- * the gate's products differently: measured equal bit for bit with a BF16 gate, 6e-8 apart
- * with an F32 one); declined (false, nothing queued): more tokens, BF16 experts, dim % 128,
- * the tuning off. */
-static void test_moe_fold_case(ds_wfmt gfmt, ds_wfmt efmt, int n, int dim, int inter, int E, int K, bool shared,
-                               bool sigmoid, int groups, int limited, bool taken)
-{
-    char label[160];
-    snprintf(label, sizeof label, "moe_normed gate %s experts %s n=%d dim=%d inter=%d E=%d K=%d shared %d",
-             fmt_name(gfmt), fmt_name(efmt), n, dim, inter, E, K, shared);
-    float eps = 1e-6f;
-    size_t nd = (size_t)n * dim;
-    ds_weight gw = make_weight(gfmt, E, dim);
-    ds_weight *w1 = malloc(sizeof(ds_weight) * 3 * (size_t)E), *w2 = w1 + E, *w3 = w2 + E;
-    for (int e = 0; e < E; e++) {
-        w1[e] = make_weight(efmt, inter, dim);
-        w2[e] = make_weight(efmt, dim, inter);
-        w3[e] = make_weight(efmt, inter, dim);
-    }
-    ds_weight s1 = make_weight(efmt, 2 * inter, dim), s2 = make_weight(efmt, dim, 2 * inter),
-              s3 = make_weight(efmt, 2 * inter, dim);
-    ds_mlp_w sh = {&s1, &s2, &s3};
-    float *h = hrand(nd, 2.0f), *r = hrand(nd, 1.0f), *g = hrand((size_t)dim, 1.5f);
-    float *bias = sigmoid ? hrand((size_t)E, 0.1f) : NULL;
-    /* the CPU reference */
-    float *hc = malloc(sizeof(float) * nd), *xc = malloc(sizeof(float) * nd), *yc = malloc(sizeof(float) * nd);
-    float *scc = malloc(sizeof(float) * (size_t)n * E), *wtc = malloc(sizeof(float) * (size_t)n * K);
-    int *idc = malloc(sizeof(int) * (size_t)n * K);
-    memcpy(hc, h, sizeof(float) * nd);
-    C->rmsnorm_rows(xc, dim, NULL, hc, dim, r, g, n, dim, eps);
-    C->matmul(scc, xc, n, &gw, 0, E, DS_GEMM_BF16, false);
-    C->moe_route(idc, wtc, scc, bias, n, E, K, groups, limited, sigmoid, 2.5f);
-    C->moe_experts(yc, xc, n, K, idc, wtc, w1, w2, w3, 0, E, shared ? &sh : NULL, DS_GEMM_BF16, false);
-    /* the GPU: [0] unfused ops, [1] moe_normed */
-    float *gh[2], *gy[2], *gsc[2], *gwt[2], *gx = gbuf(nd), *gg = gcopy(g, (size_t)dim);
-    float *gb = bias ? gcopy(bias, (size_t)E) : NULL;
-    int *gi[2];
-    bool got = false;
-    for (int v = 0; v < 2; v++) {
-        gh[v] = gcopy(h, nd);
-        gy[v] = gcopy(r, nd);
-        gsc[v] = gbuf((size_t)n * E);
-        gwt[v] = gbuf((size_t)n * K);
-        gi[v] = G->alloc(sizeof(int) * (size_t)n * K);
-        ds_moe_args a = {.gate = &gw, .bias = gb, .K = K, .groups = groups, .limited_groups = limited,
-                         .sigmoid = sigmoid, .route_scale = 2.5f, .ew1 = w1, .ew2 = w2, .ew3 = w3, .e0 = 0, .ne = E,
-                         .shared = shared ? &sh : NULL, .gemm = DS_GEMM_BF16, .ue8m0 = false, .idx = gi[v],
-                         .wt = gwt[v], .sc = gsc[v]};
-        if (v == 1) {
-            got = G->moe_normed(gy[v], gh[v], gg, eps, n, &a);
-            G->sync();
-            if (got) break;
-        }
-        G->rmsnorm_rows(gx, dim, NULL, gh[v], dim, gy[v], gg, n, dim, eps);
-        G->moe_gate(gi[v], gwt[v], gsc[v], gx, &gw, gb, n, K, groups, limited, sigmoid, 2.5f);
-        G->moe_experts(gy[v], gx, n, K, gi[v], gwt[v], w1, w2, w3, 0, E, shared ? &sh : NULL, DS_GEMM_BF16, false);
-        G->sync();
-    }
-    CHECK_MSG(got == taken, "%s: taken %d, expected %d", label, got, taken);
-    for (int v = 0; v < 2; v++) {
-        int same = 0;
-        for (int i = 0; i < n * K; i++) same += gi[v][i] == idc[i];
-        CHECK_MSG(same == n * K, "%s: %d of %d expert choices differ from the CPU's", label, n * K - same, n * K);
-        compare(label, gy[v], yc, nd, 1e-5);
-        compare(label, gh[v], hc, nd, 0);
-        check_guard(label, gy[v], nd);
-        check_guard(label, gh[v], nd);
-    }
-    CHECK_MSG(!memcmp(gh[0], gh[1], sizeof(float) * nd) && !memcmp(gi[0], gi[1], sizeof(int) * (size_t)n * K),
-              "%s: the fold's choices or residual sums differ from the unfused ops'", label);
-    compare(label, gy[1], gy[0], nd, 1e-6);
-    compare(label, gwt[1], gwt[0], (size_t)n * K, 1e-6);
-    for (int v = 0; v < 2; v++) {
-        G->free(gh[v]), G->free(gy[v]), G->free(gsc[v]), G->free(gwt[v]), G->free(gi[v]);
-    }
-    G->free(gx), G->free(gg), G->free(gb);
-    for (int e = 0; e < E; e++) {
-        free((void *)w1[e].data), free((void *)w1[e].scale);
-        free((void *)w2[e].data), free((void *)w2[e].scale);
-        free((void *)w3[e].data), free((void *)w3[e].scale);
-    }
-    free(w1);
-    free_weight(&s1), free_weight(&s2), free_weight(&s3), free_weight(&gw);
-    free(h), free(r), free(g), free(bias), free(hc), free(xc), free(yc), free(scc), free(wtc), free(idc);
-}
-
-static void test_moe_fold(void)
-{
-    printf("-- the ffn norm folded into the MoE of one token\n");
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, true);  /* 16B, F32 gate */
-    test_moe_fold_case(DS_W_BF16, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, true); /* BF16 gate */
-    test_moe_fold_case(DS_W_BF16, DS_W_FP8, 1, 4096, 128, 32, 8, true, true, 8, 3, true);   /* 16 chunks a lane */
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 512, 384, 17, 3, false, true, 1, 1, true);   /* no shared experts */
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 2, 2048, 256, 64, 6, true, false, 1, 1, false); /* two tokens */
-    test_moe_fold_case(DS_W_F32, DS_W_BF16, 1, 2048, 256, 64, 6, true, false, 1, 1, false);
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 640, 256, 16, 4, true, false, 1, 1, true);
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 576, 256, 16, 4, true, false, 1, 1, false); /* dim % 128 */
-    TUNE(moe_fold, false);
-    test_moe_fold_case(DS_W_F32, DS_W_FP8, 1, 2048, 256, 64, 6, true, false, 1, 1, false);
-    TUNE_RESET(moe_fold);
 }
 
 /* Decode attention at the cache's ends: the shapes of test_decode_products at 6 mixed
@@ -2150,7 +2038,6 @@ int main(void)
     test_matmul_many();
     test_norm_fold();
     test_moe_layer();
-    test_moe_fold();
     test_attn_hg();
     test_expanded();
     test_attend_long();

@@ -22,8 +22,6 @@ extern "C" cuda_tuning cuda_tuning_default(void)
     t.grouped_wgmma = true;
     t.fp8_mma = true;
     t.fp8_wgmma = true;
-    t.fp8_norm_fold = false;
-    t.moe_fold = true;
     t.attn_tc = true;
     t.tc_tiles = 0;
     t.attend_max_pos = 1024;
@@ -123,7 +121,6 @@ extern "C" const ds_ops *cuda_backend(void)
         OP(moe_route, cu_moe_route);
         OP(moe_gate, cu_moe_gate);
         OP(moe_experts, cu_moe_experts);
-        OP(moe_normed, cu_moe_normed);
         OP(upload_weight, cu_upload_weight);
         OP(rmsnorm_rows, cu_rmsnorm_rows);
         OP(rope_copy, cu_rope_copy);

@@ -86,13 +86,6 @@ typedef struct cuda_tuning {
                          * that take the shapes the tensor-core kernels refuse */
     bool fp8_wgmma;     /* true (default): those FP8 products on wgmma (gwq_kernel) where the
                          * device runs sm_90a code; false: mma.sync (gq_kernel) */
-    bool fp8_norm_fold; /* false (default): the attention norm is folded into the q / kv_a
-                         * products of one token (matmul_many_normed) with BF16 weights only;
-                         * true: with FP8 weights too */
-    bool moe_fold;      /* true (default): a MoE layer of one token with FP8 experts folds the
-                         * ffn norm into its gate and moe_up and the residual add into moe_down
-                         * (ds_ops.moe_normed), one launch fewer a layer; false: rmsnorm_rows
-                         * first, as every other shape */
     /* ---- decode attention */
     bool attn_tc;          /* true (default): the absorb form on the tensor cores
                             * (attn_tc_kernel) where its shapes fit; false: attn_hg_kernel

@@ -1056,8 +1056,7 @@ bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl g
     if (!many_fits(jobs, n_jobs, gemm) || jobs[0].n != 1) return false;
     ds_wfmt fmt = jobs[0].w->fmt;
     int k = jobs[0].w->cols;
-    int wsz = fmt == DS_W_FP8 ? 1 : 2;
-    if (!(fmt == DS_W_BF16 || (fmt == DS_W_FP8 && cu_tune.fp8_norm_fold && gemm != DS_GEMM_FP8)) || k * wsz % 16 ||
+    if (fmt != DS_W_BF16 || k * 2 % 16 ||
         !cu_device_readable(h) || !cu_device_readable(r) || !cu_device_readable(g) || (uintptr_t)h % 16 ||
         (uintptr_t)r % 16 || (uintptr_t)g % 16)
         return false;
@@ -1081,8 +1080,7 @@ bool cu_matmul_many_normed(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl g
     t.ng = g;
     t.eps = eps;
     if (!t.nj) return true;
-    if (fmt == DS_W_FP8) launch_gemv_many<DS_W_FP8, 1, true>(&t, 1);
-    else launch_gemv_many<DS_W_BF16, 1, true>(&t, 1);
+    launch_gemv_many<DS_W_BF16, 1, true>(&t, 1);
     return cu_check(cudaGetLastError(), "matmul_many_normed");
 }
 

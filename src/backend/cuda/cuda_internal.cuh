@@ -600,9 +600,6 @@ void cu_moe_experts(float *y, const float *x, int n, int K, const int *idx, cons
 /* ds_ops.mla_prologue_attend: one token in mla_attend's one-launch form, which makes the
  * prologue's cache rows and q_pe itself (cuda_attn_decode.cu); false: not taken. */
 bool cu_mla_prologue_attend(const ds_mla_pro *p, const ds_attn_args *a, const ds_weight *wkv_b);
-/* ds_ops.moe_normed: one token with FP8 experts, the norm made by the gate and moe_up
- * themselves and the residual add by moe_down (cuda_moe.cu); false: not taken. */
-bool cu_moe_normed(float *y, float *h, const float *norm_w, float eps, int n, const ds_moe_args *a);
 void cu_add(float *y, const float *x, size_t n);
 void cu_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
                   int limited_groups, bool sigmoid, float route_scale);

@@ -185,56 +185,6 @@ __device__ __forceinline__ void moe_xload(const float *x, float *xv)
     }
 }
 
-/* ---- the ffn norm folded into a token's MoE (moe_normed): x = rmsnorm(h + r) * g is made
- * by each kernel that reads it, bit for bit as rmsnorm4_kernel<1> makes it (dim % 128 == 0,
- * dim <= 4096: thread i of dim / 4 owns float4 i, its squares summed in one expression,
- * warp sums, then the warp sums summed by one warp as cu_block_sum does), so the fold
- * chooses the same experts and sums the same products as the unfused ops. */
-typedef struct {
-    const float *h, *r, *g; /* h NULL: no fold (x is given) */
-    float eps;
-} moe_nrm;
-
-/* Float4 i of h + r and its squares, as rmsnorm4_kernel sums them. */
-__device__ __forceinline__ float4 mn_v4(const moe_nrm &nm, int i, float *ss)
-{
-    float4 a = ((const float4 *)nm.h)[i], b = ((const float4 *)nm.r)[i];
-    float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    *ss = v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    return v;
-}
-
-/* The norm's 1 / rms of h + r (dim floats), by every lane of one warp: the dim / 128
- * groups of 32 float4s each summed by a warp sum, then lane u takes group u's sum. */
-__device__ __forceinline__ float mn_rs_warp(const moe_nrm &nm, int dim)
-{
-    int lane = threadIdx.x % 32, ng = dim / 128;
-    float t = 0;
-    #pragma unroll 4
-    for (int u = 0; u < ng; u++) {
-        float ss;
-        mn_v4(nm, lane + 32 * u, &ss);
-        ss = cu_warp_sum(ss);
-        if (u == lane) t = ss;
-    }
-    return rsqrtf(cu_warp_sum(t) / dim + nm.eps);
-}
-
-/* x[c .. c + E) of the fold given its 1 / rms (c % 4 == 0). */
-template <int E>
-__device__ __forceinline__ void mn_xload(const moe_nrm &nm, float rs, int c, float *xv)
-{
-    #pragma unroll
-    for (int e = 0; e < E; e += 4) {
-        float ss;
-        float4 v = mn_v4(nm, (c + e) / 4, &ss), w = ((const float4 *)nm.g)[(c + e) / 4];
-        xv[e] = v.x * rs * w.x;
-        xv[e + 1] = v.y * rs * w.y;
-        xv[e + 2] = v.z * rs * w.z;
-        xv[e + 3] = v.w * rs * w.w;
-    }
-}
-
 /* Sums NV per-thread values over a block of NW warps; thread rr < NV gets value rr. */
 template <int NV, int NW = MOE_THREADS / 32>
 __device__ __forceinline__ float moe_block_sum(const float *v, float (*red)[NV])
@@ -485,39 +435,11 @@ __device__ __forceinline__ void mw_up_walk(int it, int end, int W, int nsh, floa
  * spread again (BF16 batch 1 2.173 -> 2.122 ms). Else (x written by the launch just
  * before) every tile waits. Letting the routing kernel release this one before its own
  * wait, so that the shared tiles overlap the gate product too, measured no better. */
-/* The fold's x of one token (k floats) into shared memory xs by the block: h + r there
- * first, the squares summed as mn_rs_warp sums them, then scaled in place. */
-__device__ __forceinline__ void mn_block_x(const moe_nrm &nm, int k, float4 *xs)
-{
-    __shared__ float part[32];
-    __shared__ float rs_sh;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int i = threadIdx.x; i < k / 4; i += blockDim.x) { /* a warp's i: one group of 32 float4s */
-        float ss;
-        xs[i] = mn_v4(nm, i, &ss);
-        ss = cu_warp_sum(ss);
-        if (lane == 0) part[i / 32] = ss;
-    }
-    __syncthreads();
-    if (warp == 0) {
-        float t = cu_warp_sum(lane < k / 128 ? part[lane] : 0.0f);
-        if (lane == 0) rs_sh = rsqrtf(t / k + nm.eps);
-    }
-    __syncthreads();
-    float rs = rs_sh;
-    for (int i = threadIdx.x; i < k / 4; i += blockDim.x) {
-        float4 v = xs[i], w = ((const float4 *)nm.g)[i];
-        xs[i] = make_float4(v.x * rs * w.x, v.y * rs * w.y, v.z * rs * w.z, v.w * rs * w.w);
-    }
-}
-
-/* nm.h (one token, xsm): x is the fold's, made in shared memory before the wait (h and r
- * were complete when the gate passed its own wait and let this kernel start); x unused. */
 template <int F, int MINB>
 __global__ void __launch_bounds__(MW_THREADS, MINB)
 moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, int K, const int *__restrict__ idx,
                    int e0, int ne, const cu_weight *__restrict__ tab, int k, int inter, moe_shared_p sp, bool evf,
-                   bool early, bool xsm, moe_nrm nm)
+                   bool early, bool xsm)
 {
     extern __shared__ float4 mw_xs[]; /* xsm: x (n x k) copied once per block */
     /* item counts are ints (moe_warp checks): 64-bit ones cost registers, and the FP8
@@ -534,9 +456,7 @@ moe_up_warp_kernel(float *__restrict__ h, const float *__restrict__ x, int n, in
         }
         if (xsm && ph == (early ? 0 : 1)) { /* before the wait when x may be read there */
             const float4 *x4 = (const float4 *)x;
-            if (nm.h) mn_block_x(nm, k, mw_xs);
-            else
-                for (int i = threadIdx.x; i < n * k / 4; i += MW_THREADS) mw_xs[i] = x4[i];
+            for (int i = threadIdx.x; i < n * k / 4; i += MW_THREADS) mw_xs[i] = x4[i];
             __syncthreads();
             x = (const float *)mw_xs;
         }
@@ -587,7 +507,7 @@ template <int F, int D, int TH>
 __global__ void __launch_bounds__(TH)
 moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, const int *__restrict__ idx,
                      const float *__restrict__ wt, int e0, int ne, const cu_weight *__restrict__ tab, int inter,
-                     int dim, bool swap, moe_shared_p sp, bool evf, float *carry)
+                     int dim, bool swap, moe_shared_p sp, bool evf)
 {
     constexpr int E = 16 / cu_wsize<F>::v;
     __shared__ float red[TH / 32][MOE_RW];
@@ -647,11 +567,7 @@ moe_down_pipe_kernel(float *__restrict__ y, const float *__restrict__ h, int K, 
         }
     }
     float out = moe_block_sum<MOE_RW, TH / 32>(acc, red);
-    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) {
-        size_t at = (size_t)t * dim + r0 + threadIdx.x;
-        if (carry) carry[at] += y[at]; /* moe_normed's residual add, before y is overwritten */
-        y[at] = out;
-    }
+    if (threadIdx.x < MOE_RW && r0 + threadIdx.x < dim) y[(size_t)t * dim + r0 + threadIdx.x] = out;
 }
 
 /* The FP8 GEMM path (gemm_impl fp8) in the decode kernels: their inputs rounded as the
@@ -680,12 +596,9 @@ static unsigned mw_grid(KF kernel, int *cached, long need, size_t smem = 0)
     return (unsigned)(need < *cached ? (need > 0 ? need : 1) : *cached);
 }
 
-/* nm.h: x is the fold's (moe_nrm; one token, x unused) and moe_down adds y's old contents
- * to nm.h (carry) as it overwrites them. */
 template <int F>
 static void moe_warp(float *y, const float *x, int n, int K, const int *idx, const float *wt, int e0, int ne,
-                     const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp, moe_fq q,
-                     const moe_nrm &nm, float *carry)
+                     const cu_weight *tab, int dim, int inter, float *h, const moe_shared_p &sp, moe_fq q)
 {
     static int gu_max[MOE_GROUPED_MAX + 1]; /* [0]: x from L2; [n]: x in shared memory */
     const int wpb = MW_THREADS / 32;
@@ -696,8 +609,8 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * 5.43 / 5.49 -> 5.80 / 5.70) */
     size_t xs_bytes = sizeof(float) * (size_t)n * dim;
     int xs_max = F == DS_W_FP8 ? 1 : 0;
-    bool xsm = nm.h || (n <= xs_max && n <= MOE_GROUPED_MAX && dim % 4 == 0 && (uintptr_t)x % 16 == 0 &&
-                        xs_bytes <= 227 * 1024);
+    bool xsm = n <= xs_max && n <= MOE_GROUPED_MAX && dim % 4 == 0 && (uintptr_t)x % 16 == 0 &&
+               xs_bytes <= 227 * 1024;
     if (xsm && xs_bytes > 48 * 1024) {
         static size_t allowed;
         if (xs_bytes > allowed) {
@@ -723,7 +636,7 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
     /* early reads x before its wait: not when the launch just before wrote it (q) */
     if (v & 1)
         cu_launch(moe_up_warp_kernel<F, 4>, dim3(gu), MW_THREADS, xsm ? xs_bytes : 0, h, x, n, K, idx, e0, ne, tab, dim,
-                  inter, sp, evf, !q.on, xsm, nm);
+                  inter, sp, evf, !q.on, xsm);
     else
         cu_launch(moe_up_kernel<F>, dim3((unsigned)(n * K) * tu + (unsigned)n * cu_blocks((size_t)sp.inter, MOE_RW)),
                   MOE_THREADS, 0, h, x, n, K, idx, e0, ne, tab, dim, inter, n > 1, sp, evf);
@@ -733,10 +646,10 @@ static void moe_warp(float *y, const float *x, int n, int K, const int *idx, con
      * 2.323 / 2.324 with 128 */
     if (v & 4)
         cu_launch(moe_down_pipe_kernel<F, 2, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
-                  dim, n > 1, sp, evf, carry);
+                  dim, n > 1, sp, evf);
     else
         cu_launch(moe_down_pipe_kernel<F, 1, MOE_THREADS>, gdb, MOE_THREADS, 0, y, h, K, idx, wt, e0, ne, tab, inter,
-                  dim, n > 1, sp, evf, carry);
+                  dim, n > 1, sp, evf);
 }
 
 /* True when the grouped kernels apply: few tokens, rows of whole 16-byte chunks
@@ -764,10 +677,10 @@ static bool moe_shared_ok(const ds_mlp_w *sh, const ds_weight *ew1)
 
 /* The routed experts of n <= MOE_GROUPED_MAX tokens and, when sh is not NULL, the
  * shared experts, in the two grouped launches; false (nothing queued) when a weight
- * table could not be made. nm.h: the folded norm (moe_warp; x unused, q off). */
+ * table could not be made. */
 static bool moe_experts_grouped(float *y, const float *x, int n, int K, const int *idx, const float *wt,
                                 const ds_weight *ew1, const ds_weight *ew2, const ds_weight *ew3, int e0, int ne,
-                                const ds_mlp_w *sh, moe_fq q, const moe_nrm &nm = {}, float *carry = NULL)
+                                const ds_mlp_w *sh, moe_fq q)
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, nk = n * K;
     const cu_weight *tab = moe_table_get(ew1, ew2, ew3, ne, NULL, 0);
@@ -777,21 +690,21 @@ static bool moe_experts_grouped(float *y, const float *x, int n, int K, const in
         return false;
     sp.inter = sh ? sh->w1->rows : 0;
     cu_io io = {};
-    const float *dx = nm.h ? NULL : (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * dim);
+    const float *dx = (const float *)cu_in(&io, x, sizeof(float) * (size_t)n * dim);
     const int *di = (const int *)cu_in(&io, idx, sizeof(int) * (size_t)nk);
     const float *dw = (const float *)cu_in(&io, wt, sizeof(float) * (size_t)nk);
     float *dy = (float *)cu_out(&io, y, sizeof(float) * (size_t)n * dim, false);
     float *h = (float *)cu_alloc(sizeof(float) * ((size_t)nk * inter + (size_t)n * sp.inter));
     float *fx = q.on ? (float *)cu_alloc(sizeof(float) * (size_t)n * dim) : NULL;
-    if ((dx || nm.h) && di && dw && dy && h && (fx || !q.on)) {
+    if (dx && di && dw && dy && h && (fx || !q.on)) {
         sp.h = h + (size_t)nk * inter;
         if (q.on) { /* x as act_quant rounds it; the gate took it as it is */
             cu_fake_quant(fx, dx, n, dim, NULL, NULL, 0, 0, q.ue8m0);
             dx = fx;
         }
-        if (ew1[0].fmt == DS_W_FP8) moe_warp<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q, nm, carry);
-        else if (ew1[0].fmt == DS_W_BF16) moe_warp<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q, nm, carry);
-        else moe_warp<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q, nm, carry);
+        if (ew1[0].fmt == DS_W_FP8) moe_warp<DS_W_FP8>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else if (ew1[0].fmt == DS_W_BF16) moe_warp<DS_W_BF16>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
+        else moe_warp<DS_W_F32>(dy, dx, n, K, di, dw, e0, ne, tab, dim, inter, h, sp, q);
     }
     cu_free(h);
     cu_free(fx);
@@ -1317,13 +1230,12 @@ gate_route_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, i
  * read the scores back from L2: 5.8 us a layer at batch 1 on the 16B model. */
 #define GC_BLOCKS 8
 #define GC_MAXW 16 /* warps per block at most: E <= GC_BLOCKS * GC_MAXW */
-template <int F, int NT, int CH, bool NRM = false>
+template <int F, int NT, int CH>
 __global__ void __launch_bounds__(GC_MAXW * 32)
 gate_cluster_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x, int n, const void *__restrict__ w,
                     int k, int E, const float *__restrict__ bias, int K, int G, int limited, bool sigmoid,
-                    float rscale, moe_nrm nm)
+                    float rscale)
 {
-    static_assert(!NRM || NT == 1, "gate_cluster_kernel: the folded norm takes one token");
     constexpr int EL = 16 / cu_wsize<F>::v;
     extern __shared__ float sm[]; /* block 0: scores [NT][E], then (E + G) floats per warp */
     cg::cluster_group cl = cg::this_cluster();
@@ -1341,21 +1253,13 @@ gate_cluster_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x,
     cu_pdl_wait();
     cu_pdl_launch();
     float acc[NT] = {};
-    float rs = NRM ? mn_rs_warp(nm, k) : 0.0f; /* NRM: x = rmsnorm(h + r) * g, each warp its own */
     #pragma unroll
     for (int u = 0; u < CH; u++) {
         int c = (lane + 32 * u) * EL;
         if (c >= k) break;
         float wv[EL];
         cu_wload16<F>(&wr[u], 0, wv);
-        if (NRM) {
-            float xv[EL];
-            mn_xload<EL>(nm, rs, c, xv);
-            #pragma unroll
-            for (int j = 0; j < EL; j++) acc[0] += xv[j] * wv[j];
-        } else {
-            gate_acc<EL, NT>(acc, wv, x, n, k, c);
-        }
+        gate_acc<EL, NT>(acc, wv, x, n, k, c);
     }
     #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = cu_warp_sum(acc[t]);
@@ -1375,31 +1279,19 @@ gate_cluster_kernel(int *idx, float *wt, float *sc, const float *__restrict__ x,
                             scratch, scratch + E, E, K, G, limited, sigmoid, rscale);
 }
 
-/* Whether launch_gate_cluster takes a gate of E x k (format f) at n tokens. */
-static bool gate_cluster_fits(ds_wfmt f, int n, int k, int E)
-{
-    int el = f == DS_W_BF16 ? 8 : 4, warps = (E + GC_BLOCKS - 1) / GC_BLOCKS, ch = (k + 32 * el - 1) / (32 * el);
-    return f != DS_W_FP8 && warps <= GC_MAXW && n <= 8 && k % el == 0 && ch <= 16;
-}
-
-/* gate_cluster_kernel for 1..8 tokens when the gate's rows fit its registers (false: not taken);
- * with nm.h (one token) x = rmsnorm(nm.h + nm.r) * nm.g, and x is not read. */
+/* gate_cluster_kernel for 1..8 tokens when the gate's rows fit its registers (false: not taken). */
 template <int F>
 static bool launch_gate_cluster(int *idx, float *wt, float *sc, const float *x, int n, const cu_weight *w, int k,
-                                int E, const float *bias, int K, int G, int limited, bool sigmoid, float rscale,
-                                moe_nrm nm = {})
+                                int E, const float *bias, int K, int G, int limited, bool sigmoid, float rscale)
 {
     constexpr int EL = 16 / cu_wsize<F>::v;
     int warps = (E + GC_BLOCKS - 1) / GC_BLOCKS, ch = (k + 32 * EL - 1) / (32 * EL);
-    if (!gate_cluster_fits((ds_wfmt)F, n, k, E) || (nm.h && n != 1)) return false;
+    if (warps > GC_MAXW || n > 8 || k % EL != 0 || ch > 16) return false;
     int nt = n == 1 ? 1 : n <= 4 ? 4 : 8;
     size_t smem = sizeof(float) * ((size_t)nt * E + (size_t)warps * (E + G));
     dim3 g(GC_BLOCKS), b((unsigned)warps * 32);
-#define GC_GO(NT, CH) cu_launch_cluster(gate_cluster_kernel<F, NT, CH>, g, b, GC_BLOCKS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, nm)
-    if (nm.h) {
-        if (ch <= 8) cu_launch_cluster(gate_cluster_kernel<F, 1, 8, true>, g, b, GC_BLOCKS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, nm);
-        else cu_launch_cluster(gate_cluster_kernel<F, 1, 16, true>, g, b, GC_BLOCKS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale, nm);
-    } else if (ch <= 8) {
+#define GC_GO(NT, CH) cu_launch_cluster(gate_cluster_kernel<F, NT, CH>, g, b, GC_BLOCKS, smem, idx, wt, sc, x, n, w->data, k, E, bias, K, G, limited, sigmoid, rscale)
+    if (ch <= 8) {
         if (nt == 1) GC_GO(1, 8);
         else if (nt == 4) GC_GO(4, 8);
         else GC_GO(8, 8);
@@ -1603,41 +1495,6 @@ void cu_moe_gate(int *idx, float *wt, float *sc, const float *x, const ds_weight
     cu_matmul(sc, x, n, gate, 0, E, DS_GEMM_BF16, false);
     cu_gemm_force_split(false);
     cu_moe_route(idx, wt, sc, bias, n, E, K, groups, limited_groups, sigmoid, route_scale);
-}
-
-/* ---- moe_normed: the ffn norm and residual add folded into the MoE of one token (FP8
- * experts): gate_cluster_kernel and moe_up_warp_kernel make x = rmsnorm(h + y) * g
- * themselves (moe_nrm: the same floats as rmsnorm_rows), moe_down_pipe_kernel adds y's old
- * contents to h as it overwrites y. The rmsnorm launch between wo and the gate goes (x
- * is never stored); moe_up's shared tiles still start before its wait. */
-bool cu_moe_normed(float *y, float *h, const float *norm_w, float eps, int n, const ds_moe_args *a)
-{
-    const ds_weight *ew1 = a->ew1, *gate = a->gate;
-    int dim = ew1[0].cols, E = gate->rows, K = a->K;
-    if (!cu_tune.moe_fold || n != 1 || ew1[0].fmt != DS_W_FP8 || a->gemm == DS_GEMM_FP8 ||
-        !moe_grouped_ok(n, ew1, a->ne) || (a->shared && !moe_shared_ok(a->shared, ew1)) || dim % 128 ||
-        dim > 4096 || gate->cols != dim || !gate_cluster_fits(gate->fmt, n, dim, E) || E > GATE_MAXE || K > 32 ||
-        K > E)
-        return false;
-    const void *dev[] = {y, h, norm_w, a->idx, a->wt, a->sc};
-    for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
-        if (!cu_device_readable(dev[i]) || (i < 3 && (uintptr_t)dev[i] % 16)) return false;
-    cu_weight dw;
-    if ((a->bias && !cu_device_readable(a->bias)) || !cu_weight_get(gate, &dw) || (uintptr_t)dw.data % 16 ||
-        !moe_table_get(ew1, a->ew2, a->ew3, a->ne, NULL, 0))
-        return false;
-    moe_nrm nm = {h, y, norm_w, eps};
-    bool ok = gate->fmt == DS_W_BF16
-                  ? launch_gate_cluster<DS_W_BF16>(a->idx, a->wt, a->sc, NULL, n, &dw, dim, E, a->bias, K, a->groups,
-                                                   a->limited_groups, a->sigmoid, a->route_scale, nm)
-                  : launch_gate_cluster<DS_W_F32>(a->idx, a->wt, a->sc, NULL, n, &dw, dim, E, a->bias, K, a->groups,
-                                                  a->limited_groups, a->sigmoid, a->route_scale, nm);
-    if (!ok) return false;
-    if (!moe_experts_grouped(y, NULL, n, K, a->idx, a->wt, ew1, a->ew2, a->ew3, a->e0, a->ne, a->shared,
-                             moe_fq{false, a->ue8m0}, nm, h))
-        cu_check(cudaErrorMemoryAllocation, "moe_normed: the experts' tables"); /* the gate is queued */
-    cu_check(cudaGetLastError(), "moe_normed");
-    return true;
 }
 
 /* ---- moe_route: one warp per token (profiled at 65 us per call with one thread doing
