@@ -1432,13 +1432,23 @@ typedef struct {
     size_t lds;
 } gemm_x;
 
+/* FP8: sc[b][i] = the block scale of panel row i (of nr from row r0) at
+ * column block k0 / 128 + b, times 2^8 (the widening's 2^-8); 0 past nr. */
+static void panel_scales(float sc[GEMM_KC / DS_BLOCK][GEMM_PANEL], const ds_weight *w, int r0, int nr, int k0, int kc)
+{
+    int kb = (w->cols + DS_BLOCK - 1) / DS_BLOCK;
+    for (int b = 0; b * DS_BLOCK < kc; b++)
+        for (int i = 0; i < GEMM_PANEL; i++)
+            sc[b][i] = i < nr ? w->scale[(size_t)((r0 + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f : 0.0f;
+}
+
 /* One panel: rows [a, a+nr) relative to row0, all n tokens; wp holds the
  * bf16 panel and, for HILO8, the int8 panel after it; next: the rows of the
  * calling thread's next panel (to prefetch), or NULL. */
 AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr, const gemm_x *gx,
                               uint32_t *wp, cpu_gemm_prec prec, const gemm_rows *next)
 {
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    int K = w->cols;
     bool split = prec == CPU_GEMM_SPLIT, h8 = prec == CPU_GEMM_HILO8, fp8 = w->fmt == DS_W_FP8;
     int e = split ? 2 : 1;
     size_t ldx = gx->ldx;
@@ -1450,11 +1460,7 @@ AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
         gemm_pack(wp, h8 ? wq : NULL, sw, w, row0 + a, nr, k0, kc, next);
-        if (fp8)
-            for (int b = 0; b * DS_BLOCK < kc; b++)
-                for (int i = 0; i < GEMM_PANEL; i++)
-                    sc[b][i] = i < nr ? w->scale[(size_t)((row0 + a + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f
-                                      : 0.0f;
+        if (fp8) panel_scales(sc, w, row0 + a, nr, k0, kc);
         const uint32_t *xc = gx->xa + (size_t)(k0 / 2) * e;
         for (int t = 0; t < n; t += GEMM_GT) {
             int T = MIN(GEMM_GT, n - t);
@@ -1574,7 +1580,7 @@ AVX512 static void amx_block(int T, const uint32_t *wp, const uint32_t *xh, cons
 AVX512 static void amx_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr, const gemm_x *gx,
                              uint32_t *wp, const gemm_rows *next)
 {
-    int K = w->cols, kb = (K + DS_BLOCK - 1) / DS_BLOCK;
+    int K = w->cols;
     bool fp8 = w->fmt == DS_W_FP8;
     size_t ldx = gx->ldx;
     __mmask16 rm[4];
@@ -1583,11 +1589,7 @@ AVX512 static void amx_panel(float *y, int n, const ds_weight *w, int row0, int 
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
         gemm_pack(wp, NULL, NULL, w, row0 + a, nr, k0, kc, next);
-        if (fp8)
-            for (int b = 0; b * DS_BLOCK < kc; b++)
-                for (int i = 0; i < GEMM_PANEL; i++)
-                    sc[b][i] = i < nr ? w->scale[(size_t)((row0 + a + i) / DS_BLOCK) * kb + k0 / DS_BLOCK + b] * 256.0f
-                                      : 0.0f;
+        if (fp8) panel_scales(sc, w, row0 + a, nr, k0, kc);
         for (int t = 0; t < n; t += AMX_M) {
             int T = MIN(AMX_M, n - t);
             float *yt = y + (size_t)t * rows + a;
