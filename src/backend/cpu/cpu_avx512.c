@@ -414,9 +414,7 @@ AVX512 INLINE void fp8_sub(__m512 *sub, int T, __m512i v, const uint16_t *q, siz
 /* Alternatives measured slower (model decode on the 8-layer bench): BF16
  * weights through this tile (no widening at all) were 20-30% faster from L2,
  * level from 1 GiB of memory, and ~10% slower in the model than gemv_tile's
- * float32 FMAs. Two rows per tile at one token, sharing each activation load,
- * were 15% faster from L2 but ~15% slower from memory (two streams per
- * thread) unless both rows are prefetched, as gemv_dp_tile2 below does.
+ * float32 FMAs. Two rows per tile at one token: see gemv_dp_pair.
  * Where the arithmetic stands (Zen 5 cores at ~3.4 GHz): vdpbf16ps and
  * float32 FMA both issue twice a cycle, with latencies of 6 and 4. A standalone copy of
  * the one-token loop takes 8.8 cycles per 128 codes from L1, and 16 chains instead of 8
@@ -506,96 +504,15 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
 }
 #undef DP32
 
-/* ---- decode, FP8 weights, one token: two rows at a time ------------------
- * Each activation vector (bf16 hi or lo) is loaded once for two rows (row and
- * row + ldr), where gemv_dp_tile loads it once a row: at one token that is 8
- * of its 10 512-bit loads per 128 codes, and Zen 4 takes one such load a
- * cycle. Each row keeps gemv_dp_tile's 8 chains, fed in the same order, so a
- * row's sum is the one gemv_dp_tile gives. K: a multiple of 64.
- *   Against gemv_dp_tile (Zen 4; bench/matvec.sh fp8): one thread, 128 rows
- * x 2048 held in L2, 13.8 cycles per 128 codes of a row against 15.7-15.8; the
- * 2-thread L2 ceiling 65-71 GB/s against 54-58. The loop is near Zen 4's issue limit: per 64 codes of two rows, 8 vdpbf16ps
- * and 12 other vector operations (6 of them shifts, which one pipe runs), a
- * mix standalone loops put at ~10.2 cycles (the 8 vdpbf16ps alone: 8.1).
- * It prefetches both rows as gemv_dp_tile prefetches one: a two-row tile that
- * does not is slower from memory than gemv_dp_tile. */
-#define DP2(X, Y, H, L, c)                                                               \
-    do {                                                                                 \
-        acc0[(c)] = _mm512_dpbf16_ps(acc0[(c)], (__m512bh)(X), (__m512bh)(H));           \
-        acc0[(c) + 1] = _mm512_dpbf16_ps(acc0[(c) + 1], (__m512bh)(X), (__m512bh)(L));   \
-        acc1[(c)] = _mm512_dpbf16_ps(acc1[(c)], (__m512bh)(Y), (__m512bh)(H));           \
-        acc1[(c) + 1] = _mm512_dpbf16_ps(acc1[(c) + 1], (__m512bh)(Y), (__m512bh)(L));   \
-    } while (0)
-
-/* Codes [k, k + 64) of both rows into chains c .. c + 3 of each. */
-#define DP2_64(k, c)                                                                                   \
-    do {                                                                                               \
-        __m512i V0 = _mm512_loadu_si512(row + (k)), V1 = _mm512_loadu_si512(row1 + (k));               \
-        const uint16_t *q = xq + 2 * (k);                                                              \
-        __mmask64 z0 = _mm512_testn_epi8_mask(V0, e8), z1 = _mm512_testn_epi8_mask(V1, e8);         \
-        if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) {                                       \
-            dp2_sub(sub, V0, V1, q);                                                                   \
-            subbed = true;                                                                             \
-        }                                                                                              \
-        __m512i A, B, D, E;                                                                            \
-        fp8x64_to_bf16(V0, &A, &B);                                                                    \
-        fp8x64_to_bf16(V1, &D, &E);                                                                    \
-        __m512i h = _mm512_loadu_si512(q), l = _mm512_loadu_si512(q + 32);                             \
-        DP2(A, D, h, l, (c));                                                                          \
-        h = _mm512_loadu_si512(q + 64);                                                                \
-        l = _mm512_loadu_si512(q + 96);                                                                \
-        DP2(B, E, h, l, (c) + 2);                                                                      \
-    } while (0)
-
-/* The subnormal codes of both rows' 64 (V0, V1) into sub[0], sub[1] in memory: out of
- * line, so that the loop keeps no registers for them. */
-AVX512 static __attribute__((noinline)) void dp2_sub(float sub[2][16], __m512i V0, __m512i V1, const uint16_t *q)
-{
-    __m512 s0 = _mm512_loadu_ps(sub[0]), s1 = _mm512_loadu_ps(sub[1]);
-    fp8_sub(&s0, 1, V0, q, 0);
-    fp8_sub(&s1, 1, V1, q, 0);
-    _mm512_storeu_ps(sub[0], s0);
-    _mm512_storeu_ps(sub[1], s1);
-}
-
-AVX512 INLINE void gemv_dp_tile2(const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq, float *y,
-                                 bool add)
-{
-    const uint8_t *row1 = row + ldr;
-    const __m512i e8 = _mm512_set1_epi8(0x78);
-    __m512 acc0[8], acc1[8];
-    float sub[2][16] = {{0}};
-    bool subbed = false;
-    #pragma GCC unroll 8
-    for (int c = 0; c < 8; c++) acc0[c] = acc1[c] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k + 128 <= K; k += 128) {
-        _mm_prefetch((const char *)row + k + pf, PREFETCH_HINT);
-        _mm_prefetch((const char *)row + k + pf + 64, PREFETCH_HINT);
-        _mm_prefetch((const char *)row1 + k + pf, PREFETCH_HINT);
-        _mm_prefetch((const char *)row1 + k + pf + 64, PREFETCH_HINT);
-        /* gemv_dp_tile's chains: the first 64 codes in 0..3, the next in 4..7 */
-        DP2_64(k, 0);
-        DP2_64(k + 64, 4);
-    }
-    if (k < K) DP2_64(k, 0);
-    __m512 s0 = acc0[0], s1 = acc1[0];
-    #pragma GCC unroll 8
-    for (int c = 1; c < 8; c++) {
-        s0 = _mm512_add_ps(s0, acc0[c]);
-        s1 = _mm512_add_ps(s1, acc1[c]);
-    }
-    float v0 = _mm512_reduce_add_ps(s0) * 18446744073709551616.0f; /* 2^64 */
-    float v1 = _mm512_reduce_add_ps(s1) * 18446744073709551616.0f;
-    if (subbed) {
-        v0 += _mm512_reduce_add_ps(_mm512_loadu_ps(sub[0])) * 2.7105054312137611e-20f;
-        v1 += _mm512_reduce_add_ps(_mm512_loadu_ps(sub[1])) * 2.7105054312137611e-20f;
-    }
-    y[0] = add ? y[0] + v0 : v0;
-    y[1] = add ? y[1] + v1 : v1;
-}
-#undef DP2_64
-#undef DP2
+/* ---- decode, FP8 weights, 2..8 tokens: two rows at a time ---------------
+ * At one token gemv_dp_tile reads one row at a time: one stream per thread.
+ * Two rows a tile sharing each activation load (gemv_dp_tile's 8 chains a
+ * row) ran faster from L2 but slower from memory, the two rows being two
+ * streams per thread for the prefetchers (Zen 5, 2 threads, 1 GiB at K 2048,
+ * alternated in one process, read 58.7-64.0 GB/s): 47.2 GB/s against 55.4,
+ * the MoE pattern of 6 of 64 experts 38.3 against 43.7; the same two-row
+ * loop reading only (no arithmetic) 45 against a read of 57. From 2 tokens
+ * up the tile is compute-bound and the pair wins (below). */
 
 /* dp2_sub for T tokens: sub[t] row 0's, sub[T + t] row 1's. */
 AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], __m512i V0, __m512i V1,
@@ -689,7 +606,7 @@ AVX512 static void gemv_dp_pairs(int T, const uint8_t *row, size_t ldr, int K, s
     case 4: gemv_dp_pair(4, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
     case 3: gemv_dp_pair(3, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
     case 2: gemv_dp_pair(2, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    default: gemv_dp_tile2(row, ldr, K, pf, xq, y, add); break;
+    default: gemv_dp_pair(1, row, ldr, K, pf, xq, ldq, y, ldy, add); break; /* the 9th of 9 tokens */
     }
 }
 
@@ -742,7 +659,7 @@ AVX512 static void gemv_rows(float *y, const float *xs, const uint16_t *xq, int 
 
     for (int k0 = 0; k0 < K; k0 += kc) {
         int len = MIN(kc, K - k0), r = a;
-        if (fp8 && len % 64 == 0) { /* rows in pairs (gemv_dp_tile2, gemv_dp_pair) */
+        if (fp8 && n >= 2 && len % 64 == 0) { /* rows in pairs (gemv_dp_pair) */
             size_t ldr = (size_t)((const uint8_t *)w_row(w, row0 + 1) - (const uint8_t *)w_row(w, row0));
             for (; r + 2 <= b; r += 2)
                 for (int t0 = 0; t0 < n; t0 += 8)
