@@ -4,7 +4,7 @@
  * The fast table starts as a copy of the reference and overrides the members
  * that have vectorised versions (matmul, matmul_t, attention, silu_mul and
  * the batched matmul_many, matmul_heads(_t), moe_experts on AVX-512; matmul
- * on AVX2). The choice is made at run time with
+ * on AVX2), and runs the reference's row-wise ops on all threads. The choice is made at run time with
  * __builtin_cpu_supports, so one binary runs on any x86-64; cpu_tuning
  * (cpu_backend.h) may ask for a narrower set and selects the precision of the
  * prefill GEMM's activations. */
@@ -20,6 +20,7 @@
 #include "cpu_simd.h"
 #include "cpu_stats.h"
 
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* Activation buffers: the model allocates and frees the same sizes every
  * layer and every call. Freed blocks are kept (up to CACHE_BYTES in all) and
@@ -140,6 +141,75 @@ static void heads_t_counted(float *y, int ys, const float *x, int xs, int n, int
     if (cpu_stats_on()) cpu_stats_note(CPU_STAT_HEADS_T, (double)cpu_row_bytes(w) * rows * H, t0);
 }
 
+/* ---- row-wise ops on all threads -----------------------------------------
+ * The reference's row-wise ops (norms, rope, routing, embedding, add) run on
+ * blocks of PAR_ROWS rows, the blocks spread over the threads: every row is
+ * the reference's own arithmetic on one thread, so the results are those of
+ * the reference bit for bit. Small calls (a decode step's few rows) stay on
+ * the calling thread: a parallel region costs more than they do. On one
+ * thread these ops are ~1% of a prefill pass of the 16B shapes, which is
+ * much of it once 16 threads share the products. */
+#define PAR_ROWS 8
+#define PAR_FLOATS 32768 /* the least work (floats touched) that gets the threads */
+
+static void par_rmsnorm(float *y, const float *x, const float *w, int n, int dim, float eps)
+{
+    #pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_FLOATS && n > PAR_ROWS)
+    for (int i = 0; i < n; i += PAR_ROWS)
+        cpu_ref_ops.rmsnorm(y + (size_t)i * dim, x + (size_t)i * dim, w, MIN(PAR_ROWS, n - i), dim, eps);
+}
+
+static void par_rmsnorm_rows(float *y, int ys, const int *di, float *x, int xs, const float *r, const float *w, int n,
+                             int dim, float eps)
+{
+    #pragma omp parallel for schedule(static) if ((size_t)n * dim >= PAR_FLOATS && n > PAR_ROWS)
+    for (int i = 0; i < n; i += PAR_ROWS)
+        cpu_ref_ops.rmsnorm_rows(di ? y : y + (size_t)i * ys, ys, di ? di + i : NULL, x + (size_t)i * xs, xs,
+                                 r ? r + (size_t)i * dim : NULL, w, MIN(PAR_ROWS, n - i), dim, eps);
+}
+
+static void par_rope(float *x, int n, int nvec, int stride, int off, int rope, const int *pos, const float *cos_tab,
+                     const float *sin_tab)
+{
+    #pragma omp parallel for schedule(static) if ((size_t)n * nvec * rope >= PAR_FLOATS && n > PAR_ROWS)
+    for (int t = 0; t < n; t += PAR_ROWS)
+        cpu_ref_ops.rope(x + (size_t)t * nvec * stride, MIN(PAR_ROWS, n - t), nvec, stride, off, rope, pos + t, cos_tab,
+                         sin_tab);
+}
+
+static void par_rope_copy(float *dst, int ds, const int *di, const float *src, int ss, int n, int nvec, int rope,
+                          const int *pos, const float *cos_tab, const float *sin_tab)
+{
+    #pragma omp parallel for schedule(static) if ((size_t)n * nvec * rope >= PAR_FLOATS && n > PAR_ROWS)
+    for (int t = 0; t < n; t += PAR_ROWS)
+        cpu_ref_ops.rope_copy(di ? dst : dst + (size_t)t * nvec * ds, ds, di ? di + t : NULL, src + (size_t)t * nvec * ss,
+                              ss, MIN(PAR_ROWS, n - t), nvec, rope, pos + t, cos_tab, sin_tab);
+}
+
+static void par_add(float *y, const float *x, size_t n)
+{
+    const size_t blk = 16384;
+    #pragma omp parallel for schedule(static) if (n >= 2 * blk)
+    for (size_t i = 0; i < n; i += blk) cpu_ref_ops.add(y + i, x + i, MIN(blk, n - i));
+}
+
+static void par_embed(float *h, const ds_weight *emb, const int32_t *tok, int n, int row0)
+{
+    #pragma omp parallel for schedule(static) if ((size_t)n * emb->cols >= PAR_FLOATS && n > PAR_ROWS)
+    for (int i = 0; i < n; i += PAR_ROWS)
+        cpu_ref_ops.embed(h + (size_t)i * emb->cols, emb, tok + i, MIN(PAR_ROWS, n - i), row0);
+}
+
+/* Routing costs ~E^2 K operations a token, whatever the width of the rows. */
+static void par_moe_route(int *idx, float *wt, float *sc, const float *bias, int n, int E, int K, int groups,
+                          int limited_groups, bool sigmoid, float route_scale)
+{
+    #pragma omp parallel for schedule(static) if (n > PAR_ROWS)
+    for (int t = 0; t < n; t += PAR_ROWS)
+        cpu_ref_ops.moe_route(idx + (size_t)t * K, wt + (size_t)t * K, sc + (size_t)t * E, bias, MIN(PAR_ROWS, n - t), E,
+                              K, groups, limited_groups, sigmoid, route_scale);
+}
+
 /* The reference with the fast allocator and the kernels of one instruction set. */
 static void fill_fast(ds_ops *t, cpu_isa isa)
 {
@@ -147,6 +217,13 @@ static void fill_fast(ds_ops *t, cpu_isa isa)
     t->alloc = fast_alloc;
     t->alloc_scratch = fast_alloc_scratch;
     t->free = fast_free;
+    t->rmsnorm = par_rmsnorm;
+    t->rmsnorm_rows = par_rmsnorm_rows;
+    t->rope = par_rope;
+    t->rope_copy = par_rope_copy;
+    t->add = par_add;
+    t->embed = par_embed;
+    t->moe_route = par_moe_route;
     /* the reference's batched versions of these are scalar; without AVX-512 the
      * generic loops over heads and experts (backend/fallback.c) reach the fast matmuls */
     t->matmul_heads = NULL;

@@ -11,7 +11,14 @@
  * 16 of them: avx512_matmul_many), so chunks of 256 rows (not 64) mean fewer
  * regions: pp512 of the 16B shapes ~1% faster. The shared experts ride along
  * in the last chunk's two calls (all tokens, weight 1), added after every
- * routed expert. Sums run in expert order, as in the reference's moe_experts. */
+ * routed expert; their jobs come first in each call, so that the threads
+ * claim the heavy panels (all n tokens) first and the light ones even out the
+ * end. Sums run in expert order, as in the reference's moe_experts.
+ *   Everything between the products runs on all threads: the gather of a
+ * chunk's rows by row, the weighted sums and the shared add by column blocks
+ * (each output element still sums its terms in expert order, then the shared
+ * experts', on one thread). On one thread these are ~3% of a prefill pass,
+ * which on 16 threads with AMX products was as long as the products. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +27,8 @@
 #include "cpu_stats.h"
 
 #define MOE_CHUNK 256
+#define MOE_COLS 64          /* columns of a block of the weighted sums */
+#define MOE_PAR_FLOATS 65536 /* moves this large or larger are split over the threads */
 
 typedef void (*many_fn)(const ds_matmul_job *jobs, int n_jobs, ds_gemm_impl gemm, bool ue8m0);
 typedef void (*silu_fn)(float *a, const float *b, size_t n);
@@ -44,38 +53,48 @@ static void moe_chunk(float *y, const float *x, const moe_bufs *b, int e_lo, int
 {
     int dim = ew1[0].cols, inter = ew1[0].rows, r0 = b->first[e_lo], nj = 0;
     const ds_mlp_w *sh = b->shared;
-    int si = sh ? sh->w1->rows : 0;
-    for (int i = r0; i < b->first[e_hi]; i++)
+    int si = sh ? sh->w1->rows : 0, rows = b->first[e_hi] - r0;
+    #pragma omp parallel for schedule(static) if ((size_t)rows * dim >= MOE_PAR_FLOATS)
+    for (int i = r0; i < r0 + rows; i++)
         memcpy(b->xs + (size_t)(i - r0) * dim, x + (size_t)b->tok[i] * dim, sizeof(float) * (size_t)dim);
+    if (sh) {
+        b->jobs[nj++] = (ds_matmul_job){b->sa, x, b->n, sh->w1, 0, si};
+        b->jobs[nj++] = (ds_matmul_job){b->sg, x, b->n, sh->w3, 0, si};
+    }
     for (int e = e_lo; e < e_hi; e++) {
         int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
         if (!cnt) continue;
         b->jobs[nj++] = (ds_matmul_job){b->a + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew1[e], 0, inter};
         b->jobs[nj++] = (ds_matmul_job){b->g + (size_t)o * inter, b->xs + (size_t)o * dim, cnt, &ew3[e], 0, inter};
     }
-    if (sh) {
-        b->jobs[nj++] = (ds_matmul_job){b->sa, x, b->n, sh->w1, 0, si};
-        b->jobs[nj++] = (ds_matmul_job){b->sg, x, b->n, sh->w3, 0, si};
-    }
     b->many(b->jobs, nj, gemm, ue8m0);
-    int rows = b->first[e_hi] - r0;
     if (rows) b->silu(b->a, b->g, (size_t)rows * inter);
     if (sh) b->silu(b->sa, b->sg, (size_t)b->n * si);
     nj = 0;
+    if (sh) b->jobs[nj++] = (ds_matmul_job){b->sy, b->sa, b->n, sh->w2, 0, dim};
     for (int e = e_lo; e < e_hi; e++) {
         int o = b->first[e] - r0, cnt = b->first[e + 1] - b->first[e];
         if (cnt) b->jobs[nj++] = (ds_matmul_job){b->ys + (size_t)o * dim, b->a + (size_t)o * inter, cnt, &ew2[e], 0, dim};
     }
-    if (sh) b->jobs[nj++] = (ds_matmul_job){b->sy, b->sa, b->n, sh->w2, 0, dim};
     b->many(b->jobs, nj, gemm, ue8m0);
-    /* y[t] += w * expert(x[t]), in expert order, then the shared experts */
-    for (int i = 0; i < rows; i++) {
-        float *yt = y + (size_t)b->tok[r0 + i] * dim, wi = b->w[r0 + i];
-        const float *yi = b->ys + (size_t)i * dim;
-        for (int j = 0; j < dim; j++) yt[j] += wi * yi[j];
+    /* y[t] += w * expert(x[t]), in expert order, then the shared experts: a
+     * block of columns per step, so that each element's sum is one thread's */
+    int nb = (dim + MOE_COLS - 1) / MOE_COLS;
+    size_t work = ((size_t)rows + (sh ? (size_t)b->n : 0)) * dim;
+    #pragma omp parallel for schedule(static) if (work >= MOE_PAR_FLOATS)
+    for (int cb = 0; cb < nb; cb++) {
+        int j0 = cb * MOE_COLS, j1 = j0 + MOE_COLS < dim ? j0 + MOE_COLS : dim;
+        for (int i = 0; i < rows; i++) {
+            float *yt = y + (size_t)b->tok[r0 + i] * dim, wi = b->w[r0 + i];
+            const float *yi = b->ys + (size_t)i * dim;
+            for (int j = j0; j < j1; j++) yt[j] += wi * yi[j];
+        }
+        for (int t = 0; sh && t < b->n; t++) {
+            float *yt = y + (size_t)t * dim;
+            const float *st = b->sy + (size_t)t * dim;
+            for (int j = j0; j < j1; j++) yt[j] += st[j];
+        }
     }
-    if (sh)
-        for (size_t i = 0; i < (size_t)b->n * dim; i++) y[i] += b->sy[i];
 }
 
 static void moe_experts(many_fn many, silu_fn silu, float *y, const float *x, int n, int K, const int *idx,
@@ -86,7 +105,8 @@ static void moe_experts(many_fn many, silu_fn silu, float *y, const float *x, in
     /* its alloc_scratch reuses freed buffers and does not zero them: every
      * buffer below is written before it is read */
     const ds_ops *ops = cpu_backend(true);
-    memset(y, 0, sizeof(float) * (size_t)n * dim);
+    #pragma omp parallel for schedule(static) if ((size_t)n * dim >= MOE_PAR_FLOATS)
+    for (int t = 0; t < n; t++) memset(y + (size_t)t * dim, 0, sizeof(float) * (size_t)dim);
     moe_bufs b = {0};
     b.many = many;
     b.silu = silu;
