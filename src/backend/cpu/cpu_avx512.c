@@ -759,7 +759,7 @@ AVX512 void avx512_act_fake_quant(const float *x, int m, int k, float *y, bool u
         }
 }
 
-#define GEMM_MAX_JOBS 16 /* GEMMs in one parallel region (matmul_many) */
+#define GEMM_MAX_JOBS 32 /* GEMMs in one parallel region (matmul_many) */
 AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj);
 static bool gemm_job(const ds_matmul_job *j);
 
