@@ -16,18 +16,22 @@
 #
 #   bench/peer_llamacpp.sh --llama-src DIR [--convert FILE] [-t N] [-p 512] [-n 32]
 #                          [-d 0] [-r 3] [--rounds 2] [--amx on|off|both] [--pairs "fp8 bf16"]
-#                          [--config FILE] [--work DIR]
-# Needs: build/dsv3 (DSV3_BIN), cmake and a C++ compiler, python3 with what the
-# converter imports (torch, numpy, ...). Everything it makes goes under --work
-# (default .cache/peer, git-ignored) and is reused when present.
+#                          [--config FILE] [--work DIR] [--prep-only]
+# Needs: build/dsv3 (DSV3_BIN), cmake and a C++ compiler, python3 (PYTHON) with
+# what the converter imports (torch, numpy, ...). Everything it makes goes under
+# --work (default .cache/peer, git-ignored) and is reused when present;
+# --prep-only makes it (checkpoints, builds, GGUF files) and measures nothing.
+# dsv3's prefill is compared with the tile peak where it ran on AMX.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${DSV3_BIN:-$ROOT/build/dsv3}
 CFG=$ROOT/bench/config_16B_8L.json
-SRC= CONVERT= WORK=$ROOT/.cache/peer
+SRC= CONVERT= WORK=$ROOT/.cache/peer PREP=0
+PY=${PYTHON:-python3}
 T=$(nproc) P=512 N=32 D=0 R=3 ROUNDS=2 AMX=on PAIRS="fp8 bf16"
 usage() { sed -n '17,19p' "$0" | sed 's/^# *//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
+    [ "$1" = --prep-only ] && { PREP=1; shift; continue; }
     [ "$1" = -h ] || [ "$1" = --help ] || [ $# -ge 2 ] || { echo "peer_llamacpp.sh: $1 needs a value" >&2; exit 2; }
     case $1 in
     --llama-src) SRC=$2 ;; --convert) CONVERT=$2 ;; --config) CFG=$2 ;; --work) WORK=$2 ;;
@@ -62,12 +66,17 @@ name=$(basename "$CFG" .json); name=${name#config_}
 log=$WORK/runs.jsonl
 : > "$log"
 
-# 1. dsv3's checkpoints (the bench's own, shared with bench/run.sh)
+# 1. dsv3's checkpoints (the bench's own, shared with bench/run.sh), made
+# while llama.cpp builds
 ckpt() { echo "$ROOT/.cache/bench/${name}_$1"; }
-for dt in bf16 $PAIRS; do
-    d=$(ckpt "$dt")
-    [ -f "$d/model.safetensors.index.json" ] || "$BIN" synth --config "$CFG" --out "$d" --dtype "$dt"
-done
+synth_all() {
+    for dt in bf16 $PAIRS; do
+        d=$(ckpt "$dt")
+        [ -f "$d/model.safetensors.index.json" ] || "$BIN" synth --config "$CFG" --out "$d" --dtype "$dt" || return 1
+    done
+}
+synth_all > "$WORK/synth.log" 2>&1 &
+synth_pid=$!
 
 # 2. llama.cpp, built for this CPU; the no-AMX build switches the AMX ISA off
 # (explicit -mno-* options win over -march=native in GCC and Clang)
@@ -84,11 +93,12 @@ for b in $BUILDS; do
     fi
 done
 lb=$WORK/llama-${BUILDS%% *}/bin
+wait "$synth_pid" || die "dsv3 synth failed: $WORK/synth.log"
 
 # 3. the same weights' shapes as GGUF: BF16, and Q8_0 beside dsv3's FP8
 g16=$WORK/$name-bf16.gguf g8=$WORK/$name-q8_0.gguf
 if [ ! -f "$g16" ]; then
-    python3 "$CONVERT" "$(ckpt bf16)" --outtype bf16 --outfile "$g16.tmp" > "$WORK/convert.log" 2>&1 \
+    "$PY" "$CONVERT" "$(ckpt bf16)" --outtype bf16 --outfile "$g16.tmp" > "$WORK/convert.log" 2>&1 \
         || die "conversion failed: $WORK/convert.log"
     mv "$g16.tmp" "$g16"
 fi
@@ -97,6 +107,7 @@ if [[ " $PAIRS " == *" fp8 "* ]] && [ ! -f "$g8" ]; then
         > "$WORK/quantize.log" 2>&1 || die "quantization failed: $WORK/quantize.log"
     mv "$g8.tmp" "$g8"
 fi
+[ "$PREP" = 0 ] || { echo "peer_llamacpp.sh: prepared under $WORK" >&2; exit 0; }
 
 # 4. alternated: each round runs every pair, llama.cpp then dsv3
 tag() { python3 -c 'import json,sys; t=json.loads(sys.argv[1])
@@ -132,7 +143,7 @@ for r in rows:
     key = (r["pair"], test, r.get("n_depth", 0))
     runs.setdefault(key, {}).setdefault(r["engine"], []).append(r["avg_ts"])
     if r["engine"] == "dsv3":  # its own limit: read bandwidth for decode, the dot peak for prefill
-        peak = max(r.get("bf16_peak_gflops", 0), r.get("fma_peak_gflops", 0))
+        peak = r.get("amx_peak_gflops", 0) or max(r.get("bf16_peak_gflops", 0), r.get("fma_peak_gflops", 0))
         frac = r.get("bw_frac", 0) if test.startswith("tg") else (r.get("gflops", 0) / peak if peak else 0)
         lim.setdefault(key, []).append(frac)
 peers = sorted({e for k in runs for e in runs[k] if e != "dsv3"})
