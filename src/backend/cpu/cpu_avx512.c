@@ -426,11 +426,24 @@ AVX512 INLINE void fp8_sub(__m512 *sub, int T, __m512i v, const uint16_t *q, siz
  * 128 codes from L2 (~32 GB/s a core); without the widening ~12.7, without the
  * activation loads or the subnormal test no shorter, two rows sharing the activation
  * loads ~13, the widening by GFNI affine maps and byte unpacks ~15.7. */
-AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, const float *xs, size_t ldx,
-                                const uint16_t *xq, size_t ldq, float *y, size_t ldy, bool add)
+AVX512 INLINE void gemv_dp_tile(int T, bool shifted, const uint8_t *row, int K, size_t pf, const float *xs,
+                                size_t ldx, const uint16_t *xq, size_t ldq, float *y, size_t ldy, bool add)
 {
     int K64 = K / 64 * 64, K128 = K / 128 * 128;
     const __m512i e8 = _mm512_set1_epi8(0x78);
+    /* shifted (gemv_bf16_tile's scheme): row starts sh 32-bit words into a line;
+     * whole lines loaded, the row's 64 codes moved into place by one vpermt2d
+     * from two of them; the first and the last line masked to the row's own words.
+     * Loads across two lines cost this loop 10-15% from memory (Zen 5, 2 threads,
+     * 1 GiB at K 2048 8 or 24 bytes past a line: 48 GB/s against 54-57 shifted) */
+    const uint32_t *line = (const uint32_t *)((uintptr_t)row & ~(uintptr_t)63);
+    int sh = (int)((const uint32_t *)row - line), tail = (K - K64) / 4 + sh;
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(sh));
+    __mmask16 last = tail >= 16 ? (__mmask16)0xFFFF : tail <= 0 ? 0 : (__mmask16)((1u << tail) - 1);
+    __m512i l0 = shifted ? _mm512_maskz_load_epi32((__mmask16)(0xFFFFu << sh), line) : _mm512_setzero_si512();
+    /* line l of the row (l >= 1): whole, or masked if it is the one at K64 */
+    #define DP_LINE(l) _mm512_maskz_load_epi32(16 * (l) < K64 / 4 ? (__mmask16)0xFFFF : last, line + 16 * (l))
     /* vdpbf16ps issues twice a cycle with a latency of 6: 8 independent chains
      * a token at one or two tokens (one token measured no faster with 16), 4 a
      * token beyond */
@@ -450,7 +463,16 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
         _mm_prefetch((const char *)row + k + pf + 64, PREFETCH_HINT);
         /* an exponent field of 0 (a subnormal or zero code) on the raw bytes:
          * one test per 64 codes, a branch per 128 */
-        __m512i V0 = _mm512_loadu_si512(row + k), V1 = _mm512_loadu_si512(row + k + 64);
+        __m512i V0, V1;
+        if (shifted) {
+            __m512i l1 = _mm512_load_si512(line + k / 4 + 16), l2 = DP_LINE(k / 64 + 2);
+            V0 = _mm512_permutex2var_epi32(l0, idx, l1);
+            V1 = _mm512_permutex2var_epi32(l1, idx, l2);
+            l0 = l2;
+        } else {
+            V0 = _mm512_loadu_si512(row + k);
+            V1 = _mm512_loadu_si512(row + k + 64);
+        }
         __mmask64 z0 = _mm512_testn_epi8_mask(V0, e8), z1 = _mm512_testn_epi8_mask(V1, e8);
         if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) {
             fp8_sub(sub, T, V0, xq + 2 * k, ldq);
@@ -470,7 +492,7 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
         }
     }
     if (k < K64) { /* one chunk of 64 */
-        __m512i V0 = _mm512_loadu_si512(row + k), A, B;
+        __m512i V0 = shifted ? _mm512_permutex2var_epi32(l0, idx, DP_LINE(k / 64 + 1)) : _mm512_loadu_si512(row + k), A, B;
         if (_mm512_testn_epi8_mask(V0, e8)) {
             fp8_sub(sub, T, V0, xq + 2 * k, ldq);
             subbed = true;
@@ -502,6 +524,7 @@ AVX512 INLINE void gemv_dp_tile(int T, const uint8_t *row, int K, size_t pf, con
         y[t * ldy] = add ? y[t * ldy] + v : v;
     }
 }
+#undef DP_LINE
 #undef DP32
 
 /* ---- decode, FP8 weights, 2..8 tokens: two rows at a time ---------------
@@ -618,11 +641,17 @@ AVX512 static void gemv_fp8_dp(int T, const ds_weight *w, int r, int k0, int K, 
     const uint8_t *row = (const uint8_t *)w_row(w, r) + k0;
     xs += k0;
     xq += 2 * (size_t)k0;
-    switch (T) {
-    case 4: gemv_dp_tile(4, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
-    case 3: gemv_dp_tile(3, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
-    case 2: gemv_dp_tile(2, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
-    default: gemv_dp_tile(1, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    uintptr_t at = (uintptr_t)row & 63;
+    bool shifted = at && !(at & 3) && K >= 64 && K % 4 == 0;
+    switch (T * 2 + shifted) {
+    case 9: gemv_dp_tile(4, true, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 8: gemv_dp_tile(4, false, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 7: gemv_dp_tile(3, true, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 6: gemv_dp_tile(3, false, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 5: gemv_dp_tile(2, true, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 4: gemv_dp_tile(2, false, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    case 3: gemv_dp_tile(1, true, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
+    default: gemv_dp_tile(1, false, row, K, pf, xs, ldx, xq, ldq, y, ldy, add); break;
     }
 }
 
