@@ -534,8 +534,13 @@ AVX512 INLINE void gemv_dp_tile(int T, bool shifted, const uint8_t *row, int K, 
  * streams per thread for the prefetchers (Zen 5, 2 threads, 1 GiB at K 2048,
  * alternated in one process, read 58.7-64.0 GB/s): 47.2 GB/s against 55.4,
  * the MoE pattern of 6 of 64 experts 38.3 against 43.7; the same two-row
- * loop reading only (no arithmetic) 45 against a read of 57. From 2 tokens
- * up the tile is compute-bound and the pair wins (below). */
+ * loop reading only (no arithmetic) 45 against a read of 57. Where the read
+ * is much faster (82-84 GB/s, the same machine at another hour) the pair's
+ * higher ceiling from L2 (78 against 68 GB/s) wins back a little: the 8-layer
+ * FP8 model's tg32 52.5-52.7 tok/s one row at a time (with gemv_dp_tile's
+ * whole-line loads) against 55.0-55.7 in pairs with loads across lines (at
+ * 58-63 GB/s: 43.9-46.3 against 34.1-39.7). From 2 tokens up the tile is
+ * compute-bound and the pair wins (below). */
 
 /* dp2_sub for T tokens: sub[t] row 0's, sub[T + t] row 1's. */
 AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], __m512i V0, __m512i V1,
