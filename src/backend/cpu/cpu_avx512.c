@@ -563,11 +563,20 @@ AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], 
  * codes of a row for all tokens (bench/matvec.sh fp8's one-thread lines), here
  * against gemv_dp_tile: 2 tokens 21.2-21.7 / 24.2-24.5, 4 40.1-40.7 /
  * 45.3-46.5, 8 79.8 / 102.6 (two tiles of 4 pairs: ~83). */
-AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq,
-                                size_t ldq, float *y, size_t ldy, bool add)
+AVX512 INLINE void gemv_dp_pair(int T, bool shifted, const uint8_t *row, size_t ldr, int K, size_t pf,
+                                const uint16_t *xq, size_t ldq, float *y, size_t ldy, bool add)
 {
     const int NC = T == 2 ? 4 : T <= 4 ? 2 : 1;
     const uint8_t *row1 = row + ldr;
+    /* shifted: both rows sh 32-bit words into a line (gemv_dp_tile's scheme) */
+    const uint32_t *la = (const uint32_t *)((uintptr_t)row & ~(uintptr_t)63);
+    const uint32_t *lb = (const uint32_t *)((uintptr_t)row1 & ~(uintptr_t)63);
+    int sh = (int)((const uint32_t *)row - la);
+    const __m512i idx = _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                         _mm512_set1_epi32(sh));
+    const __mmask16 last = (__mmask16)((1u << sh) - 1);
+    __m512i l0a = shifted ? _mm512_maskz_load_epi32((__mmask16)(0xFFFFu << sh), la) : _mm512_setzero_si512();
+    __m512i l0b = shifted ? _mm512_maskz_load_epi32((__mmask16)(0xFFFFu << sh), lb) : _mm512_setzero_si512();
     const __m512i e8 = _mm512_set1_epi8(0x78);
     __m512 acc[2][4][8];
     float sub[16][16]; /* zeroed when first used */
@@ -583,7 +592,18 @@ AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, si
             _mm_prefetch((const char *)row1 + k + pf, PREFETCH_HINT);
             _mm_prefetch((const char *)row1 + k + pf + 64, PREFETCH_HINT);
         }
-        __m512i V0 = _mm512_loadu_si512(row + k), V1 = _mm512_loadu_si512(row1 + k);
+        __m512i V0, V1;
+        if (shifted) {
+            __mmask16 m = k + 64 < K ? (__mmask16)0xFFFF : last;
+            __m512i l1a = _mm512_maskz_load_epi32(m, la + k / 4 + 16), l1b = _mm512_maskz_load_epi32(m, lb + k / 4 + 16);
+            V0 = _mm512_permutex2var_epi32(l0a, idx, l1a);
+            V1 = _mm512_permutex2var_epi32(l0b, idx, l1b);
+            l0a = l1a;
+            l0b = l1b;
+        } else {
+            V0 = _mm512_loadu_si512(row + k);
+            V1 = _mm512_loadu_si512(row1 + k);
+        }
         __mmask64 z0 = _mm512_testn_epi8_mask(V0, e8), z1 = _mm512_testn_epi8_mask(V1, e8);
         if (__builtin_expect(!_kortestz_mask64_u8(z0, z1), 0)) {
             if (!subbed) memset(sub, 0, sizeof sub);
@@ -626,16 +646,27 @@ AVX512 INLINE void gemv_dp_pair(int T, const uint8_t *row, size_t ldr, int K, si
 AVX512 static void gemv_dp_pairs(int T, const uint8_t *row, size_t ldr, int K, size_t pf, const uint16_t *xq,
                                  size_t ldq, float *y, size_t ldy, bool add)
 {
+    /* whole lines (gemv_dp_tile's scheme) up to 4 tokens; from 5 the loop is
+     * compute-bound and the permutes cost more than the loads across lines
+     * save (Zen 5, 2 threads, 1 GiB at K 2048 8 bytes past a line, read 78-80
+     * GB/s, alternated: 2 tokens 57.4 against 41.3 GB/s, 4 30.4 against 29.6,
+     * 8 17.2 against 18.5) */
+    uintptr_t at = (uintptr_t)row & 63;
+    bool shifted = T <= 4 && at && !(at & 3) && ldr % 64 == 0;
+    #define PAIR(n)                                                                                         \
+        (shifted ? gemv_dp_pair(n, true, row, ldr, K, pf, xq, ldq, y, ldy, add)                             \
+                 : gemv_dp_pair(n, false, row, ldr, K, pf, xq, ldq, y, ldy, add))
     switch (T) {
-    case 8: gemv_dp_pair(8, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 7: gemv_dp_pair(7, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 6: gemv_dp_pair(6, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 5: gemv_dp_pair(5, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 4: gemv_dp_pair(4, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 3: gemv_dp_pair(3, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    case 2: gemv_dp_pair(2, row, ldr, K, pf, xq, ldq, y, ldy, add); break;
-    default: gemv_dp_pair(1, row, ldr, K, pf, xq, ldq, y, ldy, add); break; /* the 9th of 9 tokens */
+    case 8: PAIR(8); break;
+    case 7: PAIR(7); break;
+    case 6: PAIR(6); break;
+    case 5: PAIR(5); break;
+    case 4: PAIR(4); break;
+    case 3: PAIR(3); break;
+    case 2: PAIR(2); break;
+    default: PAIR(1); break; /* the 9th of 9 tokens */
     }
+    #undef PAIR
 }
 
 /* Columns [k0, k0 + K) of row r (k0 a multiple of 128); pf: how far ahead of
