@@ -18,7 +18,8 @@
  * matmul into k-pair panels (FP8 is exact in bf16), activations broadcast
  * as bf16 pairs, rounded or split hi+lo, or as bf16 hi plus an int8 lo
  * against an int8 copy of the panel (see cpu_gemm_precision); where AMX is
- * used (cpu_gemm_amx), the same panels as the B tiles of tdpbf16ps. */
+ * used (cpu_gemm_amx), tdpbf16ps on weight rows as A tiles and activations
+ * as B tiles. */
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
@@ -1405,8 +1406,9 @@ AVX512 static void gemm_tiles(int T, bool split, const uint32_t *wp, const uint3
 
 /* The activations of one GEMM: xa the bf16 pairs (split: hi, lo) per token,
  * ldx uint32 apart; HILO8 also the lo bytes xl, ldl apart, and their scales
- * sl and offsets so, lds apart (gemm_acts8). On AMX xa holds the hi pairs
- * alone and xb (NULL in BF16 precision) the lo pairs (amx_acts). */
+ * sl and offsets so, lds apart (gemm_acts8). On AMX xa holds the B tiles of
+ * the hi pairs and xb (NULL in BF16 precision) those of the lo pairs, ldx
+ * pairs a tile of tokens (amx_acts). */
 typedef struct {
     const uint32_t *xa, *xb;
     size_t ldx;
@@ -1473,121 +1475,186 @@ AVX512 static void gemm_panel(float *y, int n, const ds_weight *w, int row0, int
 }
 
 /* ---- prefill GEMM on AMX tiles (cpu_gemm_amx) ---------------------------
- * The packed panels above are, for each vector v of 16 rows, the B operand of
- * tdpbf16ps: wp[p][v][16] holds pair p of those rows, so 16 pairs are a B
- * tile of 16 rows (pairs) of 64 bytes, 256 bytes apart. The activations are
- * A tiles of 16 tokens x 16 pairs: the bf16 hi pairs in one matrix, the lo
+ * The weights are the A operand of tdpbf16ps and the activations the B
+ * operand, so that the weights need no transpose: an A tile is 16 weight
+ * rows x 16 pairs, 64 bytes of each row. A chunk of GEMM_KC columns of the
+ * panel's rows is copied as bf16 rows (amx_pack; FP8 widened by table as
+ * gemm_pack widens it, times 2^-8), also for BF16 weights: tiles read in
+ * place from the matrix, 16 rows K x 2 bytes apart, were slower (16-core
+ * Xeon, BF16 pp512 at 16 threads, builds alternated three times in one call:
+ * 1119-1353 tok/s in place, 1309-1344 copied, 1227-1344 with the weights as
+ * the B tiles of packed panels; FP8, copied in both forms, 1193-1369 against
+ * 1117-1137 as B tiles). The activations are
+ * B tiles of 16 pairs x 16 tokens (amx_acts): per tile of 16 tokens, pair p's
+ * 16 tokens in one 64-byte row; the bf16 hi pairs in one matrix, the lo
  * pairs (x - hi, rounded) in another, so every step is one tdpbf16ps for hi
  * and one for lo into the same float32 C tile: the SPLIT precision's
  * arithmetic (cpu_gemm_precision's BF16 drops the lo products; HILO8 runs as
- * SPLIT, which is the more accurate). A block is 16 tokens x the panel's 64
- * rows: C in tiles 0-3, A hi in 4, lo in 5, B in 6 and 7. The C tiles go
- * through memory into y, times the FP8 scales after each 128-column block.
- * Token rows past n are zero (whole A tiles), as are pairs past K. */
+ * SPLIT, which is the more accurate). A block is the panel's 64 rows x 16
+ * tokens: C in tiles 0-3 (rows x tokens), B hi in 4, lo in 5, A in 6 and 7.
+ * Each C element sums the same exact bf16 products in the same order as with
+ * the roles swapped. The C tiles go through memory into a float accumulator
+ * per row and token, times the FP8 scales after each 128-column block, in
+ * the order in which y itself was summed (first block stored, later ones
+ * fused multiply-added); the accumulator goes into y transposed once, after
+ * the panel's last chunk. Tokens past n are zero (whole B columns), as are
+ * pairs past K. */
 
-#define AMX_M 16 /* tokens per A tile */
+#define AMX_M 16              /* tokens per B tile */
+#define AMX_LDA (2 * GEMM_KC + 64) /* bytes between packed rows: 16 rows not in one L1 set */
 
-/* Row t of the hi pairs xh and (xl not NULL) the lo pairs, ldx uint32 each:
- * token t's for t < n, zeros for padding rows t >= n; pairs past K zero. */
-AVX512 static void amx_acts(uint32_t *xh, uint32_t *xl, size_t ldx, const float *x, int K, int t, int n)
+/* The B tiles of token tile tt: hi pairs into xh, lo pairs (xl not NULL)
+ * into xl, kp pairs (a multiple of 16) a tile: pair p of token 16 tt + i is
+ * uint32 i of row p, at (tt kp + p) 16; tokens past n and pairs past K zero. */
+AVX512 static void amx_acts(uint32_t *xh, uint32_t *xl, size_t kp, const float *x, int K, int tt, int n)
 {
-    uint32_t *oh = xh + (size_t)t * ldx, *ol = xl ? xl + (size_t)t * ldx : NULL;
-    if (t >= n) {
-        memset(oh, 0, sizeof(uint32_t) * ldx);
-        if (ol) memset(ol, 0, sizeof(uint32_t) * ldx);
-        return;
-    }
-    const float *xi = x + (size_t)t * K;
-    for (int k = 0; k < 2 * (int)ldx; k += 32) {
-        int left = K - k;
-        __m512 a = _mm512_maskz_loadu_ps(left > 0 ? mask16(left) : 0, left > 0 ? xi + k : xi);
-        __m512 b = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, left > 16 ? xi + k + 16 : xi);
-        __m512i hi = (__m512i)_mm512_cvtne2ps_pbh(b, a);
-        _mm512_storeu_si512(oh + k / 2, hi);
-        if (!ol) continue;
-        __m512 ra = _mm512_sub_ps(a, bf16x16_to_f32(_mm512_castsi512_si256(hi)));
-        __m512 rb = _mm512_sub_ps(b, bf16x16_to_f32(_mm512_extracti64x4_epi64(hi, 1)));
-        _mm512_storeu_si512(ol + k / 2, (__m512i)_mm512_cvtne2ps_pbh(rb, ra));
+    for (size_t pb = 0; pb < kp; pb += 16) {
+        __m512i rh[16], rl[16];
+        int k = (int)pb * 2, left = K - k;
+        #pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            int t = AMX_M * tt + i;
+            rh[i] = rl[i] = _mm512_setzero_si512();
+            if (t >= n || left <= 0) continue;
+            const float *xi = x + (size_t)t * K + k;
+            __m512 a = _mm512_maskz_loadu_ps(mask16(left), xi);
+            __m512 b = _mm512_maskz_loadu_ps(left > 16 ? mask16(left - 16) : 0, left > 16 ? xi + 16 : xi);
+            rh[i] = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+            if (!xl) continue;
+            __m512 ra = _mm512_sub_ps(a, bf16x16_to_f32(_mm512_castsi512_si256(rh[i])));
+            __m512 rb = _mm512_sub_ps(b, bf16x16_to_f32(_mm512_extracti64x4_epi64(rh[i], 1)));
+            rl[i] = (__m512i)_mm512_cvtne2ps_pbh(rb, ra);
+        }
+        uint32_t *oh = xh + ((size_t)tt * kp + pb) * 16;
+        transpose16(rh);
+        #pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) _mm512_store_si512(oh + (size_t)p * 16, rh[p]);
+        if (!xl) continue;
+        uint32_t *ol = xl + ((size_t)tt * kp + pb) * 16;
+        transpose16(rl);
+        #pragma GCC unroll 16
+        for (int p = 0; p < 16; p++) _mm512_store_si512(ol + (size_t)p * 16, rl[p]);
     }
 }
 
-/* y[t][0..64) (+)= s * sum over pairs [p0, p1) of wp and token t's pairs,
- * t < T <= 16: xh, xl the block's first token's hi and lo pairs (pair 0 of
- * wp), ldx uint32 apart; pairs are taken 16 at a time (wp and the pairs are
- * zero up to the next 16); s per row (sv, or 1 when NULL), rows masked by rm. */
-AVX512 static void amx_block(int T, const uint32_t *wp, const uint32_t *xh, const uint32_t *xl, size_t ldx, int p0,
-                             int p1, float *y, size_t ldy, const float *sv, const __mmask16 *rm, bool add)
+/* Rows [r, r+nr) of w, nr <= 64, columns [k0, k0+kc) as bf16 rows of wa,
+ * AMX_LDA bytes apart, the pairs rounded up to 16 (rows past nr and columns
+ * past K zero). FP8 codes are widened by table (fp8x64_lut: value x 2^-8). */
+AVX512 static void amx_pack(uint8_t *wa, const ds_weight *w, int r, int nr, int k0, int kc)
 {
-    long sa = (long)(sizeof(uint32_t) * ldx), sb = (long)sizeof(uint32_t) * 64;
+    int K = w->cols, kw = (kc + 31) / 32 * 32; /* columns written: whole tile rows */
+    bool fp8 = w->fmt == DS_W_FP8;
+    if (fp8) pthread_once(&fp8_tables_once, fp8_tables_init);
+    for (int i = 0; i < GEMM_PANEL; i++) {
+        uint8_t *o = wa + (size_t)i * AMX_LDA;
+        if (i >= nr) {
+            memset(o, 0, (size_t)kw * 2);
+            continue;
+        }
+        const char *row = (const char *)w_row(w, r + i);
+        const char *ahead = i + 4 < nr ? (const char *)w_row(w, r + i + 4) : NULL; /* read 4 rows on */
+        for (int k = 0; k < kw; k += 64) {
+            int kk = k0 + k, nk = MIN(K - kk, kc - k); /* columns of this row in the chunk */
+            __m512i p0, p1, u;
+            if (ahead && nk > 0) {
+                _mm_prefetch(ahead + (size_t)kk * (fp8 ? 1 : 2), _MM_HINT_T0);
+                if (!fp8) _mm_prefetch(ahead + (size_t)kk * 2 + 64, _MM_HINT_T0);
+            }
+            if (fp8) {
+                fp8x64_lut(_mm512_maskz_loadu_epi8(mask64(nk), row + kk), &p0, &p1, NULL, &u);
+            } else {
+                p0 = _mm512_maskz_loadu_epi16(mask32(nk), (const uint16_t *)row + kk);
+                p1 = _mm512_maskz_loadu_epi16(mask32(nk - 32), (const uint16_t *)row + kk + 32);
+            }
+            _mm512_storeu_si512(o + 2 * k, p0);
+            if (k + 32 < kw) _mm512_storeu_si512(o + 2 * k + 64, p1);
+        }
+    }
+}
+
+/* c[v] (+)= s * (the sum over pairs [p0, p1) of the 64 rows of wa (amx_pack's
+ * rows, AMX_LDA bytes apart, pair 0 at wa) and the B tiles xh, xl (pair 0 at
+ * xh)), per row i of the 64 and token j of 16: c[v][i][j]; s per row (sv, or
+ * 1 when NULL). */
+AVX512 static void amx_block(const uint8_t *wa, const uint32_t *xh, const uint32_t *xl, int p0, int p1,
+                             float c[4][16][AMX_M], const float *sv, bool add)
+{
+    const size_t lda = AMX_LDA;
+    long sa = (long)lda, sb = 64;
     AMX_TILE_ZERO(0);
     AMX_TILE_ZERO(1);
     AMX_TILE_ZERO(2);
     AMX_TILE_ZERO(3);
     for (int p = p0; p < p1; p += 16) {
-        const uint32_t *b = wp + (size_t)p * 64;
-        AMX_TILE_LOAD(4, xh + p, sa);
-        AMX_TILE_LOAD(6, b, sb);
-        AMX_TILE_LOAD(7, b + 16, sb);
-        AMX_DPBF16(0, 4, 6);
-        AMX_DPBF16(1, 4, 7);
+        const uint8_t *a = wa + (size_t)p * 4;
+        AMX_TILE_LOAD(4, xh + (size_t)p * 16, sb);
+        AMX_TILE_LOAD(6, a, sa);
+        AMX_TILE_LOAD(7, a + 16 * lda, sa);
+        AMX_DPBF16(0, 6, 4);
+        AMX_DPBF16(1, 7, 4);
         if (xl) {
-            AMX_TILE_LOAD(5, xl + p, sa);
-            AMX_DPBF16(0, 5, 6);
-            AMX_DPBF16(1, 5, 7);
+            AMX_TILE_LOAD(5, xl + (size_t)p * 16, sb);
+            AMX_DPBF16(0, 6, 5);
+            AMX_DPBF16(1, 7, 5);
         }
-        AMX_TILE_LOAD(6, b + 32, sb);
-        AMX_TILE_LOAD(7, b + 48, sb);
-        AMX_DPBF16(2, 4, 6);
-        AMX_DPBF16(3, 4, 7);
+        AMX_TILE_LOAD(6, a + 32 * lda, sa);
+        AMX_TILE_LOAD(7, a + 48 * lda, sa);
+        AMX_DPBF16(2, 6, 4);
+        AMX_DPBF16(3, 7, 4);
         if (xl) {
-            AMX_DPBF16(2, 5, 6);
-            AMX_DPBF16(3, 5, 7);
+            AMX_DPBF16(2, 6, 5);
+            AMX_DPBF16(3, 7, 5);
         }
     }
-    float c[4][AMX_M][16] __attribute__((aligned(64)));
-    AMX_TILE_STORE(0, c[0], 64);
-    AMX_TILE_STORE(1, c[1], 64);
-    AMX_TILE_STORE(2, c[2], 64);
-    AMX_TILE_STORE(3, c[3], 64);
-    for (int v = 0; v < 4; v++) {
-        __m512 s = sv ? _mm512_loadu_ps(sv + 16 * v) : _mm512_set1_ps(1.0f);
-        for (int t = 0; t < T; t++) {
-            float *o = y + t * ldy + 16 * v;
-            __m512 a = _mm512_load_ps(c[v][t]);
-            __m512 r = add ? _mm512_fmadd_ps(a, s, _mm512_maskz_loadu_ps(rm[v], o)) : _mm512_mul_ps(a, s);
-            _mm512_mask_storeu_ps(o, rm[v], r);
+    float t[4][16][AMX_M] __attribute__((aligned(64)));
+    AMX_TILE_STORE(0, t[0], 64);
+    AMX_TILE_STORE(1, t[1], 64);
+    AMX_TILE_STORE(2, t[2], 64);
+    AMX_TILE_STORE(3, t[3], 64);
+    for (int v = 0; v < 4; v++)
+        for (int i = 0; i < 16; i++) {
+            __m512 s = _mm512_set1_ps(sv ? sv[16 * v + i] : 1.0f), a = _mm512_load_ps(t[v][i]);
+            _mm512_store_ps(c[v][i], add ? _mm512_fmadd_ps(a, s, _mm512_load_ps(c[v][i])) : _mm512_mul_ps(a, s));
         }
-    }
 }
 
-/* gemm_panel on AMX tiles: rows [a, a+nr) relative to row0, all n tokens; wp
- * the thread's bf16 panel; the thread's tiles are configured. */
+/* gemm_panel on AMX tiles: rows [a, a+nr) relative to row0, all n tokens; wa
+ * the thread's packed rows, acc its accumulators (64 rows x 16 tokens a token
+ * tile); the thread's tiles are configured. */
 AVX512 static void amx_panel(float *y, int n, const ds_weight *w, int row0, int rows, int a, int nr, const gemm_x *gx,
-                             uint32_t *wp, const gemm_rows *next)
+                             uint8_t *wa, float (*acc)[4][16][AMX_M])
 {
-    int K = w->cols;
+    int K = w->cols, nt = (n + AMX_M - 1) / AMX_M;
     bool fp8 = w->fmt == DS_W_FP8;
-    size_t ldx = gx->ldx;
-    __mmask16 rm[4];
-    for (int v = 0; v < 4; v++) rm[v] = 16 * v < nr ? mask16(nr - 16 * v) : 0;
+    size_t kp = gx->ldx; /* pairs a B tile row group: (K / 2 rounded up to 16) */
     float sc[GEMM_KC / DS_BLOCK][GEMM_PANEL]; /* FP8: scale * 2^8 per block and row */
     for (int k0 = 0; k0 < K; k0 += GEMM_KC) {
         int kc = MIN(GEMM_KC, K - k0), pc = (kc + 1) / 2;
-        gemm_pack(wp, NULL, NULL, w, row0 + a, nr, k0, kc, next);
+        amx_pack(wa, w, row0 + a, nr, k0, kc);
         if (fp8) panel_scales(sc, w, row0 + a, nr, k0, kc);
-        for (int t = 0; t < n; t += AMX_M) {
-            int T = MIN(AMX_M, n - t);
-            float *yt = y + (size_t)t * rows + a;
-            const uint32_t *xh = gx->xa + (size_t)t * ldx + k0 / 2, *xl = gx->xb ? gx->xb + (size_t)t * ldx + k0 / 2 : NULL;
+        for (int tt = 0; tt < nt; tt++) {
+            const uint32_t *xh = gx->xa + ((size_t)tt * kp + k0 / 2) * 16;
+            const uint32_t *xl = gx->xb ? gx->xb + ((size_t)tt * kp + k0 / 2) * 16 : NULL;
             if (!fp8) {
-                amx_block(T, wp, xh, xl, ldx, 0, pc, yt, (size_t)rows, NULL, rm, k0 > 0);
+                amx_block(wa, xh, xl, 0, pc, acc[tt], NULL, k0 > 0);
                 continue;
             }
             for (int b = 0; b * DS_BLOCK < kc; b++)
-                amx_block(T, wp, xh, xl, ldx, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), yt, (size_t)rows,
-                          sc[b], rm, k0 > 0 || b > 0);
+                amx_block(wa, xh, xl, b * DS_BLOCK / 2, MIN(pc, (b + 1) * DS_BLOCK / 2), acc[tt], sc[b],
+                          k0 > 0 || b > 0);
         }
     }
+    __mmask16 rm[4];
+    for (int v = 0; v < 4; v++) rm[v] = 16 * v < nr ? mask16(nr - 16 * v) : 0;
+    for (int tt = 0; tt < nt; tt++) /* acc[tt][v][i][j] -> y[16 tt + j][a + 16 v + i] */
+        for (int v = 0; v < 4 && 16 * v < nr; v++) {
+            __m512i r[16];
+            #pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(acc[tt][v][i]);
+            transpose16(r);
+            for (int j = 0; j < AMX_M && AMX_M * tt + j < n; j++)
+                _mm512_mask_storeu_ps(y + (size_t)(AMX_M * tt + j) * rows + a + 16 * v, rm[v], (__m512)r[j]);
+        }
 }
 
 /* The job of panel u (pfirst: each job's first panel). */
@@ -1601,17 +1668,15 @@ static int panel_job(const int *pfirst, int u)
 /* GEMM jobs (BF16 or FP8 weights) in one parallel region: the activations of
  * each distinct input packed once (jobs that share x, as w1 and w3 do, share
  * them), then every job's panels in one dynamic loop, so that two threads
- * wait for each other once, not once a job. On AMX the activations are rows
- * of whole A tiles (the tokens rounded up to 16), and a row is 64 bytes
- * longer than its pairs need, so that the 16 rows of a tile do not fall in
- * one L1 set when the pairs are a multiple of 4 KiB. */
+ * wait for each other once, not once a job. On AMX the activations are whole
+ * B tiles (amx_acts), packed a tile of 16 tokens at a time. */
 AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
 {
     cpu_gemm_prec prec = cpu_gemm_precision;
     bool amx = cpu_gemm_amx, amx_lo = amx && prec != CPU_GEMM_BF16;
     bool split = !amx && prec == CPU_GEMM_SPLIT, h8 = !amx && prec == CPU_GEMM_HILO8;
     gemm_x gxs[GEMM_MAX_JOBS];
-    int set[GEMM_MAX_JOBS], first[GEMM_MAX_JOBS + 1], pfirst[GEMM_MAX_JOBS + 1], ns = 0;
+    int set[GEMM_MAX_JOBS], first[GEMM_MAX_JOBS + 1], pfirst[GEMM_MAX_JOBS + 1], ns = 0, maxt = 0;
     size_t off[GEMM_MAX_JOBS], xbytes = 0;
     first[0] = pfirst[0] = 0;
     for (int j = 0; j < nj; j++) {
@@ -1627,12 +1692,12 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
             g.ldl = (size_t)nb * DS_BLOCK;
             g.lds = ((size_t)nb + 15) / 16 * 16;
         }
-        int nx = jb->n; /* rows of activations */
+        int nx = jb->n; /* units of activations: tokens, or on AMX tiles of AMX_M tokens */
         off[ns] = xbytes;
         if (amx) {
-            g.ldx += 16;
-            nx = (jb->n + AMX_M - 1) / AMX_M * AMX_M;
-            xbytes += sizeof(uint32_t) * g.ldx * (size_t)nx * (amx_lo ? 2 : 1);
+            nx = (jb->n + AMX_M - 1) / AMX_M;
+            if (nx > maxt) maxt = nx;
+            xbytes += sizeof(uint32_t) * g.ldx * AMX_M * (size_t)nx * (amx_lo ? 2 : 1);
         } else
             xbytes += (sizeof(uint32_t) * g.ldx + g.ldl + (sizeof(float) + sizeof(int32_t)) * g.lds) * (size_t)jb->n;
         gxs[ns] = g;
@@ -1661,14 +1726,16 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
         in[si].n = jobs[j].n;
         g->xa = in[si].xa = (uint32_t *)(xbuf + off[si]);
         if (amx) {
-            g->xb = in[si].xb = amx_lo ? in[si].xa + g->ldx * (size_t)(first[si + 1] - first[si]) : NULL;
+            g->xb = in[si].xb = amx_lo ? in[si].xa + g->ldx * AMX_M * (size_t)(first[si + 1] - first[si]) : NULL;
             continue;
         }
         g->sl = in[si].sl = (float *)(in[si].xa + g->ldx * n);
         g->so = in[si].so = (int32_t *)(in[si].sl + g->lds * n);
         g->xl = in[si].xl = (int8_t *)(in[si].so + g->lds * n);
     }
+    /* a thread's panel: packed, or on AMX the packed rows and the accumulators */
     size_t wbytes = sizeof(uint32_t) * (size_t)GEMM_KC / 2 * GEMM_PANEL + (h8 ? (size_t)GEMM_KC * GEMM_PANEL : 0);
+    if (amx) wbytes = (size_t)AMX_LDA * GEMM_PANEL + sizeof(float[4][16][AMX_M]) * (size_t)maxt;
     int failed = 0, head = 0;
     #pragma omp parallel
     {
@@ -1712,7 +1779,7 @@ AVX512 static void gemm_jobs(const ds_matmul_job *jobs, int nj)
                     if (!tiles) cpu_amx_tiles_on();
                     tiles = true;
                     amx_panel(jb->y, jb->n, jb->w, jb->row0, jb->rows, a, MIN(GEMM_PANEL, jb->rows - a), &gxs[set[j]],
-                              wp, next < pfirst[nj] ? &np : NULL);
+                              (uint8_t *)wp, (float(*)[4][16][AMX_M])((uint8_t *)wp + (size_t)AMX_LDA * GEMM_PANEL));
                     continue;
                 }
                 gemm_panel(jb->y, jb->n, jb->w, jb->row0, jb->rows, a, MIN(GEMM_PANEL, jb->rows - a), &gxs[set[j]], wp,
