@@ -559,8 +559,10 @@ AVX512 static __attribute__((noinline)) void dp2_subT(int T, float sub[16][16], 
     }
 }
 
-/* gemv_dp_tile2 for T = 2..8 tokens (token t's activations at xq + t ldq, its
- * outputs at y + t ldy): NC chains a row and token, at most 16 sums. At several
+/* Two rows (row and row + ldr) at once for T = 2..8 tokens (token t's
+ * activations at xq + t ldq, its outputs at y + t ldy): NC chains a row and
+ * token, at most 16 sums. At one token the one-row tile is faster from
+ * memory (two streams a thread follow worse). At several
  * tokens the one-row tile loads 8 T activation vectors per 128 codes for 8 T
  * vdpbf16ps; here two rows share them, and past 4 tokens each row's codes are
  * widened once for all 8 (gemv_dp_tile takes 4 tokens a tile). Cycles per 128
