@@ -185,19 +185,30 @@ static void check_fp8_scale_range(const char *label, matmul_fn f)
     free_weight(&w);
 }
 
-/* BF16 weights whose rows start at every 2-byte place in a 64-byte line (a
- * safetensors file's tensors need only be 8-byte aligned; the AVX-512 decode
- * kernel shifts whole lines into place where a row starts 4 bytes in or more):
- * the same bits as the line-aligned copy, and within tol of the reference.
- * Rows of 2048 (whole rows) and 4500 (column pieces), 1 to 5 tokens. */
-static void check_bf16_line_offsets(const char *label, matmul_fn f, double tol)
+/* Weights whose rows start at every place in a 64-byte line (a safetensors
+ * file's tensors need only be 8-byte aligned; the AVX-512 decode kernels load
+ * whole lines and shift them into place where a row starts 4 bytes in or
+ * more): the same bits as the line-aligned copy, and within tol of the
+ * reference. BF16 at every 2 bytes, FP8 (every code but NaN, so subnormal
+ * chunks too) at every byte. Whole rows and column pieces (BF16 4500, FP8
+ * 8256 columns), FP8 rows a multiple of 64 (the two-row tile from 2 tokens)
+ * or not; 1 to 9 tokens (the two-row tile takes 8 at a time). */
+static void check_line_offsets(const char *label, matmul_fn f, ds_wfmt fmt, double tol)
 {
-    static const int shapes[][2] = {{70, 2048}, {9, 4500}, {33, 96}};
-    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
-        for (int n = 1; n <= 5; n += 2) {
-            int rows = shapes[si][0], cols = shapes[si][1];
-            size_t bytes = (size_t)rows * cols * sizeof(uint16_t);
-            tweight w = make_weight(DS_W_BF16, rows, cols);
+    static const int bf16_shapes[][2] = {{70, 2048}, {9, 4500}, {33, 96}};
+    static const int fp8_shapes[][2] = {{70, 2048}, {5, 8256}, {33, 200}, {17, 64}};
+    static const int bf16_n[] = {1, 3, 5}, fp8_n[] = {1, 2, 3, 4, 8, 9};
+    bool fp8 = fmt == DS_W_FP8;
+    const int (*shapes)[2] = fp8 ? fp8_shapes : bf16_shapes;
+    size_t nshapes = fp8 ? sizeof fp8_shapes / sizeof *fp8_shapes : sizeof bf16_shapes / sizeof *bf16_shapes;
+    const int *ns = fp8 ? fp8_n : bf16_n;
+    size_t nn = fp8 ? sizeof fp8_n / sizeof *fp8_n : sizeof bf16_n / sizeof *bf16_n;
+    int esz = fp8 ? 1 : 2;
+    for (size_t si = 0; si < nshapes; si++)
+        for (size_t ni = 0; ni < nn; ni++) {
+            int rows = shapes[si][0], cols = shapes[si][1], n = ns[ni];
+            size_t bytes = (size_t)rows * cols * esz;
+            tweight w = make_weight(fmt, rows, cols);
             uint8_t *buf = NULL;
             if (posix_memalign((void **)&buf, 64, bytes + 64)) abort();
             float *x = rand_vec((size_t)n * cols);
@@ -205,15 +216,16 @@ static void check_bf16_line_offsets(const char *label, matmul_fn f, double tol)
                   *al = out_buf((size_t)n * rows);
             cpu_ref_ops.matmul(ref, x, n, &w.w, 0, rows, DS_GEMM_BF16, false);
             ds_weight v = w.w;
-            for (int at = 0; at < 64; at += 2) {
+            for (int at = 0; at < 64; at += esz) {
                 memcpy(buf + at, w.data, bytes);
                 v.data = buf + at;
                 f(at ? got : al, x, n, &v, 0, rows);
                 if (!at) continue;
                 double e = matmul_err(got, ref, x, n, &v, 0, rows);
                 CHECK_MSG(e <= tol && !memcmp(got, al, sizeof(float) * (size_t)n * rows),
-                          "%s bf16 %dx%d rows %d bytes into a line, n %d: error %.3g, %s the aligned copy", label,
-                          rows, cols, at, n, e, memcmp(got, al, sizeof(float) * (size_t)n * rows) ? "not" : "as");
+                          "%s %s %dx%d rows %d bytes into a line, n %d: error %.3g, %s the aligned copy", label,
+                          fp8 ? "fp8" : "bf16", rows, cols, at, n, e,
+                          memcmp(got, al, sizeof(float) * (size_t)n * rows) ? "not" : "as");
                 CHECK(sentinels_ok(got, (size_t)n * rows));
             }
             free(buf);
@@ -819,7 +831,8 @@ int main(void)
     /* FP8 decode and the split GEMM: activations as bf16 high + low parts,
      * x - hi - lo <= 2^-18 |x|, plus float32 sums: 1e-5 */
     check_matmul("avx512 decode", avx512_matmul_decode, 1e-6, 1e-5);
-    check_bf16_line_offsets("avx512 decode", avx512_matmul_decode, 1e-6);
+    check_line_offsets("avx512 decode", avx512_matmul_decode, DS_W_BF16, 1e-6);
+    check_line_offsets("avx512 decode", avx512_matmul_decode, DS_W_FP8, 1e-5);
     check_matmul("avx512 gemm split", gemm_split, 1e-5, 1e-5);
     check_hilo8();
     /* bf16 activations: each x_k rounded by at most 2^-9 relative */
