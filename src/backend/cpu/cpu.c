@@ -4,10 +4,10 @@
  * The fast table starts as a copy of the reference and overrides the members
  * that have vectorised versions (matmul, matmul_t, attention, silu_mul and
  * the batched matmul_many, matmul_heads(_t), moe_experts on AVX-512; matmul
- * on AVX2), and runs the reference's row-wise ops on all threads. The choice is made at run time with
- * __builtin_cpu_supports, so one binary runs on any x86-64; cpu_tuning
- * (cpu_backend.h) may ask for a narrower set and selects the precision of the
- * prefill GEMM's activations. */
+ * on AVX2), and runs the reference's row-wise ops on all threads. The choice
+ * is made at run time with __builtin_cpu_supports, so one binary runs on any
+ * x86-64; cpu_tuning (cpu_backend.h) may ask for a narrower set and selects
+ * the precision of the prefill GEMM's activations. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
