@@ -378,6 +378,13 @@ int main(int argc, char **argv)
          * prefill of 512 tokens (after a warm-up prefill). BENCH_PROFILE=decode:
          * the decode steps only; =prefill: the prefill only. */
         bool pd = strcmp(prof_mode, "prefill") != 0, pp = strcmp(prof_mode, "decode") != 0;
+        /* BENCH_PROFILE_TOKENS: the profiled prefill's length (512; up to 4096) */
+        const char *pt = getenv("BENCH_PROFILE_TOKENS");
+        if (pt && atoi(pt) >= 1 && atoi(pt) <= npl) {
+            g_want[np - 1] = false;
+            np = atoi(pt);
+            g_want[np - 1] = true;
+        }
         m->opt.tune.no_graphs = true;
         if (pd && decode(m, kv, 1, 0, 1, logits) < 0) goto fail;
         int prof[3][2] = {{1, 0}, {1, 4096}, {8, 0}};

@@ -248,6 +248,11 @@ int main(void)
     /* prefill: the tiled kernel (CUDA cores, float32) */
     bench_matmul(DS_W_FP8, 2048, 7168, 512, DS_GEMM_BF16);
     bench_matmul(DS_W_FP8, 2048, 7168, 512, DS_GEMM_FP8);
+    /* prefill on the FP8 GEMM path at 4096 tokens: the 16B experts' up (w1 | w3) and down
+     * shapes as dense products, and V3's dense w1 */
+    bench_matmul(DS_W_FP8, 2816, 2048, 4096, DS_GEMM_FP8);
+    bench_matmul(DS_W_FP8, 2048, 1408, 4096, DS_GEMM_FP8);
+    bench_matmul(DS_W_FP8, 18432, 7168, 4096, DS_GEMM_FP8);
     bench_attention(1, 128, 4096);
     bench_attention(8, 128, 4096);
     static const ds_pick picks[] = {

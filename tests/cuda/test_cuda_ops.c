@@ -928,6 +928,9 @@ static void test_fp8mma(void)
         test_matmul(DS_W_FP8, 384, 1024, 70, 128, 256, DS_GEMM_FP8, false, false);
         test_matmul(DS_W_FP8, 384, 1040, 33, 32, 300, DS_GEMM_FP8, true, false);  /* a partial 128-block, ue8m0; row0 % 64 != 0 */
         test_matmul(DS_W_FP8, 384, 1040, 33, 64, 300, DS_GEMM_FP8, false, false); /* the same, row0 % 64 == 0 */
+        test_matmul(DS_W_FP8, 512, 1040, 33, 128, 300, DS_GEMM_FP8, false, false); /* row0 on a scale block */
+        test_matmul(DS_W_FP8, 2816, 2048, 300, 0, 2816, DS_GEMM_FP8, false, false); /* the 16B experts' w1 | w3 */
+        test_matmul(DS_W_FP8, 300, 512, 200, 0, 257, DS_GEMM_FP8, false, false);  /* odd rows, several tiles */
         test_matmul(DS_W_FP8, 2048, 2048, 130, 0, 2048, DS_GEMM_FP8, false, false); /* split k */
         test_matmul(DS_W_FP8, 1408, 2816, 512, 0, 1408, DS_GEMM_FP8, false, false);  /* the 16B model's shapes */
         test_moe(DS_W_FP8, 40, true, 4, DS_GEMM_FP8);
