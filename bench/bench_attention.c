@@ -13,15 +13,9 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_peak.h"
+#include "base/clock.h"
 
 #define LAYERS 8
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -62,9 +56,9 @@ int main(int argc, char **argv)
                           .vdim = 128, .kv_rank = R, .softmax_scale = 0.07f, .q_c = qc, .q_pe = qp,
                           .kv_cache = kv + (size_t)l * ctx * R, .pe_cache = pe + (size_t)l * ctx * P, .ctx = ctx,
                           .out = out};
-        double t = now();
+        double t = ds_now();
         ops->attention(&a, DS_ATTN_ABSORB);
-        ts[r] = now() - t;
+        ts[r] = ds_now() - t;
     }
     qsort(ts, (size_t)reps, sizeof *ts, cmp_double);
     /* the median is what a decode step pays (the model's figure at depth matches it); the

@@ -21,13 +21,7 @@
 
 #include "backend/cpu/cpu_peak.h"
 #include "backend/cpu/cpu_simd.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "base/clock.h"
 
 /* Best GB/s of weights over reps passes of a decode kernel over all of w at n
  * tokens (x: n rows; y: room for n rows of w->rows). */
@@ -36,9 +30,9 @@ static double time_decode(void (*f)(float *, const float *, int, const ds_weight
 {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t = now();
+        double t = ds_now();
         f(y, x, n, w, 0, w->rows);
-        t = now() - t;
+        t = ds_now() - t;
         if (t < best) best = t;
     }
     size_t esz = w->fmt == DS_W_FP8 ? 1 : 2;
@@ -121,7 +115,7 @@ static void time_moe(const char *what, ds_wfmt fmt, const uint8_t *base, size_t 
     }
     ds_matmul_job jobs[2 * KE];
     unsigned seed = 1;
-    double t = now(), moved = 0;
+    double t = ds_now(), moved = 0;
     for (int tk = 0; tk < toks; tk++) {
         int chosen[KE];
         for (int k = 0; k < KE; k++) {
@@ -136,7 +130,7 @@ static void time_moe(const char *what, ds_wfmt fmt, const uint8_t *base, size_t 
         matmul_many(jobs, KE);
         moved += 3.0 * KE * mat;
     }
-    t = now() - t;
+    t = ds_now() - t;
     printf("MoE pattern on %s (6 of %d experts, 1408 x 2048, %d tokens): %.1f GB/s (%.1f%%), %.0f us per token\n",
            what, E, toks, moved / t / 1e9, 100 * moved / t / 1e9 / bw, 1e6 * t / toks);
     free(xi);

@@ -11,14 +11,8 @@
 #include <time.h>
 
 #include "backend/cpu/cpu_peak.h"
+#include "base/clock.h"
 #include "model/sampler.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static uint64_t g_seed = 1;
 
@@ -61,9 +55,9 @@ int main(void)
             double best = 1e30;
             for (int r = 0; r < reps; r++) {
                 memcpy(w, l, sizeof(float) * V);
-                double t = now();
+                double t = ds_now();
                 sampler_pick(&s, w, hist, cases[c].nh);
-                t = now() - t;
+                t = ds_now() - t;
                 if (t < best) best = t;
             }
             sampler_free(&s);

@@ -36,14 +36,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "dsv3.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double cpu_self(void)
 {
@@ -160,7 +154,7 @@ static double wave(int B, int n, const char *prompt, double *wall)
     double *t_first = calloc((size_t)B, sizeof(double)), *t_last = calloc((size_t)B, sizeof(double));
     int *events = calloc((size_t)B, sizeof(int));
     char **tail = calloc((size_t)B, sizeof(char *)); /* an event split over reads */
-    double t0 = now();
+    double t0 = ds_now();
     for (int i = 0; i < B; i++) {
         p[i].fd = http_send("POST", "/v1/chat/completions", body);
         p[i].events = POLLIN;
@@ -180,7 +174,7 @@ static double wave(int B, int n, const char *prompt, double *wall)
         struct timespec gap = {0, 300000};
         nanosleep(&gap, NULL);
         poll(p, (nfds_t)B, 0);
-        double t = now();
+        double t = ds_now();
         for (int i = 0; i < B; i++) {
             if (p[i].fd < 0 || !p[i].revents) continue;
             ssize_t k = recv(p[i].fd, buf, sizeof buf - 1, 0);
@@ -207,7 +201,7 @@ static double wave(int B, int n, const char *prompt, double *wall)
             memmove(tail[i], s, strlen(s) + 1);
         }
     }
-    *wall = now() - t0;
+    *wall = ds_now() - t0;
     double rate = 0;
     for (int i = 0; i < B; i++) {
         free(tail[i]);
@@ -262,9 +256,9 @@ static double ttft_server(const char *text, long *hit, long *prompt)
 {
     char body[512];
     chat_body(body, sizeof body, text, 1, false);
-    double t0 = now();
+    double t0 = ds_now();
     char *reply = http("POST", "/v1/chat/completions", body);
-    double t = now() - t0;
+    double t = ds_now() - t0;
     *hit = json_int(reply, "prompt_cache_hit_tokens");
     *prompt = json_int(reply, "prompt_tokens");
     if (*hit < 0 || *prompt < 1) {
@@ -299,12 +293,12 @@ static double ttft_local(ds_engine *e, int pre, const ds_chat_params *cp, const 
     bad = bad || ds_seq_fork(e, 0, pre, (int)hit);
     ds_free(ids);
     if (bad) return -1;
-    double t0 = now();
+    double t0 = ds_now();
     if (ds_chat_apply(tk, &m, 1, cp, NULL, &ids, &n)) return -1;
     ds_batch rb = {.n_tokens = (int)(n - (size_t)hit), .token = ids + hit};
     bad = ds_decode(e, &rb) != DS_OK;
     if (!bad) (void)ds_argmax(ds_logits(e, 0), ds_engine_n_vocab(e));
-    double t = now() - t0;
+    double t = ds_now() - t0;
     ds_free(ids);
     return bad ? -1 : t;
 }
@@ -361,12 +355,12 @@ int main(int argc, char **argv)
             for (int q = 0; q < B; q++) tok[q] = first, seq[q] = q;
             ds_batch b = {.n_tokens = B, .token = tok, .seq = seq};
             double c0 = cpu_self();
-            t0 = now();
+            t0 = ds_now();
             for (int s = 0; s < N; s++) {
                 if (ds_decode_pick(e, &b, NULL, next)) return fail();
                 memcpy(tok, next, sizeof(int32_t) * (size_t)B);
             }
-            double cli_dt = now() - t0;
+            double cli_dt = ds_now() - t0;
             cli_cpu = (cpu_self() - c0) / ((double)B * N);
             cli_tps = (double)B * N / cli_dt;
             /* ---- decode, the server */
@@ -396,9 +390,9 @@ int main(int argc, char **argv)
             if ((!local_first || hit != guess) && (tc[k] = ttft_local(e, B, &cp, text, hit)) < 0) return fail();
             cached = (int)hit;
             computed = (int)(pt - hit);
-            t0 = now();
+            t0 = ds_now();
             char *reply = http("GET", "/health", NULL);
-            th[k] = now() - t0;
+            th[k] = ds_now() - t0;
             free(reply);
         }
         double mc = median(tc, 7), ms = median(ts, 7), mh = median(th, 7);

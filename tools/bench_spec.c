@@ -33,6 +33,7 @@
 #include <time.h>
 
 #include "args.h"
+#include "base/clock.h"
 #include "cmds.h"
 #include "dsv3.h"
 
@@ -40,13 +41,6 @@
               "[--device cpu|cuda|auto] [--gemm-impl bf16|fp8]"
 #define MAX_VARIANTS 9
 #define MAX_REPS 64
-
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static double cpu_now(void)
 {
@@ -83,11 +77,11 @@ static int on_token(void *user, int index, int32_t token)
     (void)token;
     timing *t = user;
     if (++t->seen == 1) {
-        t->w0 = wall_now();
+        t->w0 = ds_now();
         t->c0 = cpu_now();
         if (t->profile) ds_profile_enable(true);
     } else if (t->seen == t->n) {
-        t->w1 = wall_now();
+        t->w1 = ds_now();
         t->c1 = cpu_now();
         if (t->profile) {
             ds_profile p;

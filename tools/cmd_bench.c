@@ -30,6 +30,7 @@
 #include <time.h>
 
 #include "args.h"
+#include "base/clock.h"
 #include "cmds.h"
 #include "commit.h" /* DSV3_COMMIT */
 #include "dsv3.h"
@@ -40,13 +41,6 @@
               "       dsv3 bench --spec mtp [--draft LIST] ... (speculative decoding beside plain: dsv3 bench --spec mtp --help)"
 #define MAX_THREADS 1024
 #define MAX_SEQS 256
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -95,9 +89,9 @@ static double run_pp(bench_ctx *b, int n, int d)
     for (int i = 0; i < n; i++) b->want[i] = i == n - 1;
     ds_batch batch = {.n_tokens = n, .token = b->tok, .logits = b->want};
     if (ds_seq_truncate(b->e, 0, d)) return -1;
-    double t0 = now();
+    double t0 = ds_now();
     if (ds_decode(b->e, &batch)) return -1;
-    return now() - t0;
+    return ds_now() - t0;
 }
 
 /* n decode steps of sequences 0..B-1 together, at positions d..d+n-1 (each
@@ -112,13 +106,13 @@ static double run_tg(bench_ctx *b, int n, int d, int B)
         b->want[s] = true;
         if (ds_seq_truncate(b->e, s, d)) return -1;
     }
-    double t0 = now();
+    double t0 = ds_now();
     for (int i = 0; i < n; i++) {
         ds_batch batch = {.n_tokens = B, .token = t, .seq = b->seq, .logits = b->want};
         if (ds_decode(b->e, &batch)) return -1;
         for (int s = 0; s < B; s++) t[s] = ds_argmax(ds_logits(b->e, s), V);
     }
-    return now() - t0;
+    return ds_now() - t0;
 }
 
 typedef enum { OUT_MD, OUT_CSV, OUT_JSON, OUT_JSONL } out_format;
@@ -547,13 +541,13 @@ int cmd_bench(int argc, char **argv)
     r.fma = lim.fma_gflops;
     r.bf16 = lim.bf16_gflops;
     if (cuda) r.bw_what = "copy";
-    double t_load = now();
+    double t_load = ds_now();
     ep.n_ctx = maxd + maxn;
     ep.n_seq = maxs;
     if (ds_engine_load(ckpt, &ep, &b.e)) goto fail;
     size_t ckpt_bytes;
     ds_engine_touch_weights(b.e, &ckpt_bytes);
-    t_load = now() - t_load;
+    t_load = ds_now() - t_load;
     /* the weights' own mapping, when it is large enough (1 GiB of one shard):
      * the limit is the better of the two, fresh memory or the mapped weights */
     double bw_mapped = ds_engine_weights_bandwidth(b.e, 10);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "base/clock.h"
 #include "cmds.h"
 #include "dsv3.h"
 #include "generate.h"
@@ -396,17 +397,10 @@ typedef struct {
     const char *name;
 } load_watch;
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static void *load_watch_run(void *arg)
 {
     load_watch *w = arg;
-    double t0 = now_s();
+    double t0 = ds_now();
     pthread_mutex_lock(&w->mu);
     for (int sec = 1; !w->done; sec++) {
         struct timespec dl;
@@ -414,7 +408,7 @@ static void *load_watch_run(void *arg)
         dl.tv_sec += 1;
         while (!w->done && pthread_cond_timedwait(&w->cv, &w->mu, &dl) == 0) {}
         if (w->done) break;
-        if (w->tty) fprintf(stderr, "\rloading %s ... %.0f s", w->name, now_s() - t0);
+        if (w->tty) fprintf(stderr, "\rloading %s ... %.0f s", w->name, ds_now() - t0);
         else if (!w->shown) fprintf(stderr, "loading %s ...\n", w->name);
         w->shown = true;
         (void)sec;
@@ -428,7 +422,7 @@ static ds_status gen_load(gen_ctx *c, const ds_engine_params *p)
 {
     load_watch w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, isatty(2), c->model_name};
     pthread_t th;
-    double t0 = now_s();
+    double t0 = ds_now();
     bool watching = ds_dist_rank(c->dist) == 0 && pthread_create(&th, NULL, load_watch_run, &w) == 0;
     ds_status s = ds_engine_load(c->ckpt, p, &c->e);
     if (watching) {
@@ -437,7 +431,7 @@ static ds_status gen_load(gen_ctx *c, const ds_engine_params *p)
         pthread_cond_signal(&w.cv);
         pthread_mutex_unlock(&w.mu);
         pthread_join(th, NULL);
-        if (w.shown) fprintf(stderr, "%sloaded %s in %.1f s\n", w.tty ? "\r" : "", c->model_name, now_s() - t0);
+        if (w.shown) fprintf(stderr, "%sloaded %s in %.1f s\n", w.tty ? "\r" : "", c->model_name, ds_now() - t0);
     }
     return s;
 }

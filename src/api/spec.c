@@ -25,17 +25,11 @@
  * a k-token pass against a 1-token one. Sequences step together: one MTP pass
  * per draft depth and one main pass for all. */
 #include "api/api.h"
+#include "base/clock.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct {
     ds_sampler *sm;
@@ -279,9 +273,9 @@ static ds_status spec_step(spec_run *R)
         if (!nd) q->drafts = false; /* the end of the context or of the tokens: for good */
         q->nd = q->live ? nd : 0;
     }
-    double t0 = now_s();
+    double t0 = ds_now();
     ds_status s = spec_draft(R);
-    double t1 = now_s();
+    double t1 = ds_now();
     e->spec_draft_s += t1 - t0;
     if (s || (o->cancel && o->cancel(o->cancel_ud))) return s;
     int m = 0;
@@ -297,7 +291,7 @@ static ds_status spec_step(spec_run *R)
     }
     ds_batch b = {m, R->vt, R->vs, R->vw};
     s = R->argmax ? api_decode_argmax(e, &b, R->vnext) : ds_decode(e, &b);
-    e->spec_check_s += now_s() - t1;
+    e->spec_check_s += ds_now() - t1;
     if (s) return s;
     for (int k = 0; k < R->n; k++) {
         spec_seq *q = &R->sq[k];
@@ -337,14 +331,14 @@ ds_status api_generate_spec(ds_engine *e, int n, const int *rows, const int32_t 
             (q->sample && !(q->q = malloc(sizeof(float) * (size_t)(N ? N : 1) * V))))
             s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     }
-    double t0 = now_s();
+    double t0 = ds_now();
     for (int k = 0; !s && k < n; k++) {
         if (o->cancel && o->cancel(o->cancel_ud)) goto done;
         s = spec_prefill(e, rows[k], prompts[k], lens[k]);
         g->prefill_tokens += lens[k];
     }
-    g->prefill_s += now_s() - t0;
-    t0 = now_s();
+    g->prefill_s += ds_now() - t0;
+    t0 = ds_now();
     /* the first step feeds each prompt's last token and drafts nothing: it makes
      * the hidden states the first drafts start from */
     bool any = o->max_new > 0;
@@ -354,7 +348,7 @@ ds_status api_generate_spec(ds_engine *e, int n, const int *rows, const int32_t 
         any = false;
         for (int k = 0; k < n; k++) any |= R.sq[k].live;
     }
-    g->decode_s += now_s() - t0;
+    g->decode_s += ds_now() - t0;
 done:
     for (int k = 0; R.sq && k < n; k++) free(R.sq[k].q);
     free(R.sq);

@@ -5,12 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "clock.h"
 
 static void draw(progress *p, double t)
 {
@@ -30,7 +25,7 @@ static void draw(progress *p, double t)
 void progress_init(progress *p, const char *label, uint64_t total, bool want)
 {
     *p = (progress){.label = label, .total = total, .on = want && isatty(STDERR_FILENO)};
-    p->t0 = p->last_draw = now_s();
+    p->t0 = p->last_draw = ds_now();
 }
 
 void progress_add(progress *p, uint64_t n)
@@ -38,7 +33,7 @@ void progress_add(progress *p, uint64_t n)
     p->done += n;
     if (p->done > p->total) p->done = p->total;
     if (!p->on) return;
-    double t = now_s();
+    double t = ds_now();
     if (t - p->last_draw >= 0.1) draw(p, t);
 }
 
@@ -46,7 +41,7 @@ void progress_done(progress *p)
 {
     if (!p->on) return;
     p->done = p->total;
-    draw(p, now_s());
+    draw(p, ds_now());
     fputc('\n', stderr);
     p->on = false;
 }

@@ -29,6 +29,7 @@
  *   collective of this process look as if it never completes, to test the
  *   watchdog on a single GPU. */
 #ifdef DSV3_NCCL
+#include "base/clock.h"
 #include "dist/nccl_comm.h"
 
 #include <cuda_runtime.h>
@@ -51,13 +52,6 @@ typedef struct {
     bool aborted;        /* ncclCommAbort was called: only abort/close remain */
     long n_calls, hang_at; /* fault injection: the hang_at-th device collective never completes */
 } nccl_ctx;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void nap(long ns)
 {
@@ -142,7 +136,7 @@ static ds_status nccl_wait(ds_comm *c, const char *op, size_t n, const char *uni
 {
     nccl_ctx *x = c->ctx;
     bool hang = ++x->n_calls == x->hang_at;
-    double t0 = now();
+    double t0 = ds_now();
     long sleep_ns = 20000;
     for (;;) {
         ncclResult_t a = ncclSuccess, r = ncclCommGetAsyncError(x->nccl, &a);
@@ -153,7 +147,7 @@ static ds_status nccl_wait(ds_comm *c, const char *op, size_t n, const char *uni
             if (e == cudaSuccess) return DS_OK;
             if (e != cudaErrorNotReady) return cuda_fail(c, e, op, n, unit);
         }
-        double waited = now() - t0;
+        double waited = ds_now() - t0;
         if (c->timeout_s > 0 && waited > c->timeout_s) {
             abort_nccl(x);
             c->failed = true;
@@ -295,10 +289,10 @@ static void nccl_close(ds_comm *c)
 {
     nccl_ctx *x = c->ctx;
     if (!x->aborted && ncclCommFinalize(x->nccl) != ncclSuccess) abort_nccl(x);
-    for (double t0 = now(); !x->aborted;) {
+    for (double t0 = ds_now(); !x->aborted;) {
         ncclResult_t a = ncclSuccess;
         if (ncclCommGetAsyncError(x->nccl, &a) != ncclSuccess || (a != ncclSuccess && a != ncclInProgress) ||
-            (c->timeout_s > 0 && now() - t0 > c->timeout_s)) {
+            (c->timeout_s > 0 && ds_now() - t0 > c->timeout_s)) {
             abort_nccl(x);
             break;
         }
@@ -333,9 +327,9 @@ static ds_status init_nccl(ds_comm *c, nccl_ctx *x)
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     r = ncclCommInitRankConfig(&x->nccl, c->world_size, id, c->rank, &cfg);
-    for (double t0 = now(); r == ncclInProgress;) {
+    for (double t0 = ds_now(); r == ncclInProgress;) {
         if (ncclCommGetAsyncError(x->nccl, &r) != ncclSuccess) r = ncclInternalError;
-        if (r == ncclInProgress && c->timeout_s > 0 && now() - t0 > c->timeout_s) {
+        if (r == ncclInProgress && c->timeout_s > 0 && ds_now() - t0 > c->timeout_s) {
             s = ds_errorf(DS_ERR_COMM, "NCCL start-up did not complete within %g s (DSV3_COMM_TIMEOUT): a peer "
                           "rank is hung or has died", c->timeout_s);
             break;

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+
 /* Prompt tokens per forward pass. Larger passes give each routed expert more
  * tokens to reuse its weights across; the attention work of a prompt is the
  * same in any chunking. Prefill of one pass of the 16B shapes (dsv3 bench -p):
@@ -17,13 +19,6 @@ static int prefill_chunk(const ds_model *m)
 {
     if (m->opt.tune.prefill_chunk > 0) return m->opt.tune.prefill_chunk;
     return m->ops->prefill_tokens > 0 ? m->ops->prefill_tokens : PREFILL_CHUNK;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 ds_status gen_new(ds_gen **out, ds_model *m, int n_seq, int ctx)
@@ -84,7 +79,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
     bool *want = calloc((size_t)chunk, 1);
     ds_status s = DS_OK;
     if (!sq || !pos || !want) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
-    double t0 = now_s();
+    double t0 = ds_now();
     for (int i = keep; !s && i < n;) {
         if (g->cancel && g->cancel(g->cancel_ud)) {
             g->cancelled = true;
@@ -111,7 +106,7 @@ ds_status gen_prefill(ds_gen *g, int seq, const int32_t *toks, int n)
             i += c;
         }
     }
-    g->prefill_s += now_s() - t0;
+    g->prefill_s += ds_now() - t0;
     g->prefill_tokens += g->n_cached[seq] - keep;
     free(sq);
     free(pos);
@@ -191,7 +186,7 @@ ds_status gen_run(ds_gen *g, int n, const int *seqs, const int32_t *const *promp
     if ((pick && (!pk || !hist)) || !rows) s = ds_errorf(DS_ERR_NOMEM, "out of memory");
     /* decode time is the loop's wall time: the forward passes, the sampling and
      * the streaming of each token, as a user waits for them */
-    double t0 = now_s();
+    double t0 = ds_now();
     for (int step = 0; !s && step < max_new && n_active > 0; step++) {
         int k = 0;
         for (int a = 0; a < n_active; a++) {
@@ -233,7 +228,7 @@ ds_status gen_run(ds_gen *g, int n, const int *seqs, const int32_t *const *promp
         }
         if (n_active) s = gen_step(g, n_active, rows, next, pk);
     }
-    g->decode_s += now_s() - t0;
+    g->decode_s += ds_now() - t0;
     g->cancel = NULL;
     g->cancel_ud = NULL;
     free(pk);

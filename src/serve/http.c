@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "server.h"
 
 #if MHD_VERSION < 0x00097002
@@ -32,13 +33,6 @@ typedef int mhd_result;
 #else
 typedef enum MHD_Result mhd_result;
 #endif
-
-double srv_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 srv_options srv_default_options(void)
 {
@@ -287,7 +281,7 @@ static mhd_result respond(conn_ctx *cc)
     srv *s = cc->s;
     job *j = cc->j;
     pthread_mutex_lock(&s->mu);
-    bool cancelled = j->cancelled, late = j->deadline > 0 && srv_now() > j->deadline;
+    bool cancelled = j->cancelled, late = j->deadline > 0 && ds_now() > j->deadline;
     int status = j->status;
     char *body = j->out.n ? strndup(j->out.p, j->out.n) : NULL;
     size_t len = j->out.n;
@@ -327,12 +321,12 @@ static mhd_result generate(conn_ctx *cc, req_kind kind)
     snprintf(j->id, sizeof j->id, "%s-%016llx", kind == REQ_CHAT ? "chatcmpl" : "cmpl", (unsigned long long)s->salt++ * 0x9e3779b97f4a7c15ull);
     pthread_mutex_unlock(&s->mu);
     j->created = (long)time(NULL);
-    j->t_start = srv_now();
+    j->t_start = ds_now();
     j->deadline = s->o.timeout_s > 0 ? j->t_start + s->o.timeout_s : 0;
     cc->prompt_tokens = j->n_prompt;
     if (j->req.stream && kind == REQ_CHAT) /* the role comes first, one chunk per choice */
         for (int i = 0; i < j->req.n; i++) job_sse_locked(j, reply_chunk(j, i, "assistant", NULL, NULL, NULL, NULL, NULL));
-    j->last_out = srv_now();
+    j->last_out = ds_now();
     if (!sched_submit(s, j)) {
         job_free(j);
         return send_errorf(cc, 503, "server_error", "overloaded", "the server is busy (%d requests queued); retry later",
@@ -571,7 +565,7 @@ static mhd_result on_request(void *cls, struct MHD_Connection *conn, const char 
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         cc->s = s;
         cc->conn = conn;
-        cc->t0 = srv_now();
+        cc->t0 = ds_now();
         snprintf(cc->method, sizeof cc->method, "%s", method);
         snprintf(cc->path, sizeof cc->path, "%s", url);
         *con_cls = cc;
@@ -622,7 +616,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     s->n_conns--;
     pthread_mutex_unlock(&s->mu);
     fprintf(stderr, "%s %s %d prompt=%d completion=%d %.0f ms\n", cc->method, cc->path, st, cc->prompt_tokens,
-            cc->completion_tokens, (srv_now() - cc->t0) * 1e3);
+            cc->completion_tokens, (ds_now() - cc->t0) * 1e3);
     sb_free(&cc->body);
     free(cc);
     *con_cls = NULL;
@@ -648,7 +642,7 @@ static void *watch(void *arg)
         nanosleep(&ts, NULL);
         void *wake[64];
         int n_wake = 0;
-        double now = srv_now();
+        double now = ds_now();
         pthread_mutex_lock(&s->mu);
         for (job *j = s->live; j; j = j->live_next) {
             if (!j->suspended || j->finished) continue;

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "server.h"
 
 /* Per-slot state, the scheduler's alone. */
@@ -143,7 +144,7 @@ static bool publish_locked(job *j)
     if (!j->stage.n) return false;
     sb_add(&j->out, j->stage.p, j->stage.n);
     sb_clear(&j->stage);
-    j->last_out = srv_now();
+    j->last_out = ds_now();
     return true;
 }
 
@@ -262,7 +263,7 @@ static void on_token(sched *c, job *j, int ci, int32_t t, json_t *lp)
     srv *s = c->s;
     choice *ch = &j->ch[ci];
     if (!j->t_first) {
-        j->t_first = srv_now();
+        j->t_first = ds_now();
         double d = j->t_first - j->t_start;
         c->m.ttft_sum += d;
         c->m.ttft_count++;
@@ -442,7 +443,7 @@ static void admit_queued(sched *c)
 static void reap_cancelled(sched *c)
 {
     srv *s = c->s;
-    double now = srv_now();
+    double now = ds_now();
     for (;;) {
         pthread_mutex_lock(&s->mu);
         job *gone = NULL, *prev = NULL;
@@ -664,7 +665,7 @@ static bool step(sched *c)
     }
     if (n == 0) return false;
     ds_batch b = {.n_tokens = n, .token = c->tok, .seq = c->seq, .logits = c->want};
-    double t0 = srv_now();
+    double t0 = ds_now();
     /* speculative decoding reads every row's logits and the hidden states a
      * pick on the device does not keep */
     ds_status st = !c->N && !any_prefill && !any_lp ? ds_decode_pick(c->e, &b, c->pick_smp, c->next) : ds_decode(c->e, &b);
@@ -672,7 +673,7 @@ static bool step(sched *c)
         ds_mtp_batch mb = {c->n_pf, c->pf_idx, c->pf_tok};
         if (ds_decode_mtp(c->e, &mb)) fprintf(stderr, "dsv3 serve: the MTP rows of a prompt: %s\n", ds_last_error());
     }
-    double dt = srv_now() - t0;
+    double dt = ds_now() - t0;
     c->engine_s += dt;
     if (st) { /* the slots are as they were: every job in the batch fails */
         char msg[512];
@@ -811,12 +812,12 @@ bool sched_main(srv *s)
         bool stop = s->stopping;
         pthread_mutex_unlock(&s->mu);
         if (stop) break;
-        double t0 = srv_now();
+        double t0 = ds_now();
         c.engine_s = 0;
         reap_cancelled(&c);
         admit_queued(&c);
         bool stepped = step(&c);
-        update_gauges(&c, stepped, srv_now() - t0);
+        update_gauges(&c, stepped, ds_now() - t0);
     }
     for (int k = 0; k < c.n_active; k++) {
         job *j = c.active[k];

@@ -111,7 +111,6 @@ struct srv {
     uint64_t salt;
 };
 
-double srv_now(void);
 /* Takes j's connection off suspension if it is on it (the caller holds
  * s->mu); returns the connection to pass to srv_resume after unlocking, or NULL. */
 void *job_unsuspend_locked(job *j);

@@ -30,14 +30,8 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "base/clock.h"
 #include "model/model.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Bytes of a weight as stored (codes and scales); with g_count_elems, its element count. */
 static bool g_count_elems;
@@ -135,11 +129,11 @@ static double decode(ds_model *m, ds_kvcache *kv, int bs, int depth, int reps, f
             want[i] = true;
         }
         int32_t next[64];
-        double t0 = now();
+        double t0 = ds_now();
         if (g_host_logits ? model_forward(m, kv, bs, tok, seq, pos, want, logits)
                           : model_forward_pick(m, kv, bs, tok, seq, pos, NULL, next))
             return -1;
-        if (r >= 2) t[r - 2] = now() - t0;
+        if (r >= 2) t[r - 2] = ds_now() - t0;
     }
     qsort(t, (size_t)reps, sizeof *t, cmp);
     return t[reps / 2];
@@ -156,9 +150,9 @@ static double prefill(ds_model *m, ds_kvcache *kv, int np, float *logits)
     double t[3];
     for (int i = 0; i < np; i++) g_want[i] = i == np - 1;
     for (int r = 0; r < 4; r++) {
-        double t0 = now();
+        double t0 = ds_now();
         if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
-        if (r >= 1) t[r - 1] = now() - t0;
+        if (r >= 1) t[r - 1] = ds_now() - t0;
     }
     qsort(t, 3, sizeof *t, cmp);
     return t[1];
@@ -302,9 +296,9 @@ static int op_times(ds_model *m, ds_kvcache *kv, int np, float *logits)
 {
     for (int i = 0; i < np; i++) g_want[i] = i == np - 1;
     cuda_op_times(true);
-    double t = now();
+    double t = ds_now();
     if (model_forward(m, kv, np, g_tok, g_seq, g_pos, g_want, logits)) return -1;
-    t = now() - t;
+    t = ds_now() - t;
     cuda_op_times(false);
     printf("prefill %d (gemm %s) with every op synchronised: %.3f ms\n", np,
            m->opt.gemm == DS_GEMM_FP8 ? "fp8" : "bf16", t * 1e3);
@@ -349,9 +343,9 @@ int main(int argc, char **argv)
     bool fp8gemm = bg && !strcmp(bg, "fp8");
     if (fp8gemm) printf("gemm_impl fp8 (BENCH_GEMM)\n");
     ds_model_opts o = {.attn = DS_ATTN_ABSORB, .gemm = fp8gemm ? DS_GEMM_FP8 : DS_GEMM_BF16, .ops = &g_counting};
-    double t0 = now();
+    double t0 = ds_now();
     if (model_load(&m, argv[1], &cfg, &o)) goto fail;
-    printf("load + upload: %.1f s, %.2f GiB of weights on the device\n", now() - t0, cuda_weight_bytes() / 1073741824.0);
+    printf("load + upload: %.1f s, %.2f GiB of weights on the device\n", ds_now() - t0, cuda_weight_bytes() / 1073741824.0);
     bool fp8w = m->layers[m->cfg.n_layers - 1].wkv_a.fmt == DS_W_FP8;
     int depth = 4096, ctx = depth + reps + 8;
     if (kvcache_new(&kv, m, 8, ctx)) goto fail;

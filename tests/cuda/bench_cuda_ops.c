@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "base/clock.h"
 #include "base/numeric.h"
 
 #define HBM_GBS 4300.0
@@ -28,13 +29,6 @@ static float frand(void)
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (float)((g_rng >> 40) * (2.0 / 16777216.0) - 1.0);
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -52,9 +46,9 @@ static double median_time(bench_fn f, void *ctx, int reps)
     if (reps > 64) reps = 64;
     for (int i = 0; i < 3; i++) f(ctx);
     for (int i = 0; i < reps; i++) {
-        double t0 = now();
+        double t0 = ds_now();
         f(ctx);
-        t[i] = now() - t0;
+        t[i] = ds_now() - t0;
     }
     qsort(t, (size_t)reps, sizeof *t, cmp_double);
     return t[reps / 2];

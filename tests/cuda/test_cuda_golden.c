@@ -25,16 +25,10 @@
 #include <time.h>
 
 #include "backend/cuda/cuda_backend.h"
+#include "base/clock.h"
 #include "model/golden_run.h"
 #include "model/model.h"
 #include "test.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* The reference's gap between its largest and second largest logit. */
 static float top2_gap(const float *x, int n)
@@ -125,11 +119,11 @@ int main(int argc, char **argv)
         c.scale_ue8m0 = modes[mi].ue8m0;
         CHECK_OK(model_load(&m, t_golden("tiny_hf"), &c, &o));
         if (t_failures) break;
-        double t0 = now();
+        double t0 = ds_now();
         golden_mode md = {modes[mi].row, modes[mi].row, modes[mi].gemm == DS_GEMM_FP8};
         golden_sequences(m, ref, seqs, &md, compare_close, mi == 0, false, status_ok); /* picks on the device */
         printf("%-14s %.2f s on the GPU (s8+s40+s200, prefill and stepwise), %.1f MiB of weights cached\n",
-               modes[mi].row, now() - t0, cuda_weight_bytes() / 1048576.0);
+               modes[mi].row, ds_now() - t0, cuda_weight_bytes() / 1048576.0);
         model_free(m);
         cuda_forget_weights();
     }

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "dist/dist.h"
 #include "io/safetensors.h"
 #include "model/model.h"
@@ -88,13 +89,6 @@ static int cmd_cmp(int argc, char **argv)
     st_close(fa);
     st_close(fb);
     return bad || bad_arg ? 1 : 0;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -159,9 +153,9 @@ static ds_status generate(ds_model *m, ds_kvcache *kv, ds_comm *comm, const int3
         if (k == steps - 1) break;
         int p = np + k;
         bool w = true;
-        double t0 = now();
+        double t0 = ds_now();
         s = model_forward(m, kv, 1, &t, seq, &p, &w, logits);
-        step_s[k] = now() - t0;
+        step_s[k] = ds_now() - t0;
     }
     free(seq);
     free(pos);

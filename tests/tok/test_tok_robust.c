@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "test.h"
 #include "tok/jinja.h"
 #include "tok/tokenizer.h"
@@ -18,13 +19,6 @@ static uint32_t rnd(uint32_t n)
 {
     g_seed = g_seed * 1664525u + 1013904223u;
     return (g_seed >> 8) % n;
-}
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* Encoding 1 MiB of one repeated unit must not be quadratic. The times are
@@ -41,11 +35,11 @@ static void check_speed(const tok_tokenizer *t)
             memcpy(s + k, units[u], l);
             k += l;
         }
-        double t0 = now();
+        double t0 = ds_now();
         int32_t *ids;
         size_t m;
         CHECK_OK(tok_encode(t, s, k, TOK_PARSE_SPECIAL, &ids, &m));
-        double dt = now() - t0;
+        double dt = ds_now() - t0;
         printf("1 MiB of \"%s\": %zu ids in %.3f s\n", units[u][0] == '\n' ? "\\n" : units[u], m, dt);
         char *d;
         size_t dl;

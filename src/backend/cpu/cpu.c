@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 
 #include "backend/backend.h"
+#include "base/clock.h"
 #include "cpu_amx.h"
 #include "cpu_backend.h"
 #include "cpu_ref.h"
@@ -136,7 +137,7 @@ static void (*g_heads_t)(float *y, int ys, const float *x, int xs, int n, int H,
 static void heads_t_counted(float *y, int ys, const float *x, int xs, int n, int H, const ds_weight *w, int row0,
                             int hstride, int rows)
 {
-    double t0 = cpu_stats_on() ? cpu_stats_clock() : 0;
+    double t0 = cpu_stats_on() ? ds_now() : 0;
     g_heads_t(y, ys, x, xs, n, H, w, row0, hstride, rows);
     if (cpu_stats_on()) cpu_stats_note(CPU_STAT_HEADS_T, (double)cpu_row_bytes(w) * rows * H, t0);
 }

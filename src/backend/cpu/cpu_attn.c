@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/clock.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 #include "cpu_stats.h"
@@ -41,7 +42,7 @@ static void att_merge(int h0, int h1, int R, int nparts, float *const *mx, float
 
 void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part)
 {
-    double t0 = cpu_stats_on() ? cpu_stats_clock() : 0;
+    double t0 = cpu_stats_on() ? ds_now() : 0;
     int H = a->n_heads, R = a->kv_rank - a->val_off, nth = omp_get_max_threads(); /* R: output row */
     bool by_token = a->n_tokens >= nth;
     float **mx = malloc(sizeof(float *) * (size_t)nth * 3), **l = mx + nth, **o = mx + 2 * nth;

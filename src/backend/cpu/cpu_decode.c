@@ -11,6 +11,7 @@
 #include <time.h>
 #include <xmmintrin.h>
 
+#include "base/clock.h"
 #include "cpu_ref.h"
 #include "cpu_simd.h"
 #include "cpu_stats.h"
@@ -30,13 +31,6 @@ void cpu_stats_read(cpu_stats *out) { *out = g_stats; }
 
 bool cpu_stats_on(void) { return g_stats_on; }
 
-double cpu_stats_clock(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0)
 {
     cpu_stat *s = kind == CPU_STAT_ATTENTION ? &g_stats.attention : &g_stats.heads_t;
@@ -47,7 +41,7 @@ void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0)
     }
     s->calls++;
     s->bytes += bytes;
-    s->seconds += cpu_stats_clock() - t0;
+    s->seconds += ds_now() - t0;
 }
 
 /* A thread's scratch buffers live in a block found through a pthread key, whose
@@ -189,7 +183,7 @@ void cpu_decode_many(const ds_matmul_job *jobs, int nj, int x_floats, cpu_decode
         if (jobs[i].w->fmt != DS_W_F32 && (size_t)jobs[i].n * jobs[i].w->cols > xmax)
             xmax = (size_t)jobs[i].n * jobs[i].w->cols;
     }
-    double t0 = g_stats_on ? cpu_stats_clock() : 0;
+    double t0 = g_stats_on ? ds_now() : 0;
     int nu = 0, team = total > DECODE_SERIAL_BYTES ? omp_get_max_threads() : 1;
     decode_unit *units = decode_units(jobs, nj, total, MIN(team, MAX_SHARES), &nu);
     if (!units) return; /* decode_units recorded the failure */

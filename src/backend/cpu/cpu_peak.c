@@ -16,15 +16,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "cpu_amx.h"
 #include "cpu_simd.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 __attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_t n)
 {
@@ -68,10 +62,10 @@ static double stream(const uint8_t *buf, size_t bytes, int reps, bool first_touc
         if (first_touch) memset((uint8_t *)mine, me + 1, per); /* by the thread that reads it */
         for (int r = 0; r < reps; r++) {
             #pragma omp barrier
-            double t0 = now();
+            double t0 = ds_now();
             uint64_t s = avx2 ? sum_avx2(mine, per) : sum_scalar(mine, per);
             #pragma omp barrier
-            double dt = now() - t0;
+            double dt = ds_now() - t0;
             #pragma omp atomic
             sink += s;
             #pragma omp single
@@ -201,7 +195,7 @@ static double peak(double (*f)(long), double flop_per_op, int chains)
     double best = 0;
     volatile double sink = 0;
     for (int rep = 0; rep < 10; rep++) { /* best of 10: a shared core can be taken away for a while */
-        double t0 = now(), s = 0;
+        double t0 = ds_now(), s = 0;
         int nt = 1;
         #pragma omp parallel reduction(+ : s)
         {
@@ -209,7 +203,7 @@ static double peak(double (*f)(long), double flop_per_op, int chains)
             nt = omp_get_num_threads();
             s += f(iters);
         }
-        double dt = now() - t0;
+        double dt = ds_now() - t0;
         sink += s;
         double g = (double)iters * chains * flop_per_op * nt / dt / 1e9;
         if (g > best) best = g;

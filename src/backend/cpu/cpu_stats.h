@@ -33,10 +33,9 @@ void cpu_stats_enable(bool on);
 /* What has been counted since counting was last turned on. */
 void cpu_stats_read(cpu_stats *out);
 
-/* For the kernels' drivers: whether counting is on, the clock, and a call
- * that started at t0 (bytes: the weight bytes it read; 0 for the attention). */
+/* For the kernels' drivers: whether counting is on, and a call that started
+ * at t0 (ds_now(); bytes: the weight bytes it read; 0 for the attention). */
 bool cpu_stats_on(void);
-double cpu_stats_clock(void);
 void cpu_stats_note(cpu_stat_kind kind, double bytes, double t0);
 /* A routed-expert call that ran `experts` distinct experts. */
 void cpu_stats_note_experts(int experts);

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "cuda_internal.cuh"
 #include <cuda_profiler_api.h>
 
@@ -357,18 +358,11 @@ static struct {
     long calls;
 } g_opt[OPT_MAX];
 
-static double opt_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Charges the time since the last mark to op. */
 static void opt_mark(const char *op)
 {
     cudaStreamSynchronize(cu_s);
-    double t = opt_now();
+    double t = ds_now();
     int i = 0;
     while (i < OPT_MAX && g_opt[i].name && strcmp(g_opt[i].name, op)) i++;
     if (i < OPT_MAX) {
@@ -397,7 +391,7 @@ extern "C" void cuda_op_times(bool on)
     if (on) memset(g_opt, 0, sizeof g_opt);
     g_optime = on;
     g_opt_depth = 0;
-    g_opt_last = opt_now();
+    g_opt_last = ds_now();
 }
 
 extern "C" void cuda_op_times_print(FILE *f)
