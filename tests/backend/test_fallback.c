@@ -10,86 +10,8 @@
 
 #include "backend/cpu/cpu_ref.h"
 #include "base/numeric.h"
+#include "tdata.h"
 #include "test.h"
-
-#define SENTINEL 12345.678f
-#define PAD 16
-
-static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-
-static double urand(void) /* [0, 1) */
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (double)(g_rng >> 11) / 9007199254740992.0;
-}
-
-static float frand(void) { return (float)(2 * urand() - 1); }
-
-typedef struct {
-    ds_weight w;
-    void *data;
-    float *scale;
-} tweight;
-
-static tweight make_weight(ds_wfmt f, int rows, int cols)
-{
-    tweight t = {{f, rows, cols, NULL, NULL, NULL}, NULL, NULL};
-    size_t n = (size_t)rows * cols;
-    if (f == DS_W_F32) {
-        float *p = malloc(sizeof(float) * n);
-        for (size_t i = 0; i < n; i++) p[i] = frand();
-        t.data = p;
-    } else if (f == DS_W_BF16) {
-        uint16_t *p = malloc(sizeof(uint16_t) * n);
-        for (size_t i = 0; i < n; i++) p[i] = f32_to_bf16(frand());
-        t.data = p;
-    } else {
-        uint8_t *p = malloc(n);
-        for (size_t i = 0; i < n; i++) {
-            uint8_t c;
-            do c = (uint8_t)(urand() * 256); while ((c & 0x7f) == 0x7f);
-            p[i] = c;
-        }
-        size_t sr = (size_t)(rows + 127) / 128, sc = (size_t)(cols + 127) / 128;
-        t.scale = malloc(sizeof(float) * sr * sc);
-        for (size_t i = 0; i < sr * sc; i++) t.scale[i] = (float)(0.001 + 0.01 * urand());
-        t.data = p;
-    }
-    t.w.data = t.data;
-    t.w.scale = t.scale;
-    return t;
-}
-
-static void free_weight(tweight *t)
-{
-    free(t->data);
-    free(t->scale);
-}
-
-static float *rand_vec(size_t n)
-{
-    float *v = malloc(sizeof(float) * (n + PAD));
-    for (size_t i = 0; i < n; i++) v[i] = frand() * 3;
-    for (size_t i = n; i < n + PAD; i++) v[i] = SENTINEL;
-    return v;
-}
-
-/* n floats followed by PAD sentinels; a copy of src when given */
-static float *out_buf(size_t n, const float *src)
-{
-    float *v = malloc(sizeof(float) * (n + PAD));
-    for (size_t i = 0; i < n + PAD; i++) v[i] = src && i < n ? src[i] : SENTINEL;
-    return v;
-}
-
-static bool sentinels_ok(const float *v, size_t n)
-{
-    for (size_t i = n; i < n + PAD; i++)
-        if (v[i] != SENTINEL) return false;
-    return true;
-}
 
 /* max |got - ref| / max |ref| */
 static double rel_err(const float *got, const float *ref, size_t n)
