@@ -1269,13 +1269,7 @@ AVX2 static void att_part8(const ds_attn_args *a, int t, int j0, int j1, float *
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
-            if (a->head_last && a->head_last[h] < jb + nj - 1) { /* past the head's own limit */
-                for (int j = a->head_last[h] + 1 - jb > 0 ? a->head_last[h] + 1 - jb : 0; j < nj; j++) sh[j] = -INFINITY;
-                if (a->head_last[h] < jb && m == -INFINITY) { /* nothing seen yet: the block adds nothing */
-                    memset(sh, 0, sizeof(float) * (size_t)nj);
-                    continue;
-                }
-            }
+            if (cpu_att_past_head(a, h, jb, nj, sh, m)) continue;
             int j8 = nj / 8 * 8;
             if (j8) { /* fmaxf is a library call: 4% of the attention at 4096 positions */
                 __m256 mv = _mm256_loadu_ps(sh);

@@ -2221,13 +2221,7 @@ AVX512 static void att_part(const ds_attn_args *a, int t, int j0, int j1, float 
         /* online softmax: rescale what was accumulated under the old maximum */
         for (h = 0; h < H; h++) {
             float *sh = sc + (size_t)h * ATT_JB, m = mx[h];
-            if (a->head_last && a->head_last[h] < jb + nj - 1) { /* past the head's own limit */
-                for (int j = a->head_last[h] + 1 - jb > 0 ? a->head_last[h] + 1 - jb : 0; j < nj; j++) sh[j] = -INFINITY;
-                if (a->head_last[h] < jb && m == -INFINITY) { /* nothing seen yet: the block adds nothing */
-                    memset(sh, 0, sizeof(float) * (size_t)nj);
-                    continue;
-                }
-            }
+            if (cpu_att_past_head(a, h, jb, nj, sh, m)) continue;
             for (int j = 0; j < nj; j += 16) {
                 __mmask16 k = mask16(nj - j);
                 m = fmaxf(m, _mm512_mask_reduce_max_ps(k, _mm512_maskz_loadu_ps(k, sh + j)));

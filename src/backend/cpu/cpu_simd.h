@@ -11,6 +11,9 @@
 #ifndef DS_CPU_SIMD_H
 #define DS_CPU_SIMD_H
 
+#include <math.h>
+#include <string.h>
+
 #include "backend/backend.h"
 #include "cpu_backend.h"
 
@@ -90,6 +93,20 @@ void cpu_matmul_heads(float *y, int ys, const float *x, int xs, int n, int H, co
 typedef void (*cpu_att_part_fn)(const ds_attn_args *a, int t, int j0, int j1, float *mx, float *l, float *o,
                                 float *sc);
 void cpu_attention_run(const ds_attn_args *a, int jb, cpu_att_part_fn part);
+/* For a part: the scores sh of head h at positions jb .. jb + nj - 1 past the
+ * head's own last position (a->head_last) become -inf. True when the whole block
+ * lies past it and the head has seen nothing yet (its running max m is -inf): the
+ * block adds nothing to it, and sh is zeroed for the values pass. */
+static inline bool cpu_att_past_head(const ds_attn_args *a, int h, int jb, int nj, float *sh, float m)
+{
+    if (!a->head_last || a->head_last[h] >= jb + nj - 1) return false;
+    for (int j = a->head_last[h] + 1 - jb > 0 ? a->head_last[h] + 1 - jb : 0; j < nj; j++) sh[j] = -INFINITY;
+    if (a->head_last[h] < jb && m == -INFINITY) {
+        memset(sh, 0, sizeof(float) * (size_t)nj);
+        return true;
+    }
+    return false;
+}
 /* Per-thread scratch that persists across calls (OpenMP keeps its threads), so
  * that no call pays for fresh pages; grows as needed, never shrinks; NULL if
  * out of memory. Slots: 0 decode activations, 1 packed GEMM panel, 2 attention,
