@@ -6,15 +6,7 @@
 # shard truncated under a running cast or model (SIGBUS), stdout on /dev/full,
 # descriptors 0-2 closed at start, thread counts past any machine's, and
 # prompts with a NUL byte or too long to tokenize before the context check.
-set -u
-bin="$(realpath "${DSV3_BIN:-build/dsv3}")"
-golden="${DSV3_GOLDEN:-tests/golden}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
-dirsum() { [ -d "$1" ] && (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) | sha256sum | cut -c1-16; }
+. "$(dirname "$0")/common.sh"
 # expect_err NAME PATTERN CMD...: exits 1-123 (not a timeout or a signal) with PATTERN on stderr
 expect_err() {
     local name="$1" pat="$2"; shift 2

@@ -5,16 +5,7 @@
 # are byte-identical (sha256 of every file) to before, or the destination is
 # the complete new output; never a mix, and no temporary is left behind (a
 # SIGKILL's temporary is removed by the next run into that destination).
-set -u
-bin="$(realpath "${DSV3_BIN:-build/dsv3}")"
-golden="${DSV3_GOLDEN:-tests/golden}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
-# sha256 of every file under a directory, with names (empty for a missing dir)
-dirsum() { [ -d "$1" ] && (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) | sha256sum | cut -c1-16; }
+. "$(dirname "$0")/common.sh"
 leftovers() { find "$1" -maxdepth 1 -name '.*dsv3-*' | wc -l; }
 
 # ~100 MB FP8 checkpoint in ~7 shards: synth takes about a second
