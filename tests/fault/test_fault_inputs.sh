@@ -6,7 +6,7 @@
 # shard truncated under a running cast or model (SIGBUS), stdout on /dev/full,
 # descriptors 0-2 closed at start, thread counts past any machine's, and
 # prompts with a NUL byte or too long to tokenize before the context check.
-. "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/../prelude.sh"
 # expect_err NAME PATTERN CMD...: exits 1-123 (not a timeout or a signal) with PATTERN on stderr
 expect_err() {
     local name="$1" pat="$2"; shift 2

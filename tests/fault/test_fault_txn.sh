@@ -5,7 +5,7 @@
 # are byte-identical (sha256 of every file) to before, or the destination is
 # the complete new output; never a mix, and no temporary is left behind (a
 # SIGKILL's temporary is removed by the next run into that destination).
-. "$(dirname "$0")/common.sh"
+. "$(dirname "$0")/../prelude.sh"
 leftovers() { find "$1" -maxdepth 1 -name '.*dsv3-*' | wc -l; }
 
 # ~100 MB FP8 checkpoint in ~7 shards: synth takes about a second

@@ -3,14 +3,7 @@
 # golden tiny checkpoint with layer 1's ffn_norm weight set to NaN makes `dsv3
 # logits` fail with a message (exit 1, no output file), and --check-numerics names
 # layer 1 as the first whose output is not finite. The clean copy still works.
-set -u
-bin="${DSV3_BIN:-build/dsv3}"
-golden="${DSV3_GOLDEN:-tests/golden}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
+. "$(dirname "$0")/../prelude.sh"
 
 cp -r "$golden/tiny_hf" "$tmp/nan"
 # every element of the tensor (BF16) becomes 0xffff, a NaN

@@ -5,14 +5,8 @@
 # decoder block): kept, renamed as convert.py renames the rest, split over ranks
 # as the embedding and the output head are; dropped without the flag; and the
 # engine, which ignores the module, gives the HF directory's logits from either.
-set -u
-bin="${DSV3_BIN:-build/dsv3}"
+. "$(dirname "$0")/../prelude.sh"
 dir="${DSV3_TRAINED:-models/dsv3-mini}"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
 
 for mp in 1 2; do
   "$bin" convert --hf-ckpt-path "$dir" --save-path "$tmp/mtp$mp" --n-experts 16 --model-parallel $mp --keep-mtp \

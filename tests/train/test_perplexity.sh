@@ -6,15 +6,9 @@
 # reference's 23 predictions, float32 path within 1e-4 relative, and with --mtp
 # the MTP module's 22 predictions of the token after next. Also: batched
 # windows equal one at a time, and bad flags are usage errors.
-set -u
-bin="${DSV3_BIN:-build/dsv3}"
+. "$(dirname "$0")/../prelude.sh"
 dir="${DSV3_TRAINED:-models/dsv3-mini}"
 here="$(cd "$(dirname "$0")" && pwd)"
-tmp="$(mktemp -d)"
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-ok() { echo "ok   $1"; }
-bad() { echo "FAIL $1"; fail=1; }
 
 # s24's text without its BOS (the command adds one)
 node -e 'const r = require(process.argv[1]); process.stdout.write(r.sequences.s24.text.replace(/^<｜begin▁of▁sentence｜>/, ""))' \

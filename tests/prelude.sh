@@ -1,5 +1,6 @@
-# common.sh - sourced by the fault tests: the binary and golden data under test,
-# a scratch directory removed on exit, ok/bad reporting into $fail, and dirsum.
+# prelude.sh - sourced by the script tests that report ok/FAIL lines: the binary
+# and golden data under test, a scratch directory removed on exit, ok/bad
+# reporting into $fail, and dirsum.
 set -u
 bin="$(realpath "${DSV3_BIN:-build/dsv3}")"
 golden="${DSV3_GOLDEN:-tests/golden}"
